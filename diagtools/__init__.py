@@ -1,0 +1,62 @@
+"""diagtools: find which import initializes the CUDA driver, down to the line.
+
+Importing this package is cheap and side-effect free: every public name is
+resolved on first use (PEP 562), so neither torch, triton, cutlass, cuda,
+ipywidgets nor graphviz is imported until a feature that needs it runs.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+__all__ = [
+    "Culprit",
+    "DiagtoolsError",
+    "DriverInfo",
+    "ImportNode",
+    "RunError",
+    "ScanResult",
+    "Site",
+    "StartupInfo",
+    "UsageError",
+    "render_scan",
+    "scan",
+    "specimens",
+]
+__version__ = "0.1.0"
+
+_LOCATIONS = {
+    "Culprit": "diagtools._model",
+    "DriverInfo": "diagtools._model",
+    "ImportNode": "diagtools._model",
+    "RunError": "diagtools._model",
+    "ScanResult": "diagtools._model",
+    "Site": "diagtools._model",
+    "StartupInfo": "diagtools._model",
+    "DiagtoolsError": "diagtools._errors",
+    "UsageError": "diagtools._errors",
+    "render_scan": "diagtools._render_text",
+    "scan": "diagtools._scan",
+}
+
+if TYPE_CHECKING:
+    from diagtools import specimens
+    from diagtools._errors import DiagtoolsError, UsageError
+    from diagtools._model import Culprit, DriverInfo, ImportNode, RunError, ScanResult, Site, StartupInfo
+    from diagtools._render_text import render_scan
+    from diagtools._scan import scan
+
+
+def __getattr__(name: str) -> Any:
+    if name == "specimens":
+        return importlib.import_module("diagtools.specimens")
+    if name not in _LOCATIONS:
+        raise AttributeError(f"module 'diagtools' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_LOCATIONS[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

@@ -1,0 +1,101 @@
+"""The ``diagtools`` command line: argument parsing and printing, nothing else."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from diagtools._driver import DRIVER_CHOICES
+from diagtools._errors import DiagtoolsError
+
+__all__ = ["main"]
+
+EXIT_OK, EXIT_CUDA, EXIT_USAGE, EXIT_TARGET_FAILED = 0, 1, 2, 3
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports usage errors in one line with exit code 2."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(EXIT_USAGE, f"diagtools: error: {message} (see diagtools {self.prog.split()[-1]} --help)\n")
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="diagtools", description="Find which import initializes the CUDA driver.")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks for diagtools' own errors")
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    _add_scan(commands.add_parser("scan", help="import targets in a fresh subkernel and name the culprit"))
+    _add_demo(commands.add_parser("demo", help="scan the built-in specimens and write a report"))
+    return parser
+
+
+def _add_scan(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("targets", nargs="+", metavar="TARGET", help="module to import, e.g. pkg.ops")
+    parser.add_argument("--path", action="append", default=[], metavar="DIR", help="prepend DIR to sys.path")
+    parser.add_argument("--driver", choices=DRIVER_CHOICES, default="auto")
+    parser.add_argument("--timeout", type=float, default=120.0, metavar="S")
+    parser.add_argument("--json", metavar="FILE|-", help="write the diagtools.scan/1 document ('-' for stdout)")
+    parser.add_argument("--fail-on-cuda", action="store_true", help="exit 1 when CUDA got initialized")
+    parser.add_argument("--stack", action="store_true", help="print the whole Python stack of the culprit")
+    parser.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
+
+
+def _add_demo(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--out", default="build/report", metavar="DIR", help="where the report goes")
+    parser.add_argument("--driver", choices=DRIVER_CHOICES, default="auto")
+    parser.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
+
+
+def _write_json(document: dict[str, Any], destination: str) -> None:
+    text = json.dumps(document, indent=2, sort_keys=True) + "\n"
+    if destination == "-":
+        sys.stdout.write(text)
+    else:
+        Path(destination).write_text(text, encoding="utf-8")
+
+
+def _run_scan(args: argparse.Namespace) -> int:
+    from diagtools._render_text import render_scan
+    from diagtools._scan import scan
+
+    result = scan(args.targets, path=args.path, driver=args.driver, timeout=args.timeout)
+    if args.json:
+        _write_json(result.to_json(), args.json)
+    if args.json != "-":
+        print(render_scan(result, stack=args.stack))
+    if not result.ok:
+        return EXIT_TARGET_FAILED
+    return EXIT_CUDA if (args.fail_on_cuda and result.cuda_initialized) else EXIT_OK
+
+
+def _run_demo(args: argparse.Namespace) -> int:
+    from diagtools._demo import write_demo_report
+
+    report = write_demo_report(Path(args.out), driver=args.driver)
+    print(report.summary)
+    print(f"report written to {report.index}")
+    return EXIT_OK if report.as_expected else EXIT_TARGET_FAILED
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``diagtools`` command; returns the exit code."""
+    args = _build_parser().parse_args(argv)
+    handlers = {"scan": _run_scan, "demo": _run_demo}
+    try:
+        return handlers[args.command](args)
+    except DiagtoolsError as exc:
+        if args.debug:
+            raise
+        print(f"diagtools: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("diagtools: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

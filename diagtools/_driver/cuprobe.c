@@ -1,0 +1,75 @@
+/*
+ * _diagtools_cuprobe: the subkernel's window onto the CUDA driver's state.
+ *
+ * The scan asks the driver itself whether it is initialized, by calling
+ * cuDeviceGetCount: CUDA_ERROR_NOT_INITIALIZED (3) means nobody called cuInit
+ * yet.  Doing that from C keeps the probe free of imports (no ctypes), so the
+ * import tree being measured stays exactly the target's.  It also asks the
+ * kernel to kill the subkernel if the process that started it dies.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <dlfcn.h>
+#include <signal.h>
+#include <sys/prctl.h>
+
+typedef int (*device_get_count_fn)(int *);
+
+static void *libcuda = NULL;
+static device_get_count_fn device_get_count = NULL;
+static int load_attempted = 0;
+
+static void load_driver(void)
+{
+    if (load_attempted)
+        return;
+    load_attempted = 1;
+    libcuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
+    if (libcuda != NULL)
+        device_get_count = (device_get_count_fn)dlsym(libcuda, "cuDeviceGetCount");
+}
+
+/* The driver's answer to cuDeviceGetCount; -1 when no driver library loads. */
+static PyObject *driver_state(PyObject *self, PyObject *args)
+{
+    (void)self;
+    (void)args;
+    load_driver();
+    if (device_get_count == NULL)
+        return PyLong_FromLong(-1);
+    int count = 0;
+    int result = device_get_count(&count);
+    return PyLong_FromLong(result);
+}
+
+/* Where the driver library was found, or None. */
+static PyObject *driver_path(PyObject *self, PyObject *args)
+{
+    (void)self;
+    (void)args;
+    load_driver();
+    Dl_info info;
+    if (device_get_count == NULL || dladdr((void *)device_get_count, &info) == 0 || info.dli_fname == NULL)
+        Py_RETURN_NONE;
+    return PyUnicode_DecodeFSDefault(info.dli_fname);
+}
+
+static PyObject *die_with_parent(PyObject *self, PyObject *args)
+{
+    (void)self;
+    (void)args;
+    if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0)
+        return PyErr_SetFromErrno(PyExc_OSError);
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef methods[] = {
+    {"driver_state", driver_state, METH_NOARGS, "cuDeviceGetCount's result code, -1 without a driver."},
+    {"driver_path", driver_path, METH_NOARGS, "Path of the loaded libcuda.so.1, or None."},
+    {"die_with_parent", die_with_parent, METH_NOARGS, "Ask for SIGKILL when the parent process exits."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_diagtools_cuprobe", NULL, -1, methods};
+
+PyMODINIT_FUNC PyInit__diagtools_cuprobe(void) { return PyModule_Create(&module); }

@@ -1,0 +1,263 @@
+"""Run the probe in a fresh subkernel and bring back everything it recorded.
+
+The subkernel is the caller's own interpreter started as ``python -S`` in a new
+session, with a private pipe for results.  Whatever the target does (prints,
+closes fd 1, segfaults, hangs, calls ``os._exit``) the runner keeps reading,
+enforces the deadline, dumps the stacks of a hung subkernel before killing its
+whole process group, and returns every event that reached the pipe.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import selectors
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = ["PROBE_FILE", "RawRun", "SubkernelRequest", "run_subkernel"]
+
+PROBE_FILE = Path(__file__).resolve().parent / "_probe.py"
+OUTPUT_LIMIT = 64 * 1024
+SUBKERNEL_MARKER = "DIAGTOOLS_SUBKERNEL"
+_DUMP_SIGNAL = signal.SIGUSR1
+_DUMP_GRACE_S = 0.5
+
+
+@dataclass(frozen=True)
+class SubkernelRequest:
+    """What one subkernel run should do: the probe's settings and its limits."""
+
+    targets: tuple[str, ...]
+    cuprobe: Path
+    env: Mapping[str, str] = field(default_factory=dict)
+    path: tuple[str, ...] = ()
+    timeout: float = 120.0
+    refine: str = ""
+    python: str = sys.executable
+    cwd: str | None = None
+
+
+@dataclass(frozen=True)
+class CapturedOutput:
+    """A stream the target wrote to, truncated but with its full byte count."""
+
+    text: str
+    total_bytes: int
+
+    def describe(self) -> str:
+        if self.total_bytes <= len(self.text.encode("utf-8", "backslashreplace")):
+            return self.text
+        return self.text + f"\n[... truncated: {self.total_bytes} bytes in all]"
+
+
+@dataclass(frozen=True)
+class RawRun:
+    """The unprocessed outcome of one subkernel: events, outputs, exit, dumps."""
+
+    events: tuple[dict[str, Any], ...]
+    returncode: int | None
+    timed_out: bool
+    stdout: CapturedOutput
+    stderr: CapturedOutput
+    fault_dump: str
+    duration_s: float
+    marker: str
+
+
+class _Buffer:
+    def __init__(self) -> None:
+        self.chunks: list[bytes] = []
+        self.kept = 0
+        self.total = 0
+
+    def add(self, data: bytes) -> None:
+        self.total += len(data)
+        room = OUTPUT_LIMIT - self.kept
+        if room > 0:
+            self.chunks.append(data[:room])
+            self.kept += min(room, len(data))
+
+    def captured(self) -> CapturedOutput:
+        return CapturedOutput(b"".join(self.chunks).decode("utf-8", "backslashreplace"), self.total)
+
+
+class _EventStream:
+    """Splits the channel's bytes into JSON events; a torn last line is dropped."""
+
+    def __init__(self) -> None:
+        self.pending = b""
+        self.events: list[dict[str, Any]] = []
+
+    def add(self, data: bytes) -> None:
+        lines = (self.pending + data).split(b"\n")
+        self.pending = lines.pop()
+        for line in lines:
+            self._parse(line)
+
+    def _parse(self, line: bytes) -> None:
+        try:
+            event = json.loads(line.decode("utf-8", "backslashreplace"))
+        except ValueError:
+            return
+        if isinstance(event, dict):
+            self.events.append(event)
+
+
+def _probe_env(request: SubkernelRequest, channel_fd: int, dump_path: str, marker: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(request.env)
+    env.update(
+        {
+            "DIAGTOOLS_PROBE_CHANNEL": str(channel_fd),
+            "DIAGTOOLS_PROBE_CUPROBE": str(request.cuprobe),
+            "DIAGTOOLS_PROBE_FILE": str(PROBE_FILE),
+            "DIAGTOOLS_PROBE_TARGETS": "\n".join(request.targets),
+            "DIAGTOOLS_PROBE_PATH": "\n".join(request.path),
+            "DIAGTOOLS_PROBE_REFINE": request.refine,
+            "DIAGTOOLS_PROBE_DUMP": dump_path,
+            "DIAGTOOLS_PROBE_DUMP_SIGNAL": str(int(_DUMP_SIGNAL)),
+            SUBKERNEL_MARKER: marker,
+        }
+    )
+    return env
+
+
+def _bootstrap_code() -> str:
+    path = str(PROBE_FILE)
+    return f"exec(compile(open({path!r}, 'rb').read(), {path!r}, 'exec'))"
+
+
+def run_subkernel(
+    request: SubkernelRequest,
+    *,
+    popen: Callable[..., subprocess.Popen[bytes]] = subprocess.Popen,
+    clock: Callable[[], float] = time.monotonic,
+) -> RawRun:
+    """Run the probe once and return what it recorded, however it ended."""
+    marker = uuid.uuid4().hex
+    read_fd, write_fd = os.pipe()
+    with tempfile.TemporaryDirectory(prefix="diagtools-") as scratch:
+        dump_path = os.path.join(scratch, "faults.txt")
+        env = _probe_env(request, write_fd, dump_path, marker)
+        started = clock()
+        try:
+            process = popen(
+                [request.python, "-S", "-c", _bootstrap_code()],
+                env=env,
+                cwd=request.cwd,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                pass_fds=(write_fd,),
+                start_new_session=True,
+            )
+        finally:
+            os.close(write_fd)
+        collected = _collect(process, read_fd, started + request.timeout, clock)
+        fault_dump = _read_text(dump_path)
+    return RawRun(
+        events=tuple(collected.events.events),
+        returncode=collected.returncode,
+        timed_out=collected.timed_out,
+        stdout=collected.stdout.captured(),
+        stderr=collected.stderr.captured(),
+        fault_dump=fault_dump,
+        duration_s=clock() - started,
+        marker=marker,
+    )
+
+
+@dataclass
+class _Collected:
+    events: _EventStream
+    stdout: _Buffer
+    stderr: _Buffer
+    returncode: int | None = None
+    timed_out: bool = False
+
+
+def _collect(process: subprocess.Popen[bytes], channel_fd: int, deadline: float, clock: Callable[[], float]) -> _Collected:
+    """Read all three streams until the subkernel exits or the deadline passes."""
+    assert process.stdout is not None and process.stderr is not None
+    collected = _Collected(_EventStream(), _Buffer(), _Buffer())
+    sinks: dict[int, Callable[[bytes], None]] = {
+        channel_fd: collected.events.add,
+        process.stdout.fileno(): collected.stdout.add,
+        process.stderr.fileno(): collected.stderr.add,
+    }
+    with selectors.DefaultSelector() as selector:
+        for fd in sinks:
+            selector.register(fd, selectors.EVENT_READ)
+        while not _exited(process.pid):
+            if clock() >= deadline:
+                collected.timed_out = True
+                _dump_and_kill(process, selector, sinks)
+                break
+            _pump(selector, sinks, min(0.05, max(0.0, deadline - clock())))
+        _kill_group(process.pid)
+        _drain(selector, sinks)
+    collected.returncode = process.wait()
+    os.close(channel_fd)
+    process.stdout.close()
+    process.stderr.close()
+    return collected
+
+
+def _exited(pid: int) -> bool:
+    """True once the subkernel has exited; it stays a zombie until ``wait``."""
+    try:
+        info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return True
+    return info is not None
+
+
+def _pump(selector: selectors.BaseSelector, sinks: dict[int, Callable[[bytes], None]], timeout: float) -> None:
+    for key, _ in selector.select(timeout):
+        data = os.read(key.fd, 65536)
+        if data:
+            sinks[key.fd](data)
+        else:
+            selector.unregister(key.fd)
+
+
+def _drain(selector: selectors.BaseSelector, sinks: dict[int, Callable[[bytes], None]]) -> None:
+    """Read what is left; every writer is dead, so every stream ends soon."""
+    stop = time.monotonic() + 2.0
+    while selector.get_map() and time.monotonic() < stop:
+        _pump(selector, sinks, 0.05)
+
+
+def _dump_and_kill(process: subprocess.Popen[bytes], selector: selectors.BaseSelector, sinks: dict[int, Callable[[bytes], None]]) -> None:
+    """Ask the hung subkernel for its stacks, then kill its process group."""
+    try:
+        os.kill(process.pid, _DUMP_SIGNAL)
+    except ProcessLookupError:
+        return
+    stop = time.monotonic() + _DUMP_GRACE_S
+    while time.monotonic() < stop and not _exited(process.pid):
+        _pump(selector, sinks, 0.05)
+    _kill_group(process.pid)
+
+
+def _kill_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _read_text(path: str) -> str:
+    try:
+        return Path(path).read_bytes().decode("utf-8", "backslashreplace")
+    except OSError:
+        return ""
