@@ -94,9 +94,7 @@ class _Tree:
     def _import_node(self, node: _Node, culprit_modules: set[str]) -> ImportNode:
         cumulative = self._cumulative(node)
         nested = sum(
-            self._cumulative(self.nodes[child])
-            for child in node.children
-            if self._nested_in(self.nodes[child], node)
+            self._cumulative(self.nodes[child]) for child in node.children if self._nested_in(self.nodes[child], node)
         )
         return ImportNode(
             name=node.name,

@@ -73,10 +73,7 @@ class MissingExtraError(DiagtoolsError):
         self.extra = extra
 
     def __str__(self) -> str:
-        return (
-            f"this feature needs {self.module!r}, which is not installed: "
-            f"pip install 'diagtools[{self.extra}]'"
-        )
+        return f"this feature needs {self.module!r}, which is not installed: pip install 'diagtools[{self.extra}]'"
 
 
 class SchemaError(DiagtoolsError):

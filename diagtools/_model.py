@@ -186,7 +186,9 @@ class StartupInfo:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> StartupInfo:
-        return cls(bool(data.get("cuda_initialized", False)), int(data.get("modules", 0)), float(data.get("seconds", 0.0)))
+        return cls(
+            bool(data.get("cuda_initialized", False)), int(data.get("modules", 0)), float(data.get("seconds", 0.0))
+        )
 
 
 @dataclass(frozen=True)

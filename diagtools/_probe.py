@@ -10,14 +10,14 @@ It streams one JSON object per line to a private pipe (never stdout): a
 target that crashes, hangs or exits still leaves everything recorded so far.
 """
 
+import _frozen_importlib as _bootstrap
 import _imp
 import _thread
+import contextlib
+import faulthandler
 import posix
 import sys
 import time
-
-import _frozen_importlib as _bootstrap
-import faulthandler
 
 _ENV = {key.decode(): value.decode("utf-8", "surrogateescape") for key, value in posix.environ.items()}
 _OWN_FILE = _ENV.get("DIAGTOOLS_PROBE_FILE", "")
@@ -29,14 +29,13 @@ _lock = _thread.allocate_lock()
 
 # ---- the private channel -------------------------------------------------
 
+
 def _encode(value):
     """Serialize builtin values to JSON without the json module."""
-    if value is None or value is True or value is False:
-        return "null" if value is None else ("true" if value else "false")
-    if isinstance(value, int):
-        return str(int(value))
-    if isinstance(value, float):
-        return repr(value) if value == value and value not in (float("inf"), float("-inf")) else "null"
+    if value is None or isinstance(value, bool):
+        return {None: "null", True: "true", False: "false"}[value]
+    if isinstance(value, (int, float)):
+        return _encode_number(value)
     if isinstance(value, str):
         return _encode_str(value)
     if isinstance(value, dict):
@@ -44,6 +43,12 @@ def _encode(value):
     if isinstance(value, (list, tuple)):
         return "[" + ",".join(_encode(item) for item in value) + "]"
     return _encode_str(repr(value))
+
+
+def _encode_number(value):
+    if isinstance(value, int):
+        return str(int(value))
+    return repr(value) if value - value == 0 else "null"  # NaN and infinities have no JSON form
 
 
 _ESCAPES = {'"': '\\"', "\\": "\\\\", "\n": "\\n", "\r": "\\r", "\t": "\\t"}
@@ -54,7 +59,7 @@ def _encode_str(text):
     for char in text:
         escaped = _ESCAPES.get(char)
         if escaped is None:
-            escaped = char if char >= " " else "\\u%04x" % ord(char)
+            escaped = char if char >= " " else f"\\u{ord(char):04x}"
         out.append(escaped)
     return '"' + "".join(out) + '"'
 
@@ -75,7 +80,7 @@ class _Channel:
         with _lock:
             try:
                 while data:
-                    data = data[posix.write(self.fd, data):]
+                    data = data[posix.write(self.fd, data) :]
             except OSError:
                 pass
 
@@ -93,6 +98,7 @@ posix.register_at_fork(after_in_child=_after_fork_in_child)
 
 # ---- the driver's own answer ------------------------------------------------
 
+
 def _load_cuprobe():
     path = _ENV["DIAGTOOLS_PROBE_CUPROBE"]
     spec = _bootstrap.ModuleSpec("_diagtools_cuprobe", None, origin=path)
@@ -109,6 +115,7 @@ def _driver_initialized():
 
 
 # ---- what is executing, on which thread -------------------------------------
+
 
 class _State:
     phase = "startup"
@@ -183,6 +190,7 @@ def _traced_load(spec):
 
 # ---- refinement: a line-traced rerun inside the culprit's window -------------
 
+
 class _LineTracer:
     """Finds the line whose execution flipped the driver to initialized."""
 
@@ -194,8 +202,10 @@ class _LineTracer:
     def __call__(self, frame, event, arg):
         if self.done or self._flipped():
             return None
-        self.previous = frame
-        self.previous_line = frame.f_lineno
+        # After a return, execution goes on in the caller, mid-way through its line.
+        here = frame.f_back if event == "return" and frame.f_back is not None else frame
+        self.previous = here
+        self.previous_line = here.f_lineno
         return self
 
     def _flipped(self):
@@ -219,6 +229,7 @@ def _start_refine(name):
 
 
 # ---- the driver hook and threads --------------------------------------------
+
 
 def _on_cuinit():
     """Called by the driver during the first cuInit, on the calling thread."""
@@ -270,6 +281,7 @@ def _install_joinable():
 
 # ---- errors ------------------------------------------------------------------
 
+
 def _describe(exc):
     try:
         text = str(exc)
@@ -293,11 +305,13 @@ def _report_error(target, exc):
     frames = _traceback_frames(exc)
     file = getattr(exc, "filename", None) if isinstance(exc, SyntaxError) else None
     line = getattr(exc, "lineno", None) if isinstance(exc, SyntaxError) else None
-    _channel.emit("error", target=target, type=type(exc).__qualname__, msg=_describe(exc), tb=frames,
-                  file=file, line=line)
+    _channel.emit(
+        "error", target=target, type=type(exc).__qualname__, msg=_describe(exc), tb=frames, file=file, line=line
+    )
 
 
 # ---- the run -----------------------------------------------------------------
+
 
 def _enable_fault_dumps():
     dump = _ENV.get("DIAGTOOLS_PROBE_DUMP")
@@ -337,14 +351,18 @@ def _torch_cuda_initialized():
 
 
 def main():
-    try:
+    with contextlib.suppress(OSError):
         _cuprobe.die_with_parent()
-    except OSError:
-        pass
     _enable_fault_dumps()
     _install()
-    _channel.emit("hello", pid=posix.getpid(), python=sys.version, main_thread=_MAIN_THREAD,
-                  library=_cuprobe.driver_path(), initialized=_driver_initialized())
+    _channel.emit(
+        "hello",
+        pid=posix.getpid(),
+        python=sys.version,
+        main_thread=_MAIN_THREAD,
+        library=_cuprobe.driver_path(),
+        initialized=_driver_initialized(),
+    )
     _channel.emit("phase", phase="startup")
     _run_startup()
     _check_state(_MAIN_THREAD, None, "startup-end")

@@ -9,6 +9,7 @@ whole process group, and returns every event that reached the pipe.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import selectors
@@ -18,7 +19,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -185,9 +186,12 @@ class _Collected:
     timed_out: bool = False
 
 
-def _collect(process: subprocess.Popen[bytes], channel_fd: int, deadline: float, clock: Callable[[], float]) -> _Collected:
+def _collect(
+    process: subprocess.Popen[bytes], channel_fd: int, deadline: float, clock: Callable[[], float]
+) -> _Collected:
     """Read all three streams until the subkernel exits or the deadline passes."""
-    assert process.stdout is not None and process.stderr is not None
+    assert process.stdout is not None
+    assert process.stderr is not None
     collected = _Collected(_EventStream(), _Buffer(), _Buffer())
     sinks: dict[int, Callable[[bytes], None]] = {
         channel_fd: collected.events.add,
@@ -237,7 +241,9 @@ def _drain(selector: selectors.BaseSelector, sinks: dict[int, Callable[[bytes], 
         _pump(selector, sinks, 0.05)
 
 
-def _dump_and_kill(process: subprocess.Popen[bytes], selector: selectors.BaseSelector, sinks: dict[int, Callable[[bytes], None]]) -> None:
+def _dump_and_kill(
+    process: subprocess.Popen[bytes], selector: selectors.BaseSelector, sinks: dict[int, Callable[[bytes], None]]
+) -> None:
     """Ask the hung subkernel for its stacks, then kill its process group."""
     try:
         os.kill(process.pid, _DUMP_SIGNAL)
@@ -250,10 +256,8 @@ def _dump_and_kill(process: subprocess.Popen[bytes], selector: selectors.BaseSel
 
 
 def _kill_group(pgid: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def _read_text(path: str) -> str:

@@ -86,7 +86,8 @@ def _needs_refinement(culprit: Culprit | None) -> bool:
 
 def _refine(result: ScanResult, request: SubkernelRequest, runner: Runner) -> ScanResult:
     """Rerun with a line tracer inside the culprit's window to find the exact site."""
-    assert result.culprit is not None and result.culprit.module is not None
+    assert result.culprit is not None
+    assert result.culprit.module is not None
     rerun = assemble(runner(replace(request, refine=result.culprit.module)), request.targets, result.driver)
     if rerun.culprit is None or rerun.culprit.evidence != "trace" or rerun.culprit.module != result.culprit.module:
         return result

@@ -1,0 +1,1 @@
+"""A reduced model library with the import structure of vllm.models."""

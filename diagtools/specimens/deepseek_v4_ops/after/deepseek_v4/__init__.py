@@ -1,0 +1,1 @@
+"""DeepSeek-V4 model package (a reduced copy of the import structure only)."""

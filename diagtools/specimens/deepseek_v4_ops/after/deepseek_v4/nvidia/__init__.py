@@ -1,0 +1,1 @@
+"""NVIDIA-specific parts of the model."""

@@ -1,0 +1,5 @@
+"""A CPU op."""
+
+
+def norm(x):
+    return x
