@@ -237,7 +237,7 @@ def assemble(raw: RawRun, targets: Sequence[str], driver: DriverInfo) -> ScanRes
         stdout=raw.stdout.describe(),
         stderr=raw.stderr.describe(),
         duration_s=raw.duration_s,
-        python=str(hello.get("python", "")).split()[0] if hello else "",
+        python=(str(hello.get("python") or "").split() or [""])[0],
     )
 
 

@@ -33,6 +33,11 @@ def _build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _add_debug(parser: argparse.ArgumentParser) -> None:
+    """Accept --debug after the subcommand too, without resetting one given before it."""
+    parser.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+
+
 def _add_scan(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("targets", nargs="+", metavar="TARGET", help="module to import, e.g. pkg.ops")
     parser.add_argument("--path", action="append", default=[], metavar="DIR", help="prepend DIR to sys.path")
@@ -41,13 +46,13 @@ def _add_scan(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", metavar="FILE|-", help="write the diagtools.scan/1 document ('-' for stdout)")
     parser.add_argument("--fail-on-cuda", action="store_true", help="exit 1 when CUDA got initialized")
     parser.add_argument("--stack", action="store_true", help="print the whole Python stack of the culprit")
-    parser.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
+    _add_debug(parser)
 
 
 def _add_demo(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default="build/report", metavar="DIR", help="where the report goes")
     parser.add_argument("--driver", choices=DRIVER_CHOICES, default="auto")
-    parser.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
+    _add_debug(parser)
 
 
 def _write_json(document: dict[str, Any], destination: str) -> None:

@@ -1,0 +1,88 @@
+"""Shared fixtures: throwaway packages in tmp_path and a scan on the simulated driver."""
+
+from __future__ import annotations
+
+import os
+import textwrap
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+import diagtools
+from diagtools._model import ScanResult
+from diagtools._runner import RawRun, SubkernelRequest, run_subkernel
+
+MARK = "# <- here"
+
+
+def write_tree(root: Path, files: dict[str, str]) -> Path:
+    """Write ``files`` (relative path -> source, dedented) under ``root``."""
+    for relative, source in files.items():
+        path = root / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(textwrap.dedent(source).lstrip("\n"), encoding="utf-8")
+    return root
+
+
+def marked_line(path: Path, mark: str = MARK) -> int:
+    """The 1-based number of the line carrying ``mark``."""
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if mark in line:
+            return number
+    raise AssertionError(f"no {mark!r} in {path}")
+
+
+@pytest.fixture
+def make_tree(tmp_path: Path) -> Callable[[dict[str, str]], Path]:
+    root = tmp_path / "src"
+    root.mkdir()
+    return lambda files: write_tree(root, files)
+
+
+class RecordingRunner:
+    """The real runner, remembering each run's marker so tests can hunt orphans."""
+
+    def __init__(self) -> None:
+        self.runs: list[RawRun] = []
+
+    def __call__(self, request: SubkernelRequest) -> RawRun:
+        raw = run_subkernel(request)
+        self.runs.append(raw)
+        return raw
+
+
+def survivors(marker: str) -> list[int]:
+    """PIDs of live processes whose environment carries the subkernel ``marker``."""
+    needle = f"DIAGTOOLS_SUBKERNEL={marker}".encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            environ = Path(f"/proc/{entry}/environ").read_bytes()
+            state = Path(f"/proc/{entry}/stat").read_text().split(") ", 1)[1][0]
+        except OSError:
+            continue
+        if needle in environ and state != "Z":
+            found.append(int(entry))
+    return found
+
+
+@pytest.fixture
+def runner() -> RecordingRunner:
+    recording = RecordingRunner()
+    yield recording
+    for raw in recording.runs:
+        assert survivors(raw.marker) == [], "a subkernel process outlived its scan"
+
+
+@pytest.fixture
+def sim_scan(runner: RecordingRunner) -> Callable[..., ScanResult]:
+    """``diagtools.scan`` on the simulated driver, checking for orphans afterwards."""
+
+    def run(targets, path=(), **kwargs) -> ScanResult:
+        kwargs.setdefault("timeout", 60.0)
+        return diagtools.scan(targets, path=path, driver="simulated", runner=runner, **kwargs)
+
+    return run

@@ -1,0 +1,155 @@
+"""The simulated libcuda.so.1: init and fork semantics, for every kind of caller."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from diagtools._driver import build_simulated_driver, resolve_driver
+
+
+def run_with_driver(code: str) -> subprocess.CompletedProcess[str]:
+    """Run ``code`` in a fresh interpreter that resolves libcuda.so.1 to the stand-in."""
+    env = dict(os.environ, **resolve_driver("simulated").env)
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], env=env, capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    return done
+
+
+def test_ctypes_caller_sees_real_driver_semantics():
+    done = run_with_driver(
+        """
+        import ctypes
+        lib = ctypes.CDLL("libcuda.so.1")
+        count = ctypes.c_int(-1)
+        print(lib.cuDeviceGetCount(ctypes.byref(count)))
+        print(lib.cuInit(0), lib.cuInit(0))
+        print(lib.cuDeviceGetCount(ctypes.byref(count)), count.value)
+        major, minor = ctypes.c_int(), ctypes.c_int()
+        print(lib.cuDeviceComputeCapability(ctypes.byref(major), ctypes.byref(minor), 0), major.value, minor.value)
+        name = ctypes.create_string_buffer(128)
+        print(lib.cuDeviceGetName(name, 128, 0), name.value.decode())
+        print(lib.cuInit(1))
+        """
+    )
+    lines = done.stdout.splitlines()
+    assert lines[0] == "3"  # CUDA_ERROR_NOT_INITIALIZED before cuInit
+    assert lines[1] == "0 0"
+    assert lines[2] == "0 1"
+    assert lines[3] == "0 9 0"
+    assert lines[4].startswith("0 ")
+    assert "simulated" in lines[4]
+    assert lines[5] == "1"  # flags must be 0
+
+
+def test_fork_after_init_poisons_the_child_but_not_a_child_forked_before():
+    done = run_with_driver(
+        """
+        import ctypes, os
+        lib = ctypes.CDLL("libcuda.so.1")
+        count = ctypes.c_int()
+
+        def child(report):
+            r, w = os.pipe()
+            pid = os.fork()
+            if pid == 0:
+                os.write(w, report().encode())
+                os._exit(0)
+            os.close(w)
+            os.waitpid(pid, 0)
+            return os.read(r, 100).decode()
+
+        print(child(lambda: f"{lib.cuInit(0)} {lib.cuDeviceGetCount(ctypes.byref(count))}"))
+        lib.cuInit(0)
+        print(child(lambda: f"{lib.cuInit(0)} {lib.cuDeviceGetCount(ctypes.byref(count))}"))
+        print(lib.cuDeviceGetCount(ctypes.byref(count)))
+        """
+    )
+    before, after, parent = done.stdout.splitlines()
+    assert before == "0 0"
+    assert after == "3 3"
+    assert parent == "0"
+
+
+def test_cuda_python_resolves_every_entry_point_through_the_stand_in():
+    done = run_with_driver(
+        """
+        from cuda.bindings import driver as d
+        print(d.cuDeviceGetCount()[0].value)
+        print(d.cuInit(0)[0].value)
+        err, dev = d.cuDeviceGet(0)
+        print(err.value, d.cuDeviceGetName(64, dev)[1].split(b"\\0")[0].decode())
+        attr = d.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR
+        print(d.cuDeviceGetAttribute(attr, dev))
+        err, ctx = d.cuDevicePrimaryCtxRetain(dev)
+        print(err.value, d.cuDevicePrimaryCtxGetState(dev)[2])
+        print(d.cuCtxSetCurrent(ctx)[0].value, d.cuCtxGetDevice()[0].value)
+        print(d.cuStreamCreate(0)[0].value)
+        print(d.cuDriverGetVersion()[1])
+        """
+    )
+    lines = done.stdout.splitlines()
+    assert lines[0] == "3"
+    assert lines[1] == "0"
+    assert lines[2] == "0 diagtools simulated GPU (no hardware)"
+    assert "9" in lines[3]
+    assert lines[4] == "0 1"
+    assert lines[5] == "0 0"
+    assert lines[6] == "801"  # unmodelled entry points answer CUDA_ERROR_NOT_SUPPORTED
+    assert int(lines[7]) >= 12000
+
+
+def test_unknown_entry_points_never_crash():
+    done = run_with_driver(
+        """
+        import ctypes
+        lib = ctypes.CDLL("libcuda.so.1")
+        fn = ctypes.c_void_p()
+        status = ctypes.c_int()
+        name = b"cuGraphInstantiateWithParams"
+        print(lib.cuGetProcAddress_v2(name, ctypes.byref(fn), 12000, 0, ctypes.byref(status)))
+        proto = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_int)
+        print(proto(fn.value)(None, 5))
+        """
+    )
+    assert done.stdout.split() == ["0", "801"]
+
+
+def test_driver_is_built_once_and_cached(tmp_path, monkeypatch):
+    monkeypatch.setenv("DIAGTOOLS_CACHE_DIR", str(tmp_path))
+    first = build_simulated_driver()
+    stamp = (first / "libcuda.so.1").stat().st_mtime_ns
+    assert build_simulated_driver() == first
+    assert (first / "libcuda.so.1").stat().st_mtime_ns == stamp
+    assert first.is_relative_to(tmp_path)
+
+
+def test_broken_compiler_is_a_clear_error(tmp_path, monkeypatch):
+    from diagtools._errors import DriverBuildError
+
+    monkeypatch.setenv("DIAGTOOLS_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("CC", "false")
+    with pytest.raises(DriverBuildError, match="could not build the simulated CUDA driver"):
+        build_simulated_driver()
+
+
+def test_auto_picks_simulated_without_a_gpu_and_says_so():
+    setup = resolve_driver("auto")
+    if setup.info.kind == "real":
+        pytest.skip(f"a real driver is present here ({setup.info.library})")
+    assert setup.info.kind == "simulated"
+    assert "stand-in" in setup.info.describe()
+
+
+def test_driver_none_and_unknown_choice():
+    from diagtools._errors import UsageError
+
+    assert resolve_driver("none").info.kind == "none"
+    with pytest.raises(UsageError, match="unknown driver"):
+        resolve_driver("fake")
