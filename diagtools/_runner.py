@@ -10,15 +10,14 @@ whole process group, and returns every event that reached the pipe.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import selectors
 import signal
 import subprocess
 import sys
-import tempfile
 import time
-import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +30,8 @@ OUTPUT_LIMIT = 64 * 1024
 SUBKERNEL_MARKER = "DIAGTOOLS_SUBKERNEL"
 _DUMP_SIGNAL = signal.SIGUSR1
 _DUMP_GRACE_S = 0.5
+_BATCH_S = 0.01
+_CHANNEL_PIPE_BYTES = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -92,28 +93,33 @@ class _Buffer:
 
 
 class _EventStream:
-    """Splits the channel's bytes into JSON events; a torn last line is dropped."""
+    """Collects the channel's bytes; split into JSON events once, at the end.
+
+    A torn last line (the subkernel died mid-write) is dropped.
+    """
 
     def __init__(self) -> None:
-        self.pending = b""
-        self.events: list[dict[str, Any]] = []
+        self.chunks: list[bytes] = []
 
     def add(self, data: bytes) -> None:
-        lines = (self.pending + data).split(b"\n")
-        self.pending = lines.pop()
-        for line in lines:
-            self._parse(line)
+        self.chunks.append(data)
 
-    def _parse(self, line: bytes) -> None:
-        try:
-            event = json.loads(line.decode("utf-8", "backslashreplace"))
-        except ValueError:
-            return
-        if isinstance(event, dict):
-            self.events.append(event)
+    def events(self) -> list[dict[str, Any]]:
+        lines = b"".join(self.chunks).split(b"\n")
+        lines.pop()
+        parsed = (_parse_event(line) for line in lines)
+        return [event for event in parsed if event is not None]
 
 
-def _probe_env(request: SubkernelRequest, channel_fd: int, dump_path: str, marker: str) -> dict[str, str]:
+def _parse_event(line: bytes) -> dict[str, Any] | None:
+    try:
+        event = json.loads(line.decode("utf-8", "backslashreplace"))
+    except ValueError:
+        return None
+    return event if isinstance(event, dict) else None
+
+
+def _probe_env(request: SubkernelRequest, channel_fd: int, dump_fd: int, marker: str) -> dict[str, str]:
     env = dict(os.environ)
     env.update(request.env)
     env.update(
@@ -124,7 +130,7 @@ def _probe_env(request: SubkernelRequest, channel_fd: int, dump_path: str, marke
             "DIAGTOOLS_PROBE_TARGETS": "\n".join(request.targets),
             "DIAGTOOLS_PROBE_PATH": "\n".join(request.path),
             "DIAGTOOLS_PROBE_REFINE": request.refine,
-            "DIAGTOOLS_PROBE_DUMP": dump_path,
+            "DIAGTOOLS_PROBE_DUMP_FD": str(dump_fd),
             "DIAGTOOLS_PROBE_DUMP_SIGNAL": str(int(_DUMP_SIGNAL)),
             SUBKERNEL_MARKER: marker,
         }
@@ -144,29 +150,33 @@ def run_subkernel(
     clock: Callable[[], float] = time.monotonic,
 ) -> RawRun:
     """Run the probe once and return what it recorded, however it ended."""
-    marker = uuid.uuid4().hex
+    marker = os.urandom(16).hex()
     read_fd, write_fd = os.pipe()
-    with tempfile.TemporaryDirectory(prefix="diagtools-") as scratch:
-        dump_path = os.path.join(scratch, "faults.txt")
-        env = _probe_env(request, write_fd, dump_path, marker)
-        started = clock()
-        try:
-            process = popen(
-                [request.python, "-S", "-c", _bootstrap_code()],
-                env=env,
-                cwd=request.cwd,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                pass_fds=(write_fd,),
-                start_new_session=True,
-            )
-        finally:
-            os.close(write_fd)
-        collected = _collect(process, read_fd, started + request.timeout, clock)
-        fault_dump = _read_text(dump_path)
+    _enlarge_pipe(write_fd)
+    dump_fd = os.memfd_create("diagtools-faults", 0)  # inherited: faulthandler writes here
+    env = _probe_env(request, write_fd, dump_fd, marker)
+    started = clock()
+    try:
+        process = popen(
+            [request.python, "-S", "-c", _bootstrap_code()],
+            env=env,
+            cwd=request.cwd,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            pass_fds=(write_fd, dump_fd),
+            start_new_session=True,
+        )
+    except BaseException:
+        os.close(read_fd)
+        os.close(dump_fd)
+        raise
+    finally:
+        os.close(write_fd)
+    collected = _collect(process, read_fd, started + request.timeout, clock)
+    fault_dump = _read_all(dump_fd)
     return RawRun(
-        events=tuple(collected.events.events),
+        events=tuple(collected.events.events()),
         returncode=collected.returncode,
         timed_out=collected.timed_out,
         stdout=collected.stdout.captured(),
@@ -207,6 +217,7 @@ def _collect(
                 _dump_and_kill(process, selector, sinks)
                 break
             _pump(selector, sinks, min(0.05, max(0.0, deadline - clock())))
+            time.sleep(_BATCH_S)  # read in batches: waking per event would slow the target
         _kill_group(process.pid)
         _drain(selector, sinks)
     collected.returncode = process.wait()
@@ -214,6 +225,12 @@ def _collect(
     process.stdout.close()
     process.stderr.close()
     return collected
+
+
+def _enlarge_pipe(fd: int) -> None:
+    """Room for a burst of events between two batched reads (Linux only; best effort)."""
+    with contextlib.suppress(OSError, AttributeError):
+        fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, _CHANNEL_PIPE_BYTES)
 
 
 def _exited(pid: int) -> bool:
@@ -260,8 +277,10 @@ def _kill_group(pgid: int) -> None:
         os.killpg(pgid, signal.SIGKILL)
 
 
-def _read_text(path: str) -> str:
+def _read_all(fd: int) -> str:
+    """Everything faulthandler wrote to the dump file, then close it."""
     try:
-        return Path(path).read_bytes().decode("utf-8", "backslashreplace")
-    except OSError:
-        return ""
+        size = os.fstat(fd).st_size
+        return os.pread(fd, size, 0).decode("utf-8", "backslashreplace")
+    finally:
+        os.close(fd)

@@ -8,12 +8,11 @@ probe extension) the interpreter, so a second run costs one ``stat``.
 from __future__ import annotations
 
 import hashlib
+import importlib.machinery
 import os
 import shlex
 import subprocess
 import sys
-import sysconfig
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -69,6 +68,8 @@ def _compile(what: str, source: Path, output: Path, extra: list[str]) -> Path:
     """Compile ``source`` into the shared object ``output`` unless it already exists."""
     if output.exists():
         return output
+    import tempfile  # only needed to compile
+
     output.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=output.parent, suffix=".so.tmp")
     os.close(fd)
@@ -105,10 +106,14 @@ def build_injection_library() -> Path:
 def build_probe_extension() -> Path:
     """The compiled ``_diagtools_cuprobe`` extension for the running interpreter."""
     source = _SOURCES / "cuprobe.c"
-    include = sysconfig.get_paths()["include"]
-    suffix = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
-    key = _build_key(source.read_bytes(), *_compiler(), sys.version, include)
+    suffix = importlib.machinery.EXTENSION_SUFFIXES[0]
+    key = _build_key(source.read_bytes(), *_compiler(), sys.version, sys.prefix, suffix)
     library = cache_dir() / "cuprobe" / key / f"_diagtools_cuprobe{suffix}"
+    if library.exists():
+        return library
+    import sysconfig  # only needed to compile: finding the headers costs a few ms
+
+    include = sysconfig.get_paths()["include"]
     return _compile("the CUDA state probe", source, library, [f"-I{include}", "-ldl"])
 
 
