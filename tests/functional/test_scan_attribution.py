@@ -304,3 +304,15 @@ def test_several_targets_in_one_subkernel(sim_scan, make_tree, count):
     assert result.targets == tuple(targets)
     assert result.culprit.module == "m_last"
     assert result.culprit.chain == ("m_last",)
+
+
+def test_scanning_torch_reports_torch_cuda_state_without_initializing(sim_scan):
+    pytest.importorskip("torch")
+    result = sim_scan("torch", timeout=120.0)
+    assert result.status == "ok", result.error
+    assert not result.cuda_initialized
+    assert result.torch_cuda_initialized is False
+    assert len(result.modules) > 300
+    torch_node = result.module("torch")
+    assert torch_node.parent is None
+    assert torch_node.cumulative_s >= max(n.cumulative_s for n in result.modules if n.parent == "torch")
