@@ -20,8 +20,7 @@ import sys
 import time
 
 _ENV = {key.decode(): value.decode("utf-8", "surrogateescape") for key, value in posix.environ.items()}
-_OWN_FILE = _ENV.get("DIAGTOOLS_PROBE_FILE", "")
-_CHANNEL_FD = int(_ENV["DIAGTOOLS_PROBE_CHANNEL"])
+_CHANNEL_FD = int(_ENV["DIAGTOOLS_CHANNEL_FD"])
 _MAIN_THREAD = _thread.get_ident()
 _clock = time.perf_counter
 _lock = _thread.allocate_lock()
@@ -325,11 +324,11 @@ def _report_error(target, exc):
 
 def _enable_fault_dumps():
     """Send fatal-signal tracebacks, and the runner's stack requests, to the dump fd."""
-    fd = _ENV.get("DIAGTOOLS_PROBE_DUMP_FD")
+    fd = _ENV.get("DIAGTOOLS_DUMP_FD")
     if not fd:
         return
     faulthandler.enable(file=int(fd), all_threads=True)
-    faulthandler.register(int(_ENV.get("DIAGTOOLS_PROBE_DUMP_SIGNAL", "10")), file=int(fd), all_threads=True)
+    faulthandler.register(int(_ENV.get("DIAGTOOLS_DUMP_SIGNAL", "10")), file=int(fd), all_threads=True)
 
 
 def _run_startup():

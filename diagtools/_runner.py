@@ -19,7 +19,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -36,16 +36,22 @@ _CHANNEL_PIPE_BYTES = 1 << 20
 
 @dataclass(frozen=True)
 class SubkernelRequest:
-    """What one subkernel run should do: the probe's settings and its limits."""
+    """One subkernel run: which program, its settings, the driver's environment, the limits.
 
-    targets: tuple[str, ...]
-    cuprobe: Path
+    ``settings`` are the ``DIAGTOOLS_*`` variables the program reads; ``env``
+    is what the chosen driver needs (``LD_LIBRARY_PATH`` and the like).
+    """
+
+    program: Path
+    settings: Mapping[str, str] = field(default_factory=dict)
     env: Mapping[str, str] = field(default_factory=dict)
-    path: tuple[str, ...] = ()
     timeout: float = 120.0
-    refine: str = ""
+    flags: tuple[str, ...] = ()
     python: str = sys.executable
     cwd: str | None = None
+
+    def with_settings(self, **settings: str) -> SubkernelRequest:
+        return replace(self, settings={**self.settings, **settings})
 
 
 @dataclass(frozen=True)
@@ -119,27 +125,24 @@ def _parse_event(line: bytes) -> dict[str, Any] | None:
     return event if isinstance(event, dict) else None
 
 
-def _probe_env(request: SubkernelRequest, channel_fd: int, dump_fd: int, marker: str) -> dict[str, str]:
+def _subkernel_env(request: SubkernelRequest, channel_fd: int, dump_fd: int, marker: str) -> dict[str, str]:
     env = dict(os.environ)
     env.update(request.env)
+    env.update(request.settings)
     env.update(
         {
-            "DIAGTOOLS_PROBE_CHANNEL": str(channel_fd),
-            "DIAGTOOLS_PROBE_CUPROBE": str(request.cuprobe),
-            "DIAGTOOLS_PROBE_FILE": str(PROBE_FILE),
-            "DIAGTOOLS_PROBE_TARGETS": "\n".join(request.targets),
-            "DIAGTOOLS_PROBE_PATH": "\n".join(request.path),
-            "DIAGTOOLS_PROBE_REFINE": request.refine,
-            "DIAGTOOLS_PROBE_DUMP_FD": str(dump_fd),
-            "DIAGTOOLS_PROBE_DUMP_SIGNAL": str(int(_DUMP_SIGNAL)),
+            "DIAGTOOLS_CHANNEL_FD": str(channel_fd),
+            "DIAGTOOLS_PROGRAM_FILE": str(request.program),
+            "DIAGTOOLS_DUMP_FD": str(dump_fd),
+            "DIAGTOOLS_DUMP_SIGNAL": str(int(_DUMP_SIGNAL)),
             SUBKERNEL_MARKER: marker,
         }
     )
     return env
 
 
-def _bootstrap_code() -> str:
-    path = str(PROBE_FILE)
+def _bootstrap_code(program: Path) -> str:
+    path = str(program)
     return f"exec(compile(open({path!r}, 'rb').read(), {path!r}, 'exec'))"
 
 
@@ -149,16 +152,16 @@ def run_subkernel(
     popen: Callable[..., subprocess.Popen[bytes]] = subprocess.Popen,
     clock: Callable[[], float] = time.monotonic,
 ) -> RawRun:
-    """Run the probe once and return what it recorded, however it ended."""
+    """Run the program once in a new session and return what it recorded, however it ended."""
     marker = os.urandom(16).hex()
     read_fd, write_fd = os.pipe()
     _enlarge_pipe(write_fd)
     dump_fd = os.memfd_create("diagtools-faults", 0)  # inherited: faulthandler writes here
-    env = _probe_env(request, write_fd, dump_fd, marker)
+    env = _subkernel_env(request, write_fd, dump_fd, marker)
     started = clock()
     try:
         process = popen(
-            [request.python, "-S", "-c", _bootstrap_code()],
+            [request.python, *request.flags, "-c", _bootstrap_code(request.program)],
             env=env,
             cwd=request.cwd,
             stdin=subprocess.DEVNULL,

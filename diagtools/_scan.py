@@ -10,9 +10,9 @@ from diagtools._assemble import assemble
 from diagtools._driver import build_probe_extension, resolve_driver
 from diagtools._errors import UsageError
 from diagtools._model import Culprit, ScanResult
-from diagtools._runner import RawRun, SubkernelRequest, run_subkernel
+from diagtools._runner import PROBE_FILE, RawRun, SubkernelRequest, run_subkernel
 
-__all__ = ["scan", "validate_paths", "validate_targets"]
+__all__ = ["probe_request", "scan", "validate_paths", "validate_targets"]
 
 Runner = Callable[[SubkernelRequest], RawRun]
 
@@ -73,11 +73,24 @@ def scan(
     if timeout <= 0:
         raise UsageError(f"--timeout must be positive, got {timeout}")
     setup = resolve_driver(driver)
-    request = SubkernelRequest(names, build_probe_extension(), env=setup.env, path=roots, timeout=timeout)
+    request = probe_request(names, roots, setup.env, timeout)
     result = assemble(runner(request), names, setup.info)
     if refine and _needs_refinement(result.culprit):
         result = _refine(result, request, runner)
     return result
+
+
+def probe_request(
+    targets: tuple[str, ...], roots: tuple[str, ...], env: dict[str, str], timeout: float
+) -> SubkernelRequest:
+    """A subkernel run of the import probe over ``targets``."""
+    settings = {
+        "DIAGTOOLS_PROBE_CUPROBE": str(build_probe_extension()),
+        "DIAGTOOLS_PROBE_TARGETS": "\n".join(targets),
+        "DIAGTOOLS_PROBE_PATH": "\n".join(roots),
+        "DIAGTOOLS_PROBE_REFINE": "",
+    }
+    return SubkernelRequest(PROBE_FILE, settings, env, timeout, flags=("-S",))
 
 
 def _needs_refinement(culprit: Culprit | None) -> bool:
@@ -88,7 +101,10 @@ def _refine(result: ScanResult, request: SubkernelRequest, runner: Runner) -> Sc
     """Rerun with a line tracer inside the culprit's window to find the exact site."""
     assert result.culprit is not None
     assert result.culprit.module is not None
-    rerun = assemble(runner(replace(request, refine=result.culprit.module)), request.targets, result.driver)
+    targets = result.targets
+    rerun = assemble(
+        runner(request.with_settings(DIAGTOOLS_PROBE_REFINE=result.culprit.module)), targets, result.driver
+    )
     if rerun.culprit is None or rerun.culprit.evidence != "trace" or rerun.culprit.module != result.culprit.module:
         return result
     refined = replace(rerun.culprit, chain=result.culprit.chain, phase=result.culprit.phase)

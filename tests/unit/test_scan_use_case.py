@@ -56,8 +56,8 @@ def test_missing_path_is_a_usage_error(tmp_path):
 def test_state_probe_culprit_triggers_one_traced_rerun(tmp_path):
     runner = fake_runner([BASE, REFINED])
     result = diagtools.scan("pkg", path=[tmp_path], driver="simulated", runner=runner)
-    assert [r.refine for r in runner.requests] == ["", "pkg"]
-    assert runner.requests[0].path == (str(tmp_path),)
+    assert [r.settings["DIAGTOOLS_PROBE_REFINE"] for r in runner.requests] == ["", "pkg"]
+    assert runner.requests[0].settings["DIAGTOOLS_PROBE_PATH"] == str(tmp_path)
     assert result.culprit.evidence == "trace"
     assert result.culprit.site.line == 3
 
