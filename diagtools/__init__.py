@@ -11,16 +11,22 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 __all__ = [
+    "ChildOutcome",
     "Culprit",
     "DiagtoolsError",
     "DriverInfo",
     "ImportNode",
+    "ParentState",
+    "ReplayComparison",
+    "ReplayResult",
     "RunError",
     "ScanResult",
     "Site",
     "StartupInfo",
     "UsageError",
+    "compare_replays",
     "render_scan",
+    "replay_fork",
     "scan",
     "specimens",
 ]
@@ -38,6 +44,12 @@ _LOCATIONS = {
     "UsageError": "diagtools._errors",
     "render_scan": "diagtools._render_text",
     "scan": "diagtools._scan",
+    "ChildOutcome": "diagtools._replay_model",
+    "ParentState": "diagtools._replay_model",
+    "ReplayComparison": "diagtools._replay_model",
+    "ReplayResult": "diagtools._replay_model",
+    "compare_replays": "diagtools._replay",
+    "replay_fork": "diagtools._replay",
 }
 
 if TYPE_CHECKING:
@@ -45,6 +57,8 @@ if TYPE_CHECKING:
     from diagtools._errors import DiagtoolsError, UsageError
     from diagtools._model import Culprit, DriverInfo, ImportNode, RunError, ScanResult, Site, StartupInfo
     from diagtools._render_text import render_scan
+    from diagtools._replay import compare_replays, replay_fork
+    from diagtools._replay_model import ChildOutcome, ParentState, ReplayComparison, ReplayResult
     from diagtools._scan import scan
 
 

@@ -17,7 +17,7 @@ from typing import Any
 from diagtools._model import Culprit, DriverInfo, ImportNode, RunError, ScanResult, Site, StartupInfo
 from diagtools._runner import PROBE_FILE, RawRun
 
-__all__ = ["assemble", "pick_site", "source_line"]
+__all__ = ["assemble", "pick_site", "source_line", "subkernel_failure"]
 
 _HIDDEN_FILES = ("<frozen importlib._bootstrap>", "<frozen importlib._bootstrap_external>", str(PROBE_FILE))
 _EVIDENCE_ORDER = {"cuinit": "driver-hook", "refined": "trace", "transition": "state-probe"}
@@ -181,9 +181,8 @@ def _signal_name(number: int) -> str:
         return f"signal {number}"
 
 
-def _status_and_error(raw: RawRun, events: Sequence[dict[str, Any]]) -> tuple[str, RunError | None]:
-    kinds = {event["e"] for event in events}
-    errors = [event for event in events if event["e"] == "error"]
+def subkernel_failure(raw: RawRun) -> tuple[str, RunError] | None:
+    """``timeout`` or ``crashed`` with the stack dump's innermost frame; ``None`` otherwise."""
     code = raw.returncode
     if raw.timed_out:
         where = _fault_where(raw.fault_dump)
@@ -194,6 +193,16 @@ def _status_and_error(raw: RawRun, events: Sequence[dict[str, Any]]) -> tuple[st
         where = _fault_where(raw.fault_dump)
         message = f"the subkernel was killed by {name}" + (f" at {where}" if where else "")
         return "crashed", RunError("crashed", message, raw.fault_dump, signal=-code, where=where)
+    return None
+
+
+def _status_and_error(raw: RawRun, events: Sequence[dict[str, Any]]) -> tuple[str, RunError | None]:
+    kinds = {event["e"] for event in events}
+    errors = [event for event in events if event["e"] == "error"]
+    code = raw.returncode
+    failure = subkernel_failure(raw)
+    if failure is not None:
+        return failure
     if "done" not in kinds:
         exit_events = [event for event in events if event["e"] == "exit"]
         reason = "sys.exit" if exit_events else "os._exit or a closed interpreter"

@@ -11,6 +11,7 @@ from typing import Any
 
 from diagtools._driver import DRIVER_CHOICES
 from diagtools._errors import DiagtoolsError
+from diagtools._replay_model import START_METHODS
 
 __all__ = ["main"]
 
@@ -29,6 +30,7 @@ def _build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--debug", action="store_true", help="show tracebacks for diagtools' own errors")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     _add_scan(commands.add_parser("scan", help="import targets in a fresh subkernel and name the culprit"))
+    _add_replay(commands.add_parser("replay", help="reproduce the poisoned-fork failure in a subkernel"))
     _add_demo(commands.add_parser("demo", help="scan the built-in specimens and write a report"))
     return parser
 
@@ -46,6 +48,20 @@ def _add_scan(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", metavar="FILE|-", help="write the diagtools.scan/1 document ('-' for stdout)")
     parser.add_argument("--fail-on-cuda", action="store_true", help="exit 1 when CUDA got initialized")
     parser.add_argument("--stack", action="store_true", help="print the whole Python stack of the culprit")
+    _add_debug(parser)
+
+
+def _add_replay(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("target", metavar="TARGET", help="module the parent imports before starting the child")
+    parser.add_argument("--path", action="append", default=[], metavar="DIR", help="prepend DIR to sys.path")
+    parser.add_argument("--child", default="cuinit", metavar="ACTION", help="cuinit, ctypes, torch or module:function")
+    parser.add_argument("--start-method", choices=START_METHODS, default="fork")
+    parser.add_argument(
+        "--compare", nargs=2, metavar=("BEFORE", "AFTER"), help="replay on both trees, under fork and spawn"
+    )
+    parser.add_argument("--driver", choices=DRIVER_CHOICES, default="auto")
+    parser.add_argument("--timeout", type=float, default=60.0, metavar="S")
+    parser.add_argument("--json", metavar="FILE|-", help="write the diagtools.replay/1 document ('-' for stdout)")
     _add_debug(parser)
 
 
@@ -68,13 +84,36 @@ def _run_scan(args: argparse.Namespace) -> int:
     from diagtools._scan import scan
 
     result = scan(args.targets, path=args.path, driver=args.driver, timeout=args.timeout)
-    if args.json:
-        _write_json(result.to_json(), args.json)
-    if args.json != "-":
-        print(render_scan(result, stack=args.stack))
+    _emit(result.to_json(), render_scan(result, stack=args.stack), args.json)
     if not result.ok:
         return EXIT_TARGET_FAILED
     return EXIT_CUDA if (args.fail_on_cuda and result.cuda_initialized) else EXIT_OK
+
+
+def _run_replay(args: argparse.Namespace) -> int:
+    from diagtools._render_text import render_comparison, render_replay
+    from diagtools._replay import compare_replays, replay_fork
+
+    common = {"child": args.child, "path": args.path, "driver": args.driver, "timeout": args.timeout}
+    if args.compare:
+        before, after = args.compare
+        comparison = compare_replays(args.target, before=before, after=after, **common)
+        _emit(comparison.to_json(), render_comparison(comparison), args.json)
+        failed = [r for _, r in comparison.runs if r.status in _REPLAY_BROKEN]
+        return EXIT_TARGET_FAILED if failed else EXIT_OK
+    result = replay_fork(args.target, start_method=args.start_method, **common)
+    _emit(result.to_json(), render_replay(result), args.json)
+    return EXIT_TARGET_FAILED if result.status in _REPLAY_BROKEN else EXIT_OK
+
+
+_REPLAY_BROKEN = ("setup-error", "crashed", "timeout", "exited")
+
+
+def _emit(document: dict[str, Any], text: str, json_destination: str | None) -> None:
+    if json_destination:
+        _write_json(document, json_destination)
+    if json_destination != "-":
+        print(text)
 
 
 def _run_demo(args: argparse.Namespace) -> int:
@@ -89,7 +128,7 @@ def _run_demo(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``diagtools`` command; returns the exit code."""
     args = _build_parser().parse_args(argv)
-    handlers = {"scan": _run_scan, "demo": _run_demo}
+    handlers = {"scan": _run_scan, "replay": _run_replay, "demo": _run_demo}
     try:
         return handlers[args.command](args)
     except DiagtoolsError as exc:

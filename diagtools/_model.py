@@ -313,3 +313,8 @@ class ScanResult:
             duration_s=float(data.get("duration_s", 0.0)),
             python=data.get("python", ""),
         )
+
+    def _repr_html_(self) -> str:
+        from diagtools._render_html import scan_html
+
+        return scan_html(self)

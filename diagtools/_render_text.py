@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from diagtools._model import Culprit, ScanResult
+from diagtools._replay_model import ChildOutcome, ParentState, ReplayComparison, ReplayResult
 
-__all__ = ["render_scan"]
+__all__ = ["render_comparison", "render_replay", "render_scan"]
 
 
 def render_scan(result: ScanResult, *, stack: bool = False) -> str:
@@ -52,3 +53,57 @@ def _culprit_lines(culprit: Culprit, *, stack: bool) -> list[str]:
         lines.append("    stack (outermost first):")
         lines += [f"      {frame.file}:{frame.line} in {frame.function}" for frame in culprit.stack]
     return lines
+
+
+def render_replay(result: ReplayResult) -> str:
+    """The replay as a transcript: setup, parent state, child outcome, driver answers."""
+    lines = [
+        f"diagtools replay {result.target} --start-method {result.start_method} --child {result.child_action}",
+        f"  driver: {result.driver.describe()}",
+        f"  status: {result.status}",
+    ]
+    if result.error is not None:
+        lines.append(f"  error: {result.error.message}")
+    if result.parent is not None:
+        lines += _parent_lines(result.parent)
+    if result.child is not None:
+        lines += _child_lines(result.child, result.driver.kind)
+    return "\n".join(lines)
+
+
+def _parent_lines(parent: ParentState) -> list[str]:
+    state = "initialized" if parent.cuda_initialized else "not initialized"
+    lines = [f"  parent: CUDA {state} (driver answered {parent.driver_state}); {len(parent.threads)} thread(s)"]
+    if parent.torch_cuda_initialized is not None:
+        lines.append(f"    torch.cuda initialized: {parent.torch_cuda_initialized}")
+    return lines
+
+
+def _child_lines(child: ChildOutcome, driver_kind: str) -> list[str]:
+    lines = [f"  child: {child.summary()}  (exit code {child.exitcode})"]
+    for call in child.driver_calls:
+        lines.append(f"    {call.call} -> {call.name} ({call.code}) [{driver_kind} driver]")
+    if child.traceback and child.status != "ok":
+        lines.append("    " + child.traceback.strip().splitlines()[-1])
+    return lines
+
+
+def render_comparison(comparison: ReplayComparison) -> str:
+    """A variant x start-method grid, then the parent-state difference that explains it."""
+    methods = comparison.start_methods
+    lines = [
+        f"diagtools replay {comparison.target} --compare",
+        "  " + "variant".ljust(10) + "".join(m.ljust(44) for m in methods),
+    ]
+    for variant in comparison.variants:
+        cells = [comparison.run(variant, method).child for method in methods]
+        row = "".join((cell.summary() if cell else "no child")[:42].ljust(44) for cell in cells)
+        lines.append("  " + variant.ljust(10) + row)
+    for variant in comparison.variants:
+        parent = comparison.runs_of(variant)[0].parent
+        if parent is not None:
+            lines.append(
+                f"  parent ({variant}): CUDA {'initialized' if parent.cuda_initialized else 'not initialized'}"
+            )
+    lines.append(f"  verdict: {comparison.verdict()}")
+    return "\n".join(lines)

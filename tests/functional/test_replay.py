@@ -1,0 +1,207 @@
+"""Fork replay with real forks on the simulated driver."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import diagtools._replay as replay
+from diagtools._errors import UsageError
+from diagtools._render_html import comparison_html, replay_html
+from diagtools._render_text import render_comparison, render_replay
+from diagtools._replay_model import ReplayComparison, ReplayResult
+from diagtools.specimens import all_specimens
+
+BEFORE = [s for s in all_specimens() if "before" in s.variants]
+DIAGTOOLS = str(Path(sys.executable).with_name("diagtools"))
+
+
+@pytest.fixture
+def sim_replay(runner):
+    def run(target, **kwargs):
+        kwargs.setdefault("timeout", 60.0)
+        return replay.replay_fork(target, driver="simulated", runner=runner, **kwargs)
+
+    return run
+
+
+@pytest.mark.parametrize("specimen", BEFORE, ids=[s.name for s in BEFORE])
+def test_before_fails_under_fork_passes_under_spawn_and_after_passes(sim_replay, specimen):
+    forked = sim_replay(specimen.target, path=[specimen.tree("before")])
+    assert forked.status == "failed"
+    assert forked.reproduced
+    assert forked.parent.cuda_initialized
+    assert forked.child.exitcode == 1
+    assert forked.child.driver_calls[0].call == "cuInit(0)"
+    assert forked.child.driver_calls[0].name == "CUDA_ERROR_NOT_INITIALIZED"
+    assert "CUDA_ERROR_NOT_INITIALIZED" in forked.child.error
+    spawned = sim_replay(specimen.target, path=[specimen.tree("before")], start_method="spawn")
+    assert spawned.status == "ok", spawned.child
+    assert spawned.parent.cuda_initialized
+    fixed = sim_replay(specimen.target, path=[specimen.tree("after")])
+    assert fixed.status == "ok", fixed.child
+    assert not fixed.parent.cuda_initialized
+    assert [c.name for c in fixed.child.driver_calls] == ["CUDA_SUCCESS", "CUDA_SUCCESS"]
+
+
+def test_clean_lazy_specimen_forks_fine(sim_replay):
+    specimen = next(s for s in all_specimens() if s.name == "lazy_clean")
+    result = sim_replay(specimen.target, path=[specimen.tree("after")], start_method="forkserver")
+    assert result.status == "ok"
+
+
+def test_ctypes_child_sees_the_same_poisoned_driver(sim_replay, make_tree):
+    root = make_tree({"early.py": "import ctypes\nctypes.CDLL('libcuda.so.1').cuInit(0)\n"})
+    result = sim_replay("early", path=[root], child="ctypes")
+    assert result.status == "failed"
+    assert result.child.driver_state_at_start == 3
+    assert result.child.driver_calls[0].code == 3
+
+
+def test_torch_child_is_unavailable_without_a_real_gpu(sim_replay, make_tree):
+    root = make_tree({"plain.py": "X = 1\n"})
+    result = sim_replay("plain", path=[root], child="torch")
+    assert result.status == "unavailable"
+    assert "real CUDA driver" in result.child.detail
+    assert not result.reproduced
+
+
+CHILD_FAILURES = {
+    "crash": ("import ctypes\ndef act():\n    ctypes.string_at(0)\n", "child-crashed"),
+    "hang": ("import time\ndef act():\n    time.sleep(600)\n", "child-timeout"),
+    "exits": ("import os\ndef act():\n    os._exit(4)\n", "child-exited"),
+    "raises": ("def act():\n    raise KeyError('gone')\n", "failed"),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(CHILD_FAILURES))
+def test_child_that_crashes_hangs_exits_or_raises_is_reported(sim_replay, make_tree, kind):
+    source, expected = CHILD_FAILURES[kind]
+    root = make_tree({"plain.py": "X = 1\n", "acts.py": source})
+    result = sim_replay("plain", path=[root], child="acts:act", timeout=8.0)
+    assert result.status == expected
+    assert result.duration_s < 30
+    if kind == "crash":
+        assert result.child.signal == 11
+    if kind == "exits":
+        assert result.child.exitcode == 4
+    if kind == "raises":
+        assert result.child.error_type == "KeyError"
+        assert "KeyError: 'gone'" in result.child.traceback
+
+
+def test_setup_import_error_and_parent_hang(sim_replay, make_tree):
+    root = make_tree({"broken.py": "raise ImportError('no config')\n", "stuck.py": "import time\ntime.sleep(600)\n"})
+    broken = sim_replay("broken", path=[root])
+    assert broken.status == "setup-error"
+    assert "no config" in broken.error.message
+    assert broken.child is None
+    stuck = sim_replay("stuck", path=[root], timeout=3.0)
+    assert stuck.status == "timeout"
+    assert "stuck.py" in stuck.error.where
+
+
+def test_bad_arguments_are_usage_errors():
+    with pytest.raises(UsageError, match="unknown child action"):
+        replay.replay_fork("x", child="nonsense")
+    with pytest.raises(UsageError, match="unknown start method"):
+        replay.replay_fork("x", start_method="vfork")
+
+
+def test_compare_before_after_fork_spawn(runner):
+    specimen = next(s for s in all_specimens() if s.name == "common_ops")
+    comparison = replay.compare_replays(
+        specimen.target,
+        before=specimen.tree("before"),
+        after=specimen.tree("after"),
+        driver="simulated",
+        runner=runner,
+    )
+    assert comparison.run("before", "fork").reproduced
+    assert not comparison.run("before", "spawn").reproduced
+    assert not comparison.run("after", "fork").reproduced
+    verdict = comparison.verdict()
+    assert "before/fork failed" in verdict
+    assert "before: the parent initialized CUDA" in verdict
+    assert "after: the parent did not initialize CUDA" in verdict
+    document = json.loads(json.dumps(comparison.to_json()))
+    assert ReplayComparison.from_json(document).to_json() == document
+    text = render_comparison(comparison)
+    assert "CUDA_ERROR_NOT_INITIALIZED" in text or "cuInit(0) failed" in text
+    html = comparison_html(comparison)
+    assert "<table>" in html
+    assert "CUDA_ERROR_NOT_INITIALIZED" in html
+
+
+def test_the_calling_process_never_touches_cuda(sim_replay, make_tree):
+    root = make_tree({"early.py": "from cuda.bindings import driver\ndriver.cuInit(0)\n"})
+    assert sim_replay("early", path=[root]).reproduced
+    assert "cuda.bindings.driver" not in sys.modules
+    assert not [line for line in Path("/proc/self/maps").read_text().splitlines() if "libcuda" in line]
+
+
+def test_result_round_trips_and_renders_escaped(sim_replay, make_tree):
+    root = make_tree(
+        {
+            "early.py": "import ctypes\nctypes.CDLL('libcuda.so.1').cuInit(0)\n",
+            "acts.py": "def act():\n    raise ValueError('<script>alert(1)</script>')\n",
+        }
+    )
+    result = sim_replay("early", path=[root], child="acts:act")
+    document = json.loads(json.dumps(result.to_json()))
+    assert document["schema"] == "diagtools.replay/1"
+    assert {"parent", "child", "start_method", "driver", "status"} <= set(document)
+    assert {"ok", "exitcode", "error", "traceback", "stdout", "stderr"} <= set(document["child"])
+    assert ReplayResult.from_json(document).to_json() == document
+    html = replay_html(result)
+    assert "<script>" not in html
+    assert "&lt;script&gt;" in html
+    assert "status: failed" in render_replay(result)
+
+
+def test_cli_replay_and_compare(make_tree):
+    specimen = next(s for s in all_specimens() if s.name == "common_ops")
+    done = subprocess.run(
+        [
+            DIAGTOOLS,
+            "replay",
+            specimen.target,
+            "--path",
+            str(specimen.tree("before")),
+            "--driver",
+            "simulated",
+            "--json",
+            "-",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["status"] == "failed"
+    done = subprocess.run(
+        [
+            DIAGTOOLS,
+            "replay",
+            specimen.target,
+            "--compare",
+            str(specimen.tree("before")),
+            str(specimen.tree("after")),
+            "--driver",
+            "simulated",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "verdict: before/fork failed" in done.stdout
+    bad = subprocess.run([DIAGTOOLS, "replay", "x", "--child", "??"], capture_output=True, text=True, check=False)
+    assert bad.returncode == 2
+    assert bad.stderr.startswith("diagtools: error: unknown child action")
