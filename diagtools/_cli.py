@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from diagtools._driver import DRIVER_CHOICES
-from diagtools._errors import DiagtoolsError
+from diagtools._errors import DiagtoolsError, UsageError
 from diagtools._replay_model import START_METHODS
 
 __all__ = ["main"]
@@ -31,6 +31,8 @@ def _build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     _add_scan(commands.add_parser("scan", help="import targets in a fresh subkernel and name the culprit"))
     _add_replay(commands.add_parser("replay", help="reproduce the poisoned-fork failure in a subkernel"))
+    _add_sweep(commands.add_parser("sweep", help="scan every submodule of a package alone, in parallel"))
+    _add_diff(commands.add_parser("diff", help="what a fix changed between two scan JSON files"))
     _add_demo(commands.add_parser("demo", help="scan the built-in specimens and write a report"))
     return parser
 
@@ -62,6 +64,25 @@ def _add_replay(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--driver", choices=DRIVER_CHOICES, default="auto")
     parser.add_argument("--timeout", type=float, default=60.0, metavar="S")
     parser.add_argument("--json", metavar="FILE|-", help="write the diagtools.replay/1 document ('-' for stdout)")
+    _add_debug(parser)
+
+
+def _add_sweep(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("package", metavar="PACKAGE", help="package whose submodules are scanned one by one")
+    parser.add_argument("--path", action="append", default=[], metavar="DIR", help="prepend DIR to sys.path")
+    parser.add_argument("--jobs", type=int, default=None, metavar="N", help="parallel subkernels (default: CPUs)")
+    parser.add_argument("--json", metavar="FILE", help="JSON Lines journal: appended as modules finish, resumed")
+    parser.add_argument("--driver", choices=DRIVER_CHOICES, default="auto")
+    parser.add_argument("--timeout", type=float, default=120.0, metavar="S")
+    parser.add_argument("--fail-on-cuda", action="store_true", help="exit 1 when any module initializes CUDA")
+    _add_debug(parser)
+
+
+def _add_diff(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("before", metavar="BEFORE.json")
+    parser.add_argument("after", metavar="AFTER.json")
+    parser.add_argument("--html", metavar="FILE", help="also write the diff as HTML")
+    parser.add_argument("--json", metavar="FILE|-", help="write the diagtools.diff/1 document")
     _add_debug(parser)
 
 
@@ -116,6 +137,50 @@ def _emit(document: dict[str, Any], text: str, json_destination: str | None) -> 
         print(text)
 
 
+def _run_sweep(args: argparse.Namespace) -> int:
+    from diagtools._progress import terminal_progress
+    from diagtools._render_text import render_sweep
+    from diagtools._sweep import sweep
+
+    if args.jobs is not None and args.jobs < 1:
+        raise UsageError(f"--jobs must be at least 1, got {args.jobs}")
+    result = sweep(
+        args.package,
+        path=args.path,
+        jobs=args.jobs,
+        driver=args.driver,
+        timeout=args.timeout,
+        json_path=args.json,
+        progress=terminal_progress(args.package),
+    )
+    print(render_sweep(result))
+    return EXIT_CUDA if (args.fail_on_cuda and result.culprits) else EXIT_OK
+
+
+def _read_scan(path: str) -> Any:
+    from diagtools._model import ScanResult
+
+    try:
+        document = json.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise UsageError(f"cannot read {path}: {exc.strerror}") from None
+    except ValueError as exc:
+        raise UsageError(f"{path} is not JSON: {exc}") from None
+    return ScanResult.from_json(document)
+
+
+def _run_diff(args: argparse.Namespace) -> int:
+    from diagtools._diff import diff_scans
+    from diagtools._render_html import diff_html
+    from diagtools._render_text import render_diff
+
+    diff = diff_scans(_read_scan(args.before), _read_scan(args.after))
+    if args.html:
+        Path(args.html).write_text(diff_html(diff), encoding="utf-8")
+    _emit(diff.to_json(), render_diff(diff), args.json)
+    return EXIT_OK
+
+
 def _run_demo(args: argparse.Namespace) -> int:
     from diagtools._demo import write_demo_report
 
@@ -128,7 +193,13 @@ def _run_demo(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``diagtools`` command; returns the exit code."""
     args = _build_parser().parse_args(argv)
-    handlers = {"scan": _run_scan, "replay": _run_replay, "demo": _run_demo}
+    handlers = {
+        "scan": _run_scan,
+        "replay": _run_replay,
+        "sweep": _run_sweep,
+        "diff": _run_diff,
+        "demo": _run_demo,
+    }
     try:
         return handlers[args.command](args)
     except DiagtoolsError as exc:

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from html import escape
 
+from diagtools._diff import ScanDiff
 from diagtools._model import Culprit, ScanResult
 from diagtools._replay_model import ChildOutcome, ReplayComparison, ReplayResult
 
-__all__ = ["comparison_html", "replay_html", "scan_html"]
+__all__ = ["comparison_html", "diff_html", "replay_html", "scan_html"]
 
 _STYLE = (
     "<style>.dt{font-family:system-ui,sans-serif;font-size:13px}.dt code{background:#f4f4f4;padding:1px 3px}"
@@ -104,4 +105,20 @@ def comparison_html(comparison: ReplayComparison) -> str:
     return (
         f'{_STYLE}<div class="dt"><p><b>Fork replay</b> <code>{escape(comparison.target)}</code></p>'
         f"<table>{header}{''.join(rows)}</table><p>{escape(comparison.verdict())}</p></div>"
+    )
+
+
+def diff_html(diff: ScanDiff, *, limit: int = 50) -> str:
+    """The verdict, the cut edge, and the removed and added modules."""
+    cut = ""
+    if diff.broken_edge:
+        importer, imported = (escape(name) for name in diff.broken_edge)
+        cut = f"<p>Chain broken at <code>{importer}</code> &rarr; <code>{imported}</code></p>"
+    removed = "".join(f"<li><del>{escape(name)}</del></li>" for name in diff.removed_modules[:limit])
+    added = "".join(f"<li><ins>{escape(name)}</ins></li>" for name in diff.added_modules[:limit])
+    verdict = _badge(not diff.after.cuda_initialized, diff.verdict())
+    return (
+        f'{_STYLE}<div class="dt"><p><b>diagtools diff</b> &mdash; {verdict}</p>'
+        f"{cut}<p>No longer imported ({len(diff.removed_modules)}):</p><ul>{removed}</ul>"
+        f"<p>Newly imported ({len(diff.added_modules)}):</p><ul>{added}</ul></div>"
     )

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from diagtools._diff import ScanDiff
 from diagtools._model import Culprit, ScanResult
 from diagtools._replay_model import ChildOutcome, ParentState, ReplayComparison, ReplayResult
+from diagtools._sweep import SweepResult
 
-__all__ = ["render_comparison", "render_replay", "render_scan"]
+__all__ = ["render_comparison", "render_diff", "render_guard_failure", "render_replay", "render_scan", "render_sweep"]
 
 
 def render_scan(result: ScanResult, *, stack: bool = False) -> str:
@@ -106,4 +108,56 @@ def render_comparison(comparison: ReplayComparison) -> str:
                 f"  parent ({variant}): CUDA {'initialized' if parent.cuda_initialized else 'not initialized'}"
             )
     lines.append(f"  verdict: {comparison.verdict()}")
+    return "\n".join(lines)
+
+
+def render_diff(diff: ScanDiff, *, limit: int = 20) -> str:
+    """The verdict, the edge the fix cut, and what left or joined the import tree."""
+    lines = [f"diagtools diff: {diff.verdict()}"]
+    if diff.before.culprit is not None:
+        lines.append(f"  before: culprit {diff.before.culprit.module} via {' -> '.join(diff.before.culprit.chain)}")
+    if diff.after.culprit is not None:
+        lines.append(f"  after:  culprit {diff.after.culprit.module} via {' -> '.join(diff.after.culprit.chain)}")
+    lines.append(
+        f"  modules no longer imported: {len(diff.removed_modules)}; newly imported: {len(diff.added_modules)}"
+    )
+    lines += [f"    - {name}" for name in diff.removed_modules[:limit]]
+    lines += [f"    + {name}" for name in diff.added_modules[:limit]]
+    hidden = len(diff.removed_modules) + len(diff.added_modules) - 2 * limit
+    if hidden > 0:
+        lines.append(f"    ... {hidden} more")
+    return "\n".join(lines)
+
+
+def render_guard_failure(result: ScanResult) -> str:
+    """Why a module that must stay CUDA-free failed the check, in a few lines."""
+    target = " ".join(result.targets)
+    if not result.ok:
+        detail = result.error.message if result.error else result.status
+        return f"{target} could not be imported in a fresh subkernel ({result.status}): {detail}"
+    lines = [f"importing {target} initialized CUDA [{result.driver.describe()}]"]
+    for culprit in result.culprits:
+        lines += _culprit_lines(culprit, stack=False)
+    return "\n".join(lines)
+
+
+def render_sweep(result: SweepResult) -> str:
+    """A module -> verdict table, culprits first, then the counts."""
+    rows = sorted(result.rows, key=lambda row: (not row.cuda_initialized, row.status == "ok", row.module))
+    width = max([len(row.module) for row in rows] + [6])
+    lines = [f"{'module'.ljust(width)}  CUDA?  {'import s':>8}  status        culprit / site"]
+    for row in rows:
+        where = ""
+        if row.culprit is not None:
+            site = f" at {row.culprit.site.file}:{row.culprit.site.line}" if row.culprit.site else ""
+            where = f"{row.culprit.module}{site}"
+        elif row.error:
+            where = row.error
+        cuda = "YES" if row.cuda_initialized else "no"
+        lines.append(f"{row.module.ljust(width)}  {cuda:<5}  {row.import_s:8.3f}  {row.status:<12}  {where}")
+    resumed = f", {result.resumed} from the journal" if result.resumed else ""
+    lines.append(
+        f"{len(result.rows)} modules{resumed}: {len(result.culprits)} initialize CUDA, "
+        f"{len(result.failures)} failed to import ({result.seconds:.1f} s)"
+    )
     return "\n".join(lines)

@@ -13,6 +13,7 @@ import diagtools
 from diagtools._model import ScanResult
 from diagtools._runner import RawRun, SubkernelRequest, run_subkernel
 
+pytest_plugins = ["pytester"]
 MARK = "# <- here"
 
 
