@@ -32,6 +32,7 @@ def _build_parser() -> argparse.ArgumentParser:
     _add_scan(commands.add_parser("scan", help="import targets in a fresh subkernel and name the culprit"))
     _add_replay(commands.add_parser("replay", help="reproduce the poisoned-fork failure in a subkernel"))
     _add_sweep(commands.add_parser("sweep", help="scan every submodule of a package alone, in parallel"))
+    _add_bisect(commands.add_parser("bisect", help="find the commit that made an import initialize CUDA"))
     _add_diff(commands.add_parser("diff", help="what a fix changed between two scan JSON files"))
     _add_demo(commands.add_parser("demo", help="scan the built-in specimens and write a report"))
     return parser
@@ -75,6 +76,18 @@ def _add_sweep(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--driver", choices=DRIVER_CHOICES, default="auto")
     parser.add_argument("--timeout", type=float, default=120.0, metavar="S")
     parser.add_argument("--fail-on-cuda", action="store_true", help="exit 1 when any module initializes CUDA")
+    _add_debug(parser)
+
+
+def _add_bisect(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("target", metavar="TARGET", help="module whose import became CUDA-initializing")
+    parser.add_argument("--repo", required=True, metavar="DIR", help="the git repository (never modified)")
+    parser.add_argument("--good", required=True, metavar="REV", help="a commit where the import is clean")
+    parser.add_argument("--bad", required=True, metavar="REV", help="a commit where it initializes CUDA")
+    parser.add_argument("--path-in-repo", default="", metavar="SUBDIR", help="import root inside the repository")
+    parser.add_argument("--driver", choices=DRIVER_CHOICES, default="auto")
+    parser.add_argument("--timeout", type=float, default=120.0, metavar="S")
+    parser.add_argument("--json", metavar="FILE|-", help="write the diagtools.bisect/1 document")
     _add_debug(parser)
 
 
@@ -157,6 +170,23 @@ def _run_sweep(args: argparse.Namespace) -> int:
     return EXIT_CUDA if (args.fail_on_cuda and result.culprits) else EXIT_OK
 
 
+def _run_bisect(args: argparse.Namespace) -> int:
+    from diagtools._bisect import bisect
+    from diagtools._render_text import render_bisect
+
+    result = bisect(
+        args.repo,
+        args.good,
+        args.bad,
+        args.target,
+        path_in_repo=args.path_in_repo,
+        driver=args.driver,
+        timeout=args.timeout,
+    )
+    _emit(result.to_json(), render_bisect(result), args.json)
+    return EXIT_OK if result.first_bad else EXIT_TARGET_FAILED
+
+
 def _read_scan(path: str) -> Any:
     from diagtools._model import ScanResult
 
@@ -197,6 +227,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "scan": _run_scan,
         "replay": _run_replay,
         "sweep": _run_sweep,
+        "bisect": _run_bisect,
         "diff": _run_diff,
         "demo": _run_demo,
     }

@@ -73,14 +73,20 @@ def _broken_edge(before: ScanResult, after_edges: set[tuple[str, str]]) -> tuple
     return None
 
 
+def _chain_first(names: set[str], before: ScanResult) -> tuple[str, ...]:
+    """The culprit chain's modules first (in chain order), then the rest sorted."""
+    chain = before.culprit.chain if before.culprit else ()
+    return tuple(m for m in chain if m in names) + tuple(sorted(names - set(chain)))
+
+
 def diff_scans(before: ScanResult, after: ScanResult) -> ScanDiff:
-    """Compare two scans of the same target (sorted, so the output is stable)."""
+    """Compare two scans of the same target; every list comes out in a stable order."""
     before_names, after_names = set(before.module_names()), set(after.module_names())
     before_edges, after_edges = _edges(before), _edges(after)
     return ScanDiff(
         before=before,
         after=after,
-        removed_modules=tuple(sorted(before_names - after_names)),
+        removed_modules=_chain_first(before_names - after_names, before),
         added_modules=tuple(sorted(after_names - before_names)),
         removed_edges=tuple(sorted(before_edges - after_edges)),
         added_edges=tuple(sorted(after_edges - before_edges)),

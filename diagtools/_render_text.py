@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
+from diagtools._bisect import BisectResult
 from diagtools._diff import ScanDiff
 from diagtools._model import Culprit, ScanResult
 from diagtools._replay_model import ChildOutcome, ParentState, ReplayComparison, ReplayResult
 from diagtools._sweep import SweepResult
 
-__all__ = ["render_comparison", "render_diff", "render_guard_failure", "render_replay", "render_scan", "render_sweep"]
+__all__ = [
+    "render_bisect",
+    "render_comparison",
+    "render_diff",
+    "render_guard_failure",
+    "render_replay",
+    "render_scan",
+    "render_sweep",
+]
 
 
 def render_scan(result: ScanResult, *, stack: bool = False) -> str:
@@ -160,4 +169,20 @@ def render_sweep(result: SweepResult) -> str:
         f"{len(result.rows)} modules{resumed}: {len(result.culprits)} initialize CUDA, "
         f"{len(result.failures)} failed to import ({result.seconds:.1f} s)"
     )
+    return "\n".join(lines)
+
+
+def render_bisect(result: BisectResult) -> str:
+    """The first bad commit, what it touched, and the culprit at that commit."""
+    lines = [f"diagtools bisect {result.target}: {result.good[:12]} (good) .. {result.bad[:12]} (bad)"]
+    if result.first_bad is None:
+        lines.append("  no single first bad commit: skipped commits hide it; candidates:")
+        lines += [f"    {commit}" for commit in result.candidates]
+    else:
+        lines.append(f"  first bad commit: {result.first_bad}  {result.subject}")
+        lines += [f"    touched: {file}" for file in result.files]
+        if result.culprit is not None:
+            lines += _culprit_lines(result.culprit, stack=False)
+    skipped = sum(1 for step in result.steps if step.verdict == "skip")
+    lines.append(f"  {len(result.steps)} commits tested by git bisect, {skipped} skipped (target did not import)")
     return "\n".join(lines)

@@ -169,8 +169,13 @@ class _Journal:
             raise UsageError(f"{self.path} is not a {SWEEP_SCHEMA} journal of {self.package!r}; choose another --json")
 
     def start(self) -> None:
-        if self.path is not None and not self.path.exists():
+        if self.path is None:
+            return
+        if not self.path.exists():
             self._write({"schema": SWEEP_SCHEMA, "package": self.package})
+        elif not self.path.read_bytes().endswith(b"\n"):
+            with self.path.open("a", encoding="utf-8") as handle:
+                handle.write("\n")  # end the row an interrupted run tore, so new rows start clean
 
     def append(self, row: SweepRow) -> None:
         if self.path is not None:

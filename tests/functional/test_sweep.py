@@ -1,0 +1,124 @@
+"""Sweep over a generated 60-module package: exactly the two culprits, in parallel, resumable."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from diagtools._errors import UsageError
+from diagtools._sweep import discover_modules, sweep
+
+DIAGTOOLS = str(Path(sys.executable).with_name("diagtools"))
+CULPRITS = {"big.sub3.gpu_a", "big.sub5.nested.gpu_b"}
+
+
+@pytest.fixture
+def big_package(make_tree):
+    files = {"big/__init__.py": "", "big/__main__.py": "raise SystemExit('never imported by a sweep')\n"}
+    for sub in range(6):
+        files[f"big/sub{sub}/__init__.py"] = "import json\n"
+        for leaf in range(8):
+            files[f"big/sub{sub}/m{leaf}.py"] = f"from big.sub{sub} import m0 as _m0\nVALUE = {leaf}\n"
+    files["big/sub5/nested/__init__.py"] = ""
+    files["big/sub3/gpu_a.py"] = "import ctypes\nctypes.CDLL('libcuda.so.1').cuInit(0)\n"
+    files["big/sub5/nested/gpu_b.py"] = "from cuda.bindings import driver\ndriver.cuInit(0)\n"
+    files["big/data-files/readme.py"] = "not a package: the directory name is not an identifier\n"
+    return make_tree(files)
+
+
+def test_discovery_walks_files_without_importing(big_package):
+    modules = discover_modules("big", [big_package])
+    assert len(modules) >= 50
+    assert "big.__main__" not in modules
+    assert not any("data-files" in m for m in modules)
+    assert {"big", "big.sub5.nested", *CULPRITS} <= set(modules)
+    with pytest.raises(UsageError, match="not found"):
+        discover_modules("absent_pkg_xyz", [big_package])
+
+
+def test_sweep_finds_exactly_the_two_culprits_in_parallel_and_resumes(big_package, tmp_path):
+    journal = tmp_path / "sweep.jsonl"
+    seen = []
+    result = sweep(
+        "big",
+        path=[big_package],
+        jobs=2,
+        driver="simulated",
+        json_path=journal,
+        progress=lambda done, total, row: seen.append((done, total)),
+    )
+    assert {row.module for row in result.culprits} == CULPRITS
+    assert result.failures == ()
+    assert result.row("big.sub3.gpu_a").culprit.site.line == 2
+    assert seen[-1] == (len(result.rows), len(result.rows))
+    ordered = sorted(result.rows, key=lambda row: row.started)
+    concurrent = any(later.started < earlier.finished for earlier, later in itertools.pairwise(ordered))
+    assert concurrent, "with --jobs 2 some scans must overlap in time"
+
+    lines = journal.read_text().splitlines()
+    assert json.loads(lines[0]) == {"schema": "diagtools.sweep/1", "package": "big"}
+    assert len(lines) == len(result.rows) + 1
+    journal.write_text("\n".join(lines[:21]) + '\n{"module": "big.sub0.m1", "sta')  # an interrupted run
+    seen.clear()
+    resumed = sweep(
+        "big",
+        path=[big_package],
+        jobs=2,
+        driver="simulated",
+        json_path=journal,
+        progress=lambda done, total, row: seen.append(row.module),
+    )
+    assert resumed.resumed == 20
+    assert len(seen) == len(result.rows) - 20
+    assert {row.module for row in resumed.culprits} == CULPRITS
+    assert len(
+        {json.loads(line)["module"] for line in journal.read_text().splitlines()[1:] if line.endswith("}")}
+    ) == len(result.rows)
+
+
+def test_sweep_accepts_any_executor(big_package):
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(max_workers=2) as pool:
+        result = sweep("big.sub3", path=[big_package], executor=pool, driver="simulated")
+    assert {row.module for row in result.culprits} == {"big.sub3.gpu_a"}
+
+
+def test_journal_of_another_package_is_refused(big_package, tmp_path):
+    journal = tmp_path / "other.jsonl"
+    journal.write_text('{"schema": "diagtools.sweep/1", "package": "other"}\n')
+    with pytest.raises(UsageError, match=re.escape("not a diagtools.sweep/1 journal of 'big'")):
+        sweep("big", path=[big_package], driver="simulated", json_path=journal)
+
+
+def test_cli_sweep_table_and_fail_on_cuda(big_package):
+    done = subprocess.run(
+        [
+            DIAGTOOLS,
+            "sweep",
+            "big.sub5",
+            "--path",
+            str(big_package),
+            "--jobs",
+            "2",
+            "--driver",
+            "simulated",
+            "--fail-on-cuda",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 1, done.stderr
+    assert "big.sub5.nested.gpu_b" in done.stdout
+    assert "1 initialize CUDA" in done.stdout
+    bad = subprocess.run([DIAGTOOLS, "sweep", "big", "--jobs", "0"], capture_output=True, text=True, check=False)
+    assert bad.returncode == 2
+    assert bad.stderr.strip() == "diagtools: error: --jobs must be at least 1, got 0"
