@@ -25,10 +25,13 @@ __all__ = [
     "StartupInfo",
     "UsageError",
     "compare_replays",
+    "diff_scans",
+    "notebook_progress",
     "render_scan",
     "replay_fork",
     "scan",
     "specimens",
+    "sweep",
 ]
 __version__ = "0.1.0"
 
@@ -50,16 +53,22 @@ _LOCATIONS = {
     "ReplayResult": "diagtools._replay_model",
     "compare_replays": "diagtools._replay",
     "replay_fork": "diagtools._replay",
+    "diff_scans": "diagtools._diff",
+    "notebook_progress": "diagtools._progress",
+    "sweep": "diagtools._sweep",
 }
 
 if TYPE_CHECKING:
     from diagtools import specimens
+    from diagtools._diff import diff_scans
     from diagtools._errors import DiagtoolsError, UsageError
     from diagtools._model import Culprit, DriverInfo, ImportNode, RunError, ScanResult, Site, StartupInfo
+    from diagtools._progress import notebook_progress
     from diagtools._render_text import render_scan
     from diagtools._replay import compare_replays, replay_fork
     from diagtools._replay_model import ChildOutcome, ParentState, ReplayComparison, ReplayResult
     from diagtools._scan import scan
+    from diagtools._sweep import sweep
 
 
 def __getattr__(name: str) -> Any:
