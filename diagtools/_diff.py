@@ -44,6 +44,22 @@ class ScanDiff:
             return "still initializes CUDA"
         return "initializes CUDA in neither"
 
+    def graph(self) -> Any:
+        """The before graph with the removed modules and edges marked."""
+        from diagtools._render_graph import diff_graph
+
+        return diff_graph(self)
+
+    def _repr_html_(self) -> str:
+        from diagtools._render_html import diff_html
+
+        return diff_html(self, graph=True)
+
+    def __str__(self) -> str:
+        from diagtools._render_text import render_diff
+
+        return render_diff(self)
+
     def to_json(self) -> dict[str, Any]:
         return {
             "schema": DIFF_SCHEMA,

@@ -314,7 +314,22 @@ class ScanResult:
             python=data.get("python", ""),
         )
 
+    def graph(self, view: str = "culprits", *, max_children: int = 12) -> Any:
+        """The import tree as a ``graphviz.Digraph`` (needs the ``notebook`` extra)."""
+        from diagtools._render_graph import scan_graph
+
+        return scan_graph(self, view, max_children=max_children)
+
+    def to_dot(self, view: str = "culprits") -> str:
+        """The graph's DOT source: sorted, so it is stable across runs."""
+        return str(self.graph(view).source)
+
     def _repr_html_(self) -> str:
         from diagtools._render_html import scan_html
 
-        return scan_html(self)
+        return scan_html(self, graph=True)
+
+    def __str__(self) -> str:
+        from diagtools._render_text import render_scan
+
+        return render_scan(self)

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from html import escape
+from typing import Any
 
 from diagtools._diff import ScanDiff
+from diagtools._errors import MissingExtraError
 from diagtools._model import Culprit, ScanResult
 from diagtools._replay_model import ChildOutcome, ReplayComparison, ReplayResult
 
-__all__ = ["comparison_html", "diff_html", "replay_html", "scan_html"]
+__all__ = ["bench_table_html", "comparison_html", "diff_html", "module_html", "replay_html", "scan_html", "svg_of"]
 
 _STYLE = (
     "<style>.dt{font-family:system-ui,sans-serif;font-size:13px}.dt code{background:#f4f4f4;padding:1px 3px}"
@@ -38,8 +40,26 @@ def _culprit_html(culprit: Culprit) -> str:
     return "".join(parts)
 
 
-def scan_html(result: ScanResult) -> str:
-    """Summary, culprit with its source line, and the error if the target failed."""
+def svg_of(graph: Any) -> str:
+    """Inline SVG of a graphviz graph, or a note when graphviz's ``dot`` is missing."""
+    try:
+        svg = graph.pipe(format="svg").decode("utf-8")
+    except Exception as exc:  # graphviz raises ExecutableNotFound, CalledProcessError
+        return f"<p><i>graph not rendered: {escape(str(exc).splitlines()[0])}</i></p>"
+    return svg[svg.find("<svg") :]
+
+
+def _graph_html(result: ScanResult) -> str:
+    from diagtools._render_graph import scan_graph
+
+    try:
+        return f'<div class="dt-graph">{svg_of(scan_graph(result))}</div>'
+    except MissingExtraError as exc:
+        return f"<p><i>{escape(str(exc))}</i></p>"
+
+
+def scan_html(result: ScanResult, *, graph: bool = False) -> str:
+    """Summary, culprit with its source line, the error if the target failed, and the graph."""
     verdict = _badge(
         not result.cuda_initialized, "CUDA initialized" if result.cuda_initialized else "CUDA not initialized"
     )
@@ -53,6 +73,8 @@ def scan_html(result: ScanResult) -> str:
     if result.error is not None:
         parts.append(f'<p class="bad">{escape(result.error.message)}</p>')
     parts += [_culprit_html(culprit) for culprit in result.culprits]
+    if graph:
+        parts.append(_graph_html(result))
     parts.append("</div>")
     return "".join(parts)
 
@@ -108,7 +130,7 @@ def comparison_html(comparison: ReplayComparison) -> str:
     )
 
 
-def diff_html(diff: ScanDiff, *, limit: int = 50) -> str:
+def diff_html(diff: ScanDiff, *, limit: int = 50, graph: bool = False) -> str:
     """The verdict, the cut edge, and the removed and added modules."""
     cut = ""
     if diff.broken_edge:
@@ -120,5 +142,54 @@ def diff_html(diff: ScanDiff, *, limit: int = 50) -> str:
     return (
         f'{_STYLE}<div class="dt"><p><b>diagtools diff</b> &mdash; {verdict}</p>'
         f"{cut}<p>No longer imported ({len(diff.removed_modules)}):</p><ul>{removed}</ul>"
-        f"<p>Newly imported ({len(diff.added_modules)}):</p><ul>{added}</ul></div>"
+        f"<p>Newly imported ({len(diff.added_modules)}):</p><ul>{added}</ul>"
+        f"{_diff_graph_html(diff) if graph else ''}</div>"
     )
+
+
+def _diff_graph_html(diff: ScanDiff) -> str:
+    from diagtools._render_graph import diff_graph
+
+    try:
+        return f'<div class="dt-graph">{svg_of(diff_graph(diff))}</div>'
+    except MissingExtraError as exc:
+        return f"<p><i>{escape(str(exc))}</i></p>"
+
+
+def module_html(result: ScanResult, name: str) -> str:
+    """One module's details: file, importer, times, threads, and the stack when it is the culprit."""
+    node = result.module(name)
+    rows = [
+        ("module", name),
+        ("file", node.file or "(no file: builtin, frozen or namespace)"),
+        ("imported by", node.parent or "(the scan request or start-up)"),
+        ("phase", node.phase),
+        ("self", f"{node.self_s * 1000:.2f} ms"),
+        ("cumulative", f"{node.cumulative_s * 1000:.2f} ms"),
+        ("threads started", str(node.threads_started)),
+        ("initializes CUDA", "yes" if node.initializes_cuda else "no"),
+    ]
+    table = "".join(f"<tr><th>{escape(key)}</th><td>{escape(value)}</td></tr>" for key, value in rows)
+    stacks = [
+        "<p>Python stack when CUDA was initialized (outermost first):</p><pre>"
+        + escape("\n".join(f"{f.file}:{f.line} in {f.function}    {f.source}" for f in culprit.stack))
+        + "</pre>"
+        for culprit in result.culprits
+        if culprit.module == name
+    ]
+    return f'{_STYLE}<div class="dt"><table>{table}</table>{"".join(stacks)}</div>'
+
+
+def bench_table_html(rows: list[dict[str, Any]], columns: list[str]) -> str:
+    """A plain results table: one row per measurement, the given columns in order."""
+    head = "".join(f"<th>{escape(column)}</th>" for column in columns)
+    body = "".join(
+        "<tr>" + "".join(f"<td>{escape(_cell(row.get(column)))}</td>" for column in columns) + "</tr>" for row in rows
+    )
+    return f'{_STYLE}<div class="dt"><table><tr>{head}</tr>{body}</table></div>'
+
+
+def _cell(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return "" if value is None else str(value)

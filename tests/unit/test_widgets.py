@@ -1,0 +1,58 @@
+"""Widget callbacks, driven without a browser or a kernel."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("ipywidgets")
+
+from diagtools.specimens import get
+from diagtools.widgets import BenchPanel, ReplayPanel, ScanPanel
+
+
+def test_scan_button_scans_and_module_picker_shows_details():
+    specimen = get("common_ops")
+    panel = ScanPanel(specimen.target, str(specimen.tree("before")), "simulated", background=False)
+    panel.scan_button.click()
+    assert "vmodels.platforms" in panel.view.value
+    assert "<svg" in panel.view.value
+    assert panel.module_picker.options[0] == "vmodels.platforms"
+    panel.module_picker.value = "vmodels.platforms"
+    assert "Python stack when CUDA was initialized" in panel.details.value
+    assert "driver.cuInit(0)" in panel.details.value
+    panel.module_picker.value = "vmodels.config"
+    assert "Python stack" not in panel.details.value
+    assert panel.status.value.startswith("done: ok, driver simulated")
+
+
+def test_scan_panel_reports_bad_input_in_its_status_line():
+    panel = ScanPanel("not a module", "", "simulated", background=False)
+    panel.scan_button.click()
+    assert "UsageError" in panel.status.value
+    assert panel.view.value == ""
+
+
+def test_background_scan_finishes_and_fills_the_view():
+    specimen = get("lazy_clean")
+    panel = ScanPanel(specimen.target, str(specimen.tree("after")), "simulated")
+    panel.scan_button.click()
+    panel.wait(60)
+    assert "CUDA not initialized" in panel.view.value
+
+
+def test_replay_panel_compares_before_and_after():
+    specimen = get("common_ops")
+    panel = ReplayPanel(specimen.target, specimen.tree("before"), specimen.tree("after"), "simulated", background=False)
+    panel.compare_button.click()
+    assert "CUDA_ERROR_NOT_INITIALIZED" in panel.view.value
+    assert panel.comparison.run("before", "fork").reproduced
+
+
+def test_bench_panel_draws_table_and_chart():
+    rows = [
+        {"size": "G=64 D=512", "backend": b, "median_ms": 0.01, "GB/s": v}
+        for b, v in (("triton", 3.0), ("cutedsl", 4.0))
+    ]
+    panel = BenchPanel(rows)
+    assert "triton" in panel.table.value
+    assert panel.chart.value[:4] == b"\x89PNG"
