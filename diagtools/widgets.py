@@ -8,8 +8,8 @@ view.  Every call runs in a fresh subkernel, never in the notebook's kernel.
 from __future__ import annotations
 
 import threading
-from html import escape
 from collections.abc import Callable, Sequence
+from html import escape
 from typing import Any
 
 from diagtools._driver import DRIVER_CHOICES
