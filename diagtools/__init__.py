@@ -27,6 +27,7 @@ __all__ = [
     "compare_replays",
     "diff_scans",
     "notebook_progress",
+    "process_cuda_state",
     "render_scan",
     "replay_fork",
     "scan",
@@ -55,6 +56,7 @@ _LOCATIONS = {
     "replay_fork": "diagtools._replay",
     "diff_scans": "diagtools._diff",
     "notebook_progress": "diagtools._progress",
+    "process_cuda_state": "diagtools._selfcheck",
     "sweep": "diagtools._sweep",
 }
 
@@ -68,6 +70,7 @@ if TYPE_CHECKING:
     from diagtools._replay import compare_replays, replay_fork
     from diagtools._replay_model import ChildOutcome, ParentState, ReplayComparison, ReplayResult
     from diagtools._scan import scan
+    from diagtools._selfcheck import process_cuda_state
     from diagtools._sweep import sweep
 
 

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from diagtools._model import Culprit, DriverInfo, ImportNode, RunError, ScanResult, Site, StartupInfo
+from diagtools._model import Culprit, DriverInfo, ImportNode, RunError, ScanResult, Site, StartupInfo, iso_time
 from diagtools._runner import PROBE_FILE, RawRun
 
 __all__ = ["assemble", "pick_site", "source_line", "subkernel_failure"]
@@ -247,6 +247,7 @@ def assemble(raw: RawRun, targets: Sequence[str], driver: DriverInfo) -> ScanRes
         stderr=raw.stderr.describe(),
         duration_s=raw.duration_s,
         python=(str(hello.get("python") or "").split() or [""])[0],
+        started_at=iso_time(raw.started_at),
     )
 
 

@@ -101,6 +101,7 @@ def _add_diff(parser: argparse.ArgumentParser) -> None:
 
 def _add_demo(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default="build/report", metavar="DIR", help="where the report goes")
+    parser.add_argument("--no-notebooks", action="store_true", help="only scan the specimens")
     parser.add_argument("--driver", choices=DRIVER_CHOICES, default="auto")
     _add_debug(parser)
 
@@ -212,11 +213,14 @@ def _run_diff(args: argparse.Namespace) -> int:
 
 
 def _run_demo(args: argparse.Namespace) -> int:
-    from diagtools._demo import write_demo_report
+    from diagtools._demo import NOTEBOOKS, write_demo_report
 
-    report = write_demo_report(Path(args.out), driver=args.driver)
+    report = write_demo_report(Path(args.out), driver=args.driver, notebooks=None if args.no_notebooks else NOTEBOOKS)
     print(report.summary)
-    print(f"report written to {report.index}")
+    print(f"report written to {report.index.resolve()}")
+    postmortem = report.index.parent / "postmortem.html"
+    if postmortem.exists():
+        print(f"postmortem: {postmortem.resolve()}")
     return EXIT_OK if report.as_expected else EXIT_TARGET_FAILED
 
 

@@ -23,11 +23,21 @@ __all__ = [
     "ScanResult",
     "Site",
     "StartupInfo",
+    "iso_time",
 ]
 
 SCAN_SCHEMA = "diagtools.scan/1"
 STATUSES = ("ok", "import-error", "crashed", "timeout", "exited")
 PHASES = ("startup", "import", "thread", "shutdown")
+
+
+def iso_time(epoch: float) -> str:
+    """UTC ISO-8601 time of an epoch timestamp, to the second; "" for 0."""
+    if not epoch:
+        return ""
+    from datetime import datetime, timezone
+
+    return datetime.fromtimestamp(epoch, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 @dataclass(frozen=True)
@@ -248,6 +258,7 @@ class ScanResult:
     stderr: str = ""
     duration_s: float = 0.0
     python: str = ""
+    started_at: str = ""
 
     @property
     def ok(self) -> bool:
@@ -289,6 +300,7 @@ class ScanResult:
             "stderr": self.stderr,
             "duration_s": round(self.duration_s, 6),
             "python": self.python,
+            "started_at": self.started_at,
         }
 
     @classmethod
@@ -312,6 +324,7 @@ class ScanResult:
             stderr=data.get("stderr", ""),
             duration_s=float(data.get("duration_s", 0.0)),
             python=data.get("python", ""),
+            started_at=data.get("started_at", ""),
         )
 
     def graph(self, view: str = "culprits", *, max_children: int = 12) -> Any:

@@ -17,7 +17,7 @@ from typing import Any
 from diagtools._assemble import subkernel_failure
 from diagtools._driver import build_probe_extension, resolve_driver
 from diagtools._errors import UsageError
-from diagtools._model import DriverInfo, RunError
+from diagtools._model import DriverInfo, RunError, iso_time
 from diagtools._replay_model import (
     CHILD_ACTIONS,
     START_METHODS,
@@ -111,7 +111,17 @@ def assemble_replay(raw: RawRun, spec: ReplaySpec, driver: DriverInfo) -> Replay
     outcome = ChildOutcome.from_json(events["child"]) if "child" in events else None
     status, error = _replay_status(raw, events, outcome)
     return ReplayResult(
-        spec.target, spec.roots, spec.child, spec.start_method, driver, status, parent, outcome, error, raw.duration_s
+        spec.target,
+        spec.roots,
+        spec.child,
+        spec.start_method,
+        driver,
+        status,
+        parent,
+        outcome,
+        error,
+        raw.duration_s,
+        iso_time(raw.started_at),
     )
 
 

@@ -159,6 +159,7 @@ class ReplayResult:
     child: ChildOutcome | None
     error: RunError | None = None
     duration_s: float = 0.0
+    started_at: str = ""
 
     @property
     def reproduced(self) -> bool:
@@ -181,6 +182,7 @@ class ReplayResult:
             "child": self.child.to_json() if self.child else None,
             "error": self.error.to_json() if self.error else None,
             "duration_s": round(self.duration_s, 6),
+            "started_at": self.started_at,
         }
 
     @classmethod
@@ -198,6 +200,7 @@ class ReplayResult:
             child=ChildOutcome.from_json(data["child"]) if data.get("child") else None,
             error=RunError.from_json(data["error"]) if data.get("error") else None,
             duration_s=float(data.get("duration_s", 0.0)),
+            started_at=data.get("started_at", ""),
         )
 
     def _repr_html_(self) -> str:

@@ -79,6 +79,7 @@ class RawRun:
     fault_dump: str
     duration_s: float
     marker: str
+    started_at: float = 0.0
 
 
 class _Buffer:
@@ -158,6 +159,7 @@ def run_subkernel(
     _enlarge_pipe(write_fd)
     dump_fd = os.memfd_create("diagtools-faults", 0)  # inherited: faulthandler writes here
     env = _subkernel_env(request, write_fd, dump_fd, marker)
+    wall_start = time.time()
     started = clock()
     try:
         process = popen(
@@ -187,6 +189,7 @@ def run_subkernel(
         fault_dump=fault_dump,
         duration_s=clock() - started,
         marker=marker,
+        started_at=wall_start,
     )
 
 
