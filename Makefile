@@ -29,6 +29,7 @@ lint: $(STAMP)
 	$(BIN)/mypy
 
 test: $(STAMP) lint
+	sh scripts/system-deps browser
 	$(BIN)/python -m pytest
 
 clean:

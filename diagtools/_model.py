@@ -32,12 +32,12 @@ PHASES = ("startup", "import", "thread", "shutdown")
 
 
 def iso_time(epoch: float) -> str:
-    """UTC ISO-8601 time of an epoch timestamp, to the second; "" for 0."""
+    """UTC ISO-8601 time of an epoch timestamp, to the millisecond; "" for 0."""
     if not epoch:
         return ""
     from datetime import datetime, timezone
 
-    return datetime.fromtimestamp(epoch, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return datetime.fromtimestamp(epoch, timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 @dataclass(frozen=True)

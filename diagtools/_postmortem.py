@@ -54,7 +54,7 @@ class Postmortem:
                 events.append((run.started_at, f"replay {label}/{run.start_method}: {run.status}"))
         if self.after is not None:
             events.append((self.after.started_at, f"scan after the fix: {_verdict(self.after)}"))
-        return sorted(events)
+        return sorted(events, key=lambda event: event[0])  # stable: same instant keeps the order the steps ran
 
     def guard_snippet(self) -> str:
         return (

@@ -16,7 +16,8 @@ _STYLE = (
     "<style>.dt{font-family:system-ui,sans-serif;font-size:13px}.dt code{background:#f4f4f4;padding:1px 3px}"
     ".dt .bad{color:#b00020;font-weight:600}.dt .good{color:#1b7f3b;font-weight:600}"
     ".dt table{border-collapse:collapse}.dt td,.dt th{border:1px solid #ddd;padding:3px 8px;text-align:left;"
-    "vertical-align:top}.dt pre{background:#f8f8f8;padding:6px;overflow-x:auto}</style>"
+    "vertical-align:top}.dt pre{background:#f8f8f8;padding:6px;overflow-x:auto}"
+    ".dt-graph svg{max-width:100%;height:auto}</style>"
 )
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import time
 
 import pytest
@@ -93,7 +94,8 @@ def test_markup_in_module_names_and_source_lines_is_escaped(sim_scan, make_tree)
 
 
 def test_torch_culprits_view_stays_small_and_fast(sim_scan):
-    pytest.importorskip("torch")
+    if importlib.util.find_spec("torch") is None:  # never import torch here: the test process stays CUDA-free
+        pytest.skip("torch is not installed")
     result = sim_scan("torch", timeout=120.0)
     started = time.perf_counter()
     svg = result.graph().pipe(format="svg")

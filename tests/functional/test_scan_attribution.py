@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import site
 import subprocess
 import sys
@@ -307,7 +308,8 @@ def test_several_targets_in_one_subkernel(sim_scan, make_tree, count):
 
 
 def test_scanning_torch_reports_torch_cuda_state_without_initializing(sim_scan):
-    pytest.importorskip("torch")
+    if importlib.util.find_spec("torch") is None:  # never import torch here: the test process stays CUDA-free
+        pytest.skip("torch is not installed")
     result = sim_scan("torch", timeout=120.0)
     assert result.status == "ok", result.error
     assert not result.cuda_initialized

@@ -1,0 +1,52 @@
+"""Every notebook runs top to bottom on this machine, headless, on the simulated driver."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("nbclient")
+
+from diagtools._demo import NOTEBOOKS, run_notebook
+
+NOTEBOOK_FILES = sorted(NOTEBOOKS.glob("*.ipynb"))
+EXPECTED = {
+    "00_onboarding": ["deepseek_v4_ops", "this process: libcuda not loaded"],
+    "01_root_cause": ['class="node culprit"', "vmodels.platforms", "driver.cuInit(0)", "no longer initializes CUDA"],
+    "02_fork_replay": ["CUDA_ERROR_NOT_INITIALIZED", "after the fix every start method passes"],
+    "03_kernels_after_fix": ["compress_norm_rope_store", "does not initialize CUDA"],
+    "04_postmortem": ["postmortem.html", "Regression guard"],
+}
+
+
+def outputs_text(notebook: Path) -> str:
+    document = json.loads(notebook.read_text())
+    parts = []
+    for cell in document["cells"]:
+        for output in cell.get("outputs", []):
+            parts.append("".join(output.get("text", "")))
+            for value in output.get("data", {}).values():
+                parts.append("".join(value) if isinstance(value, list) else str(value))
+    return "\n".join(parts)
+
+
+def test_all_five_notebooks_exist():
+    assert [p.stem for p in NOTEBOOK_FILES] == sorted(EXPECTED)
+
+
+@pytest.mark.parametrize("source", NOTEBOOK_FILES, ids=[p.stem for p in NOTEBOOK_FILES])
+def test_notebook_executes_and_shows_its_findings(source, tmp_path):
+    outcome = run_notebook(source, tmp_path / "executed", {"DRIVER": "simulated", "OUT_DIR": str(tmp_path / "out")})
+    assert outcome.error == "", outcome.error
+    text = outputs_text(tmp_path / "executed" / source.name)
+    for expected in EXPECTED[source.stem]:
+        assert expected in text, expected
+    assert outcome.html.read_text().startswith("<!DOCTYPE html>")
+    if source.stem == "04_postmortem":
+        page = (tmp_path / "out" / "postmortem.html").read_text()
+        for section in ("Timeline", "Root cause", "Replay", "The fix", "Kernel timing after the fix", "Regression guard"):
+            assert f"<h2>{section}</h2>" in page
+        assert 'class="node culprit"' in page
+        assert "assert_import_cuda_free('vmodels.common.ops')" in (tmp_path / "out" / "postmortem.md").read_text()
