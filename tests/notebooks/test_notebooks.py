@@ -46,7 +46,14 @@ def test_notebook_executes_and_shows_its_findings(source, tmp_path):
     assert outcome.html.read_text().startswith("<!DOCTYPE html>")
     if source.stem == "04_postmortem":
         page = (tmp_path / "out" / "postmortem.html").read_text()
-        for section in ("Timeline", "Root cause", "Replay", "The fix", "Kernel timing after the fix", "Regression guard"):
+        for section in (
+            "Timeline",
+            "Root cause",
+            "Replay",
+            "The fix",
+            "Kernel timing after the fix",
+            "Regression guard",
+        ):
             assert f"<h2>{section}</h2>" in page
         assert 'class="node culprit"' in page
         assert "assert_import_cuda_free('vmodels.common.ops')" in (tmp_path / "out" / "postmortem.md").read_text()

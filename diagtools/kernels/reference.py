@@ -1,0 +1,147 @@
+"""The torch reference for compress_norm_rope_store, in any float precision.
+
+Used as the ``torch`` backend (fp32 math) and, in float64, as the yardstick the
+Triton and CuTe DSL kernels are checked against.  Also builds fresh random
+inputs of the right shapes and a poisoned output cache.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from diagtools.kernels import ROPE_DIM, SUPPORTED_HEAD_DIMS
+
+__all__ = ["Inputs", "check_inputs", "compress_norm_rope_store_reference", "compressed_rows", "make_inputs"]
+
+
+def check_inputs(kv, score, weight, cos_sin_cache, positions, slot_mapping, kv_cache, ratio: int) -> tuple[int, int]:
+    """Validate shapes and dtypes (``ValueError`` with what is wrong); return ``(G, D)``."""
+    if kv.dim() != 2 or kv.dtype != torch.bfloat16:
+        raise ValueError(f"kv must be a bf16 [G*ratio, D] tensor, got {kv.dtype} {tuple(kv.shape)}")
+    rows, head_dim = kv.shape
+    if head_dim not in SUPPORTED_HEAD_DIMS:
+        raise ValueError(f"head dim {head_dim} is not supported: use one of {SUPPORTED_HEAD_DIMS}")
+    if ratio < 1 or rows % ratio:
+        raise ValueError(f"kv has {rows} rows, not a multiple of ratio={ratio}")
+    groups = rows // ratio
+    if score.shape != (rows,) or score.dtype != torch.float32:
+        raise ValueError(f"score must be fp32 [{rows}], got {score.dtype} {tuple(score.shape)}")
+    if weight.shape != (head_dim,):
+        raise ValueError(f"weight must be [{head_dim}], got {tuple(weight.shape)}")
+    if cos_sin_cache.dim() != 2 or cos_sin_cache.shape[1] != ROPE_DIM:
+        raise ValueError(f"cos_sin_cache must be [max_pos, {ROPE_DIM}], got {tuple(cos_sin_cache.shape)}")
+    for name, index in (("positions", positions), ("slot_mapping", slot_mapping)):
+        if index.shape != (groups,) or index.dtype not in (torch.int32, torch.int64):
+            raise ValueError(f"{name} must be an int32/int64 [{groups}] tensor, got {index.dtype} {tuple(index.shape)}")
+    if kv_cache.dtype != torch.bfloat16 or kv_cache.shape[-1] != head_dim or not kv_cache.is_contiguous():
+        raise ValueError(f"kv_cache must be a contiguous bf16 [..., {head_dim}] tensor, got {kv_cache.dtype}")
+    devices = {t.device for t in (kv, score, weight, cos_sin_cache, positions, slot_mapping, kv_cache)}
+    if len(devices) != 1:
+        raise ValueError(f"all tensors must be on one device, got {sorted(map(str, devices))}")
+    return groups, head_dim
+
+
+def compressed_rows(
+    kv,
+    score,
+    weight,
+    cos_sin_cache,
+    positions,
+    *,
+    ratio: int = 4,
+    eps: float = 1e-6,
+    dtype: torch.dtype = torch.float32,
+) -> torch.Tensor:
+    """The ``[G, D]`` values the operation stores, computed in ``dtype`` (no rounding to bf16)."""
+    groups, head_dim = kv.shape[0] // ratio, kv.shape[1]
+    rows = kv.to(dtype).view(groups, ratio, head_dim)
+    gates = torch.softmax(score.to(dtype).view(groups, ratio), dim=1)
+    compressed = (gates.unsqueeze(-1) * rows).sum(dim=1)
+    normed = compressed * torch.rsqrt(compressed.pow(2).mean(dim=-1, keepdim=True) + eps) * weight.to(dtype)
+    half = ROPE_DIM // 2
+    table = cos_sin_cache.to(dtype)[positions.long()]
+    cos, sin = table[:, :half], table[:, half:]
+    pairs = normed[:, head_dim - ROPE_DIM :].reshape(groups, half, 2)
+    even, odd = pairs[..., 0], pairs[..., 1]
+    rotated = torch.stack((even * cos - odd * sin, even * sin + odd * cos), dim=-1).reshape(groups, ROPE_DIM)
+    return torch.cat((normed[:, : head_dim - ROPE_DIM], rotated), dim=1)
+
+
+def compress_norm_rope_store_reference(
+    kv, score, weight, cos_sin_cache, positions, slot_mapping, kv_cache, *, ratio: int = 4, eps: float = 1e-6
+) -> torch.Tensor:
+    """The operation in torch eager (fp32 math); writes and returns ``kv_cache``."""
+    check_inputs(kv, score, weight, cos_sin_cache, positions, slot_mapping, kv_cache, ratio)
+    values = compressed_rows(kv, score, weight, cos_sin_cache, positions, ratio=ratio, eps=eps)
+    keep = slot_mapping >= 0
+    kv_cache.view(-1, kv.shape[1])[slot_mapping[keep].long()] = values[keep].to(torch.bfloat16)
+    return kv_cache
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """One random input set, with the output cache poisoned (NaN) so unwritten rows show."""
+
+    kv: torch.Tensor
+    score: torch.Tensor
+    weight: torch.Tensor
+    cos_sin_cache: torch.Tensor
+    positions: torch.Tensor
+    slot_mapping: torch.Tensor
+    kv_cache: torch.Tensor
+    ratio: int
+
+    def args(self) -> tuple[torch.Tensor, ...]:
+        return (self.kv, self.score, self.weight, self.cos_sin_cache, self.positions, self.slot_mapping, self.kv_cache)
+
+    def expected(self, dtype: torch.dtype = torch.float64) -> torch.Tensor:
+        return compressed_rows(
+            self.kv, self.score, self.weight, self.cos_sin_cache, self.positions, ratio=self.ratio, dtype=dtype
+        )
+
+    def min_bytes(self) -> int:
+        """Fewest bytes the operation must move: every input read once, every kept row written once."""
+        groups, head_dim = self.positions.shape[0], self.kv.shape[1]
+        reads = self.kv.numel() * 2 + self.score.numel() * 4 + self.weight.numel() * self.weight.element_size()
+        reads += groups * (ROPE_DIM * 4 + self.positions.element_size() + self.slot_mapping.element_size())
+        writes = int((self.slot_mapping >= 0).sum()) * head_dim * 2
+        return reads + writes
+
+
+def rope_cache(max_pos: int, *, base: float = 10000.0, device: str | torch.device = "cpu") -> torch.Tensor:
+    """A real RoPE table ``[max_pos, 64]``: 32 cosines, then 32 sines."""
+    half = ROPE_DIM // 2
+    inv_freq = 1.0 / (base ** (torch.arange(half, dtype=torch.float64) / half))
+    angles = torch.arange(max_pos, dtype=torch.float64)[:, None] * inv_freq[None, :]
+    return torch.cat((angles.cos(), angles.sin()), dim=1).to(torch.float32).to(device)
+
+
+def make_inputs(
+    groups: int,
+    head_dim: int,
+    *,
+    ratio: int = 4,
+    padding: float = 0.125,
+    max_pos: int = 4096,
+    block_size: int = 64,
+    seed: int | None = None,
+    device: str | torch.device = "cpu",
+) -> Inputs:
+    """Fresh random inputs; about ``padding`` of the groups get slot -1; slots are a random permutation."""
+    generator = torch.Generator().manual_seed(seed if seed is not None else torch.seed() % (2**31))
+    rows = groups * ratio
+    kv = torch.randn(rows, head_dim, generator=generator).to(torch.bfloat16)
+    score = torch.randn(rows, generator=generator) * 2
+    weight = 1 + 0.1 * torch.randn(head_dim, generator=generator)
+    positions = torch.randint(0, max_pos, (groups,), generator=generator)
+    blocks = math.ceil(groups * 1.25 / block_size) + 1
+    slots = torch.randperm(blocks * block_size, generator=generator)[:groups]
+    slots[torch.rand(groups, generator=generator) < padding] = -1
+    cache = torch.full((blocks, block_size, head_dim), float("nan"), dtype=torch.bfloat16)
+    kv, score, weight, table, positions, slots, cache = (
+        t.to(device) for t in (kv, score, weight, rope_cache(max_pos), positions, slots, cache)
+    )
+    return Inputs(kv, score, weight, table, positions, slots, cache, ratio=ratio)
