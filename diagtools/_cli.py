@@ -34,6 +34,7 @@ def _build_parser() -> argparse.ArgumentParser:
     _add_sweep(commands.add_parser("sweep", help="scan every submodule of a package alone, in parallel"))
     _add_bisect(commands.add_parser("bisect", help="find the commit that made an import initialize CUDA"))
     _add_diff(commands.add_parser("diff", help="what a fix changed between two scan JSON files"))
+    _add_bench(commands.add_parser("bench", help="time the compress_norm_rope_store kernels side by side"))
     _add_demo(commands.add_parser("demo", help="scan the built-in specimens and write a report"))
     return parser
 
@@ -96,6 +97,23 @@ def _add_diff(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("after", metavar="AFTER.json")
     parser.add_argument("--html", metavar="FILE", help="also write the diff as HTML")
     parser.add_argument("--json", metavar="FILE|-", help="write the diagtools.diff/1 document")
+    _add_debug(parser)
+
+
+def _size(text: str) -> tuple[int, int]:
+    groups, sep, head_dim = text.partition("x")
+    if not sep or not groups.isdigit() or not head_dim.isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r} is not GxD, e.g. 4096x512")
+    return int(groups), int(head_dim)
+
+
+def _add_bench(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--size", action="append", type=_size, metavar="GxD", help="default: the full grid on a GPU")
+    parser.add_argument("--backend", action="append", choices=("torch", "triton", "cutedsl"), metavar="B")
+    parser.add_argument("--ratio", type=int, default=4)
+    parser.add_argument("--driver", choices=DRIVER_CHOICES, default="auto")
+    parser.add_argument("--json", metavar="FILE|-", help="write the diagtools.bench/1 document")
+    parser.add_argument("--chart", metavar="PNG", help="write a bar chart of GB/s")
     _add_debug(parser)
 
 
@@ -212,6 +230,22 @@ def _run_diff(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _run_bench(args: argparse.Namespace) -> int:
+    from diagtools.bench import compare
+
+    backends = tuple(args.backend or ("torch", "triton", "cutedsl"))
+    report = compare(args.size, backends, ratio=args.ratio, driver=args.driver)
+    text = report.table()
+    if not report.timing_meaningful:
+        text += "\nmeasured on a CPU: times are not meaningful (reference and Triton interpreter only)"
+    if report.error:
+        text += f"\nerror: {report.error}"
+    _emit(report.to_json(), text, args.json)
+    if args.chart:
+        report.chart(args.chart)
+    return EXIT_TARGET_FAILED if report.error else EXIT_OK
+
+
 def _run_demo(args: argparse.Namespace) -> int:
     from diagtools._demo import NOTEBOOKS, write_demo_report
 
@@ -233,6 +267,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "sweep": _run_sweep,
         "bisect": _run_bisect,
         "diff": _run_diff,
+        "bench": _run_bench,
         "demo": _run_demo,
     }
     try:

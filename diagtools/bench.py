@@ -44,7 +44,9 @@ class BenchReport:
         return bool(self.meta.get("timing_meaningful"))
 
     def faster_by_size(self) -> dict[str, str]:
-        """For each size, the backend with the lowest median time (torch excluded)."""
+        """For each size, the backend with the lowest median time (torch excluded); empty off a GPU."""
+        if not self.timing_meaningful:
+            return {}
         best: dict[str, tuple[float, str]] = {}
         for row in self.rows:
             if row["backend"] != "torch" and row.get("median_ms"):
@@ -80,10 +82,10 @@ class BenchReport:
 
     def chart(self, path: str | os.PathLike[str]) -> Path:
         """A bar chart of GB/s per size and backend, written as PNG."""
-        from diagtools.widgets import BenchPanel
+        from diagtools._render_chart import bandwidth_chart_png
 
         target = Path(path)
-        target.write_bytes(BenchPanel(self.rows).chart.value)
+        target.write_bytes(bandwidth_chart_png(self.rows))
         return target
 
 

@@ -15,6 +15,7 @@ from typing import Any
 from diagtools._driver import DRIVER_CHOICES
 from diagtools._errors import DiagtoolsError, MissingExtraError
 from diagtools._model import ScanResult
+from diagtools._render_chart import bandwidth_chart_png
 from diagtools._render_html import bench_table_html, comparison_html, module_html, scan_html
 from diagtools._replay import compare_replays
 from diagtools._replay_model import CHILD_ACTIONS
@@ -175,32 +176,7 @@ class BenchPanel:
         self.widget = w.VBox([self.table, self.chart])
 
     def chart_png(self, title: str) -> bytes:
-        import io
-
-        import matplotlib
-
-        matplotlib.use("Agg")
-        from matplotlib import pyplot as plt
-
-        sizes = sorted({str(row["size"]) for row in self.rows})
-        backends = sorted({str(row["backend"]) for row in self.rows})
-        figure, axis = plt.subplots(figsize=(7, 3))
-        width = 0.8 / max(1, len(backends))
-        for index, backend in enumerate(backends):
-            values = [
-                next((r.get("GB/s") or 0 for r in self.rows if str(r["size"]) == s and r["backend"] == backend), 0)
-                for s in sizes
-            ]
-            axis.bar([i + index * width for i in range(len(sizes))], values, width, label=backend)
-        axis.set_xticks([i + width * (len(backends) - 1) / 2 for i in range(len(sizes))], sizes, rotation=20)
-        axis.set_ylabel("GB/s")
-        axis.set_title(title)
-        axis.legend()
-        figure.tight_layout()
-        buffer = io.BytesIO()
-        figure.savefig(buffer, format="png", dpi=90)
-        plt.close(figure)
-        return buffer.getvalue()
+        return bandwidth_chart_png(self.rows, title)
 
     def _ipython_display_(self) -> None:
         from IPython.display import display
