@@ -17,7 +17,6 @@ import argparse
 import json
 import os
 import platform
-import resource
 import statistics
 import subprocess
 import sys
@@ -79,14 +78,35 @@ def bench_synthetic(modules: int, runs: int) -> dict:
         scanned = [DIAGTOOLS, "scan", target, "--driver", "simulated", "--json", os.devnull]
         timing = paired(plain, scanned, runs, env)
         count = sum(1 for _ in Path(scratch).rglob("*.py"))
-        before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     timing.update(
         modules=count,
         scan_modules_per_s=count / timing["scan_median_s"],
         plain_modules_per_s=count / timing["plain_median_s"],
-        peak_child_rss_mib=round(before / 1024, 1),
     )
     return timing
+
+
+PEAK_RSS = (
+    "import resource, subprocess, sys\n"
+    "subprocess.run(sys.argv[1:], capture_output=True, check=True)\n"
+    "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)\n"
+)
+
+
+def scaling(counts: tuple[int, ...]) -> list[dict]:
+    """Scan time and the peak RSS of the largest process involved, per tree size."""
+    rows = []
+    for count in counts:
+        with tempfile.TemporaryDirectory() as scratch:
+            target = synthetic_tree(Path(scratch), count)
+            env = dict(os.environ, PYTHONPATH=scratch, PYTHONDONTWRITEBYTECODE="1")
+            command = [DIAGTOOLS, "scan", target, "--driver", "simulated", "--json", os.devnull]
+            seconds = statistics.median(wall(command, env) for _ in range(3))
+            done = subprocess.run(
+                [sys.executable, "-c", PEAK_RSS, *command], env=env, capture_output=True, text=True, check=True
+            )
+            rows.append({"modules": count, "scan_median_s": seconds, "peak_rss_mib": int(done.stdout) / 1024})
+    return rows
 
 
 def machine() -> dict:
@@ -112,6 +132,7 @@ def main() -> None:
             args.runs,
         ),
         "synthetic": bench_synthetic(args.modules, max(3, args.runs // 2)),
+        "scaling": scaling((1000, 2500, 5000, 10000)),
     }
     text = json.dumps(results, indent=2, sort_keys=True)
     print(text)
