@@ -9,12 +9,11 @@ Run: ``.venv/bin/python benchmarks/graph_render.py --save-path benchmarks/graph_
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 from pathlib import Path
 
-from scan_overhead import machine
+from scan_overhead import machine, save
 
 import diagtools
 
@@ -45,10 +44,7 @@ def main() -> None:
         "culprits_view": {"median_s": culprits_s, "nodes": culprits_nodes},
         "full_view": {"median_s": full_s, "nodes": full_nodes},
     }
-    text = json.dumps(document, indent=2, sort_keys=True)
-    print(text)
-    if args.save_path:
-        args.save_path.write_text(text + "\n")
+    save(args.save_path, document)
 
 
 if __name__ == "__main__":

@@ -109,6 +109,14 @@ def scaling(counts: tuple[int, ...]) -> list[dict]:
     return rows
 
 
+def save(path: Path | None, document: dict) -> None:
+    """Print the results and, with ``--save-path``, write them as sorted JSON."""
+    text = json.dumps(document, indent=2, sort_keys=True)
+    print(text)
+    if path:
+        path.write_text(text + "\n")
+
+
 def machine() -> dict:
     return {
         "python": sys.version.split()[0],
@@ -134,10 +142,7 @@ def main() -> None:
         "synthetic": bench_synthetic(args.modules, max(3, args.runs // 2)),
         "scaling": scaling((1000, 2500, 5000, 10000)),
     }
-    text = json.dumps(results, indent=2, sort_keys=True)
-    print(text)
-    if args.save_path:
-        args.save_path.write_text(text + "\n")
+    save(args.save_path, results)
 
 
 if __name__ == "__main__":

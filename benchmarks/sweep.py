@@ -10,12 +10,11 @@ Run: ``.venv/bin/python benchmarks/sweep.py --save-path benchmarks/sweep.json``
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import tempfile
 from pathlib import Path
 
-from scan_overhead import machine
+from scan_overhead import machine, save
 
 from diagtools._sweep import sweep
 
@@ -58,10 +57,7 @@ def main() -> None:
         package = make_package(root, args.modules)
         runs = [measure(package, root, jobs, args.repeats) for jobs in (1, 2)]
     results = {"machine": machine(), "runs": runs, "speedup_jobs2": runs[1]["modules_per_s"] / runs[0]["modules_per_s"]}
-    text = json.dumps(results, indent=2, sort_keys=True)
-    print(text)
-    if args.save_path:
-        args.save_path.write_text(text + "\n")
+    save(args.save_path, results)
 
 
 if __name__ == "__main__":

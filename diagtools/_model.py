@@ -23,12 +23,19 @@ __all__ = [
     "ScanResult",
     "Site",
     "StartupInfo",
+    "check_schema",
     "iso_time",
 ]
 
 SCAN_SCHEMA = "diagtools.scan/1"
 STATUSES = ("ok", "import-error", "crashed", "timeout", "exited")
 PHASES = ("startup", "import", "thread", "shutdown")
+
+
+def check_schema(data: object, expected: str) -> None:
+    """Raise :class:`SchemaError` unless ``data`` is a document of schema ``expected``."""
+    if not isinstance(data, dict) or data.get("schema") != expected:
+        raise SchemaError(expected, data.get("schema") if isinstance(data, dict) else type(data).__name__)
 
 
 def iso_time(epoch: float) -> str:
@@ -305,9 +312,7 @@ class ScanResult:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> ScanResult:
-        if not isinstance(data, dict) or data.get("schema") != SCAN_SCHEMA:
-            found = data.get("schema") if isinstance(data, dict) else type(data).__name__
-            raise SchemaError(SCAN_SCHEMA, found)
+        check_schema(data, SCAN_SCHEMA)
         error = data.get("error")
         return cls(
             targets=tuple(data.get("targets", ())),

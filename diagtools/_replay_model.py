@@ -9,8 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from diagtools._errors import SchemaError
-from diagtools._model import DriverInfo, RunError
+from diagtools._model import DriverInfo, RunError, check_schema
 
 __all__ = [
     "CHILD_ACTIONS",
@@ -187,8 +186,7 @@ class ReplayResult:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> ReplayResult:
-        if not isinstance(data, dict) or data.get("schema") != REPLAY_SCHEMA:
-            raise SchemaError(REPLAY_SCHEMA, data.get("schema") if isinstance(data, dict) else type(data).__name__)
+        check_schema(data, REPLAY_SCHEMA)
         return cls(
             target=data["target"],
             path=tuple(data.get("path", ())),
@@ -260,8 +258,7 @@ class ReplayComparison:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> ReplayComparison:
-        if not isinstance(data, dict) or data.get("schema") != COMPARISON_SCHEMA:
-            raise SchemaError(COMPARISON_SCHEMA, data.get("schema") if isinstance(data, dict) else type(data).__name__)
+        check_schema(data, COMPARISON_SCHEMA)
         runs = tuple((run["variant"], ReplayResult.from_json(run["replay"])) for run in data["runs"])
         return cls(data["target"], runs)
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import textwrap
 from collections.abc import Callable
 from pathlib import Path
@@ -15,6 +17,12 @@ from diagtools._runner import RawRun, SubkernelRequest, run_subkernel
 
 pytest_plugins = ["pytester"]
 MARK = "# <- here"
+DIAGTOOLS = str(Path(sys.executable).with_name("diagtools"))
+
+
+def cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    """Run the installed ``diagtools`` command, as a user would, and capture what it printed."""
+    return subprocess.run([DIAGTOOLS, *args], capture_output=True, text=True, timeout=timeout, check=False)
 
 
 def write_tree(root: Path, files: dict[str, str]) -> Path:

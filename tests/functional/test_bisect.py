@@ -4,16 +4,14 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from diagtools._bisect import bisect
 from diagtools._errors import UsageError
-from tests.conftest import write_tree
+from tests.conftest import cli, write_tree
 
-DIAGTOOLS = str(Path(sys.executable).with_name("diagtools"))
 REEXPORT = 15  # the commit that adds `from .cutedsl import ...` to ops/__init__.py
 BROKEN = range(8, 12)  # commits where the target does not even import
 
@@ -90,28 +88,21 @@ def test_bisect_names_the_reexport_commit_and_leaves_the_repo_alone(history):
 
 def test_cli_bisect_json(history):
     repo, shas = history
-    done = subprocess.run(
-        [
-            DIAGTOOLS,
-            "bisect",
-            "ops",
-            "--repo",
-            str(repo),
-            "--good",
-            shas[0],
-            "--bad",
-            "main",
-            "--path-in-repo",
-            "src",
-            "--driver",
-            "simulated",
-            "--json",
-            "-",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
+    done = cli(
+        "bisect",
+        "ops",
+        "--repo",
+        str(repo),
+        "--good",
+        shas[0],
+        "--bad",
+        "main",
+        "--path-in-repo",
+        "src",
+        "--driver",
+        "simulated",
+        "--json",
+        "-",
     )
     assert done.returncode == 0, done.stderr
     document = json.loads(done.stdout)

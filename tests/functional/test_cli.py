@@ -3,18 +3,10 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
-from tests.conftest import MARK, marked_line
+from tests.conftest import MARK, cli, marked_line
 
-DIAGTOOLS = str(Path(sys.executable).with_name("diagtools"))
 LEAF = f"import ctypes\nctypes.CDLL('libcuda.so.1').cuInit(0)  {MARK}\n"
-
-
-def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([DIAGTOOLS, *args], capture_output=True, text=True, timeout=120, check=False)
 
 
 def test_text_report_names_driver_culprit_chain_and_source_line(make_tree):

@@ -3,15 +3,11 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 from diagtools._diff import diff_scans
 from diagtools._render_html import diff_html
 from diagtools.specimens import get
-
-DIAGTOOLS = str(Path(sys.executable).with_name("diagtools"))
+from tests.conftest import cli
 
 
 def test_diff_marks_the_removed_edge_and_the_verdict(sim_scan):
@@ -34,32 +30,18 @@ def test_cli_diff_from_two_json_files(make_tree, tmp_path):
     paths = []
     for variant in ("before", "after"):
         out = tmp_path / f"{variant}.json"
-        done = subprocess.run(
-            [
-                DIAGTOOLS,
-                "scan",
-                specimen.target,
-                "--path",
-                str(specimen.tree(variant)),
-                "--driver",
-                "simulated",
-                "--json",
-                str(out),
-            ],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
+        done = cli(
+            "scan", specimen.target, "--path", str(specimen.tree(variant)), "--driver", "simulated", "--json", str(out)
         )
         assert done.returncode == 0, done.stderr
         paths.append(str(out))
     html = tmp_path / "diff.html"
-    done = subprocess.run([DIAGTOOLS, "diff", *paths, "--html", str(html)], capture_output=True, text=True, check=False)
+    done = cli("diff", *paths, "--html", str(html))
     assert done.returncode == 0, done.stderr
     assert "no longer initializes CUDA: the chain is broken at deepseek_v4.nvidia.ops -> " in done.stdout
     assert "sparse_attn_compress_cutedsl" in html.read_text()
     garbage = tmp_path / "garbage.json"
     garbage.write_text(json.dumps({"schema": "other"}))
-    bad = subprocess.run([DIAGTOOLS, "diff", str(garbage), paths[1]], capture_output=True, text=True, check=False)
+    bad = cli("diff", str(garbage), paths[1])
     assert bad.returncode == 2
     assert bad.stderr.strip() == "diagtools: error: expected a diagtools.scan/1 document, found schema 'other'"

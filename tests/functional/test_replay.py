@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
@@ -16,9 +13,9 @@ from diagtools._render_text import render_comparison, render_replay
 from diagtools._replay_model import ReplayComparison, ReplayResult
 from diagtools._selfcheck import process_cuda_state
 from diagtools.specimens import all_specimens
+from tests.conftest import cli
 
 BEFORE = [s for s in all_specimens() if "before" in s.variants]
-DIAGTOOLS = str(Path(sys.executable).with_name("diagtools"))
 
 
 @pytest.fixture
@@ -167,43 +164,22 @@ def test_result_round_trips_and_renders_escaped(sim_replay, make_tree):
 
 def test_cli_replay_and_compare(make_tree):
     specimen = next(s for s in all_specimens() if s.name == "common_ops")
-    done = subprocess.run(
-        [
-            DIAGTOOLS,
-            "replay",
-            specimen.target,
-            "--path",
-            str(specimen.tree("before")),
-            "--driver",
-            "simulated",
-            "--json",
-            "-",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
+    done = cli(
+        "replay", specimen.target, "--path", str(specimen.tree("before")), "--driver", "simulated", "--json", "-"
     )
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["status"] == "failed"
-    done = subprocess.run(
-        [
-            DIAGTOOLS,
-            "replay",
-            specimen.target,
-            "--compare",
-            str(specimen.tree("before")),
-            str(specimen.tree("after")),
-            "--driver",
-            "simulated",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
+    done = cli(
+        "replay",
+        specimen.target,
+        "--compare",
+        str(specimen.tree("before")),
+        str(specimen.tree("after")),
+        "--driver",
+        "simulated",
     )
     assert done.returncode == 0, done.stderr
     assert "verdict: before/fork failed" in done.stdout
-    bad = subprocess.run([DIAGTOOLS, "replay", "x", "--child", "??"], capture_output=True, text=True, check=False)
+    bad = cli("replay", "x", "--child", "??")
     assert bad.returncode == 2
     assert bad.stderr.startswith("diagtools: error: unknown child action")

@@ -5,16 +5,13 @@ from __future__ import annotations
 import itertools
 import json
 import re
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from diagtools._errors import UsageError
 from diagtools._sweep import discover_modules, sweep
+from tests.conftest import cli
 
-DIAGTOOLS = str(Path(sys.executable).with_name("diagtools"))
 CULPRITS = {"big.sub3.gpu_a", "big.sub5.nested.gpu_b"}
 
 
@@ -98,27 +95,12 @@ def test_journal_of_another_package_is_refused(big_package, tmp_path):
 
 
 def test_cli_sweep_table_and_fail_on_cuda(big_package):
-    done = subprocess.run(
-        [
-            DIAGTOOLS,
-            "sweep",
-            "big.sub5",
-            "--path",
-            str(big_package),
-            "--jobs",
-            "2",
-            "--driver",
-            "simulated",
-            "--fail-on-cuda",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
+    done = cli(
+        "sweep", "big.sub5", "--path", str(big_package), "--jobs", "2", "--driver", "simulated", "--fail-on-cuda"
     )
     assert done.returncode == 1, done.stderr
     assert "big.sub5.nested.gpu_b" in done.stdout
     assert "1 initialize CUDA" in done.stdout
-    bad = subprocess.run([DIAGTOOLS, "sweep", "big", "--jobs", "0"], capture_output=True, text=True, check=False)
+    bad = cli("sweep", "big", "--jobs", "0")
     assert bad.returncode == 2
     assert bad.stderr.strip() == "diagtools: error: --jobs must be at least 1, got 0"
