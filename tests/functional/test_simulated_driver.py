@@ -153,3 +153,26 @@ def test_driver_none_and_unknown_choice():
     assert resolve_driver("none").info.kind == "none"
     with pytest.raises(UsageError, match="unknown driver"):
         resolve_driver("fake")
+
+
+def test_real_driver_requested_without_one_is_a_clear_error():
+    from diagtools._driver import real_driver_path
+    from diagtools._errors import DriverUnavailableError
+
+    if real_driver_path() is not None:
+        pytest.skip("a real driver is present here")
+    with pytest.raises(DriverUnavailableError, match="use --driver simulated or auto"):
+        resolve_driver("real")
+
+
+def test_scan_with_no_driver_sees_no_driver(sim_scan, make_tree):
+    import diagtools
+
+    root = make_tree(
+        {"probe.py": "import ctypes\ntry:\n    ctypes.CDLL('libcuda.so.1').cuInit(0)\nexcept OSError:\n    pass\n"}
+    )
+    result = diagtools.scan("probe", path=[root], driver="none")
+    assert result.driver.kind == "none"
+    assert result.status == "ok"
+    if result.driver.library is None:
+        assert not result.cuda_initialized
