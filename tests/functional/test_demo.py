@@ -36,6 +36,7 @@ def test_demo_reports_a_failing_notebook(tmp_path):
     broken["cells"].append(
         {
             "cell_type": "code",
+            "id": "broken-cell",
             "metadata": {},
             "outputs": [],
             "execution_count": None,
