@@ -120,10 +120,14 @@ class _Tree:
 def _culprit(event: dict[str, Any], tree: _Tree, main_thread: int) -> Culprit:
     stack = event.get("stack") or []
     module = event.get("m")
-    thread = "MainThread" if event.get("th") == main_thread else f"thread started by {module or 'start-up'}"
+    origin = event.get("origin")
+    thread = "MainThread" if event.get("th") == main_thread else f"thread started by {origin or 'start-up'}"
+    chain = tree.chain(module)
+    if module is not None and module not in tree.nodes:
+        chain = (*tree.chain(event.get("importer")), module)  # executed without an import the tracer saw
     return Culprit(
         module=module,
-        chain=tree.chain(module),
+        chain=chain,
         site=pick_site(stack),
         stack=tuple(_site(frame) for frame in reversed(_visible(stack))),
         phase=event.get("ph", "import"),

@@ -22,6 +22,7 @@ import time
 _ENV = {key.decode(): value.decode("utf-8", "surrogateescape") for key, value in posix.environ.items()}
 _CHANNEL_FD = int(_ENV["DIAGTOOLS_CHANNEL_FD"])
 _MAIN_THREAD = _thread.get_ident()
+_PROBE_FILE = _ENV.get("DIAGTOOLS_PROGRAM_FILE", "")
 _clock = time.perf_counter
 _lock = _thread.allocate_lock()
 
@@ -246,8 +247,33 @@ def _on_cuinit():
         return
     _State.hook_fired = True
     tid = _thread.get_ident()
-    stack = _frames(sys._getframe(1))
-    _channel.emit("cuinit", m=_innermost(tid), stack=stack, th=tid, ph=_phase_of(tid))
+    caller = sys._getframe(1)
+    module = _innermost(tid)
+    running = _module_code_running(caller)
+    if running is not None and running not in _State.stacks.get(tid, ()):
+        # Top-level code of a module the tracer never saw being imported (LazyLoader,
+        # a manual exec_module, runpy) is running: that module is the culprit.
+        module = running
+    _channel.emit(
+        "cuinit",
+        m=module,
+        importer=_innermost(tid),
+        stack=_frames(caller),
+        th=tid,
+        ph=_phase_of(tid),
+        origin=_State.origins.get(tid),
+    )
+
+
+def _module_code_running(frame):
+    """``__name__`` of the innermost frame that runs a module's top-level code, or None."""
+    while frame is not None:
+        code = frame.f_code
+        if code.co_name == "<module>" and code.co_filename not in (_PROBE_FILE, "<string>"):
+            name = frame.f_globals.get("__name__")
+            return name if isinstance(name, str) else None
+        frame = frame.f_back
+    return None
 
 
 _original_start_new_thread = _thread.start_new_thread

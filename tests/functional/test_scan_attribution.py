@@ -63,6 +63,7 @@ def test_cuda_python_leaf_behind_a_reexport(sim_scan, make_tree):
         }
     )
     result = sim_scan("app.ops", path=[root])
+    assert result.status == "ok", result.error
     culprit = result.culprit
     assert culprit.module == "app.ops.cutedsl_leaf"
     assert culprit.chain == ("app.ops", "app.ops.cutedsl_leaf")
@@ -101,6 +102,7 @@ def test_thread_started_at_import_is_blamed_on_its_starter(sim_scan, make_tree):
         }
     )
     result = sim_scan("waiter", path=[root])
+    assert result.status == "ok", result.error
     culprit = result.culprit
     assert culprit.phase == "thread"
     assert culprit.module == "warm.pool"
@@ -125,6 +127,7 @@ def test_pep562_getattr_import_is_attributed_to_the_lazy_submodule(sim_scan, mak
     )
     assert not sim_scan("lazy", path=[root]).cuda_initialized
     result = sim_scan("user", path=[root])
+    assert result.status == "ok", result.error
     assert result.culprit.module == "lazy.gpu"
     assert result.culprit.chain == ("user", "lazy.gpu")
 
@@ -139,6 +142,7 @@ def test_circular_imports_keep_a_correct_tree(sim_scan, make_tree):
         }
     )
     result = sim_scan("ring", path=[root])
+    assert result.status == "ok", result.error
     assert result.culprit.chain == ("ring", "ring.a", "ring.b", "ring.leaf")
     assert result.module_names().count("ring.a") == 1
 
@@ -154,6 +158,7 @@ def test_startup_pth_is_phase_startup_and_the_target_is_not_blamed(sim_scan, mak
         " or d and __import__('bootcuda')"
     ):
         result = sim_scan("innocent", path=[root])
+        assert result.status == "ok", result.error
     assert result.startup.cuda_initialized
     assert result.culprit.phase == "startup"
     assert result.culprit.module == "bootcuda"
@@ -180,6 +185,7 @@ def test_sitecustomize_init_is_startup(sim_scan, make_tree, monkeypatch):
     assert not sim_scan("t", path=[root]).startup.cuda_initialized
     monkeypatch.setenv("PYTHONPATH", str(root))
     result = sim_scan("t")
+    assert result.status == "ok", result.error
     assert result.culprit.phase == "startup"
     assert result.culprit.module == "sitecustomize"
     assert result.startup.cuda_initialized
@@ -201,6 +207,7 @@ def test_entry_point_plugin_loading_is_attributed_to_the_plugin(sim_scan, make_t
         }
     )
     result = sim_scan("host", path=[root])
+    assert result.status == "ok", result.error
     assert result.culprit.module == "gpuplugin"
     assert result.culprit.chain == ("host", "gpuplugin")
     assert result.culprit.site.line == marked_line(root / "gpuplugin/__init__.py")
@@ -232,6 +239,7 @@ def test_extension_module_init_is_blamed_on_the_extension(sim_scan, make_tree, t
     )
     assert done.returncode == 0, done.stderr
     result = sim_scan("extpkg", path=[root])
+    assert result.status == "ok", result.error
     assert result.culprit.module == "extpkg.cuext"
     assert result.culprit.site.file == str(root / "extpkg/__init__.py")
     assert result.culprit.site.line == marked_line(root / "extpkg/__init__.py")
@@ -247,6 +255,7 @@ def test_namespace_and_self_replacing_modules(sim_scan, make_tree):
         }
     )
     result = sim_scan("top", path=[root])
+    assert result.status == "ok", result.error
     names = result.module_names()
     assert {"swap", "nspkg", "nspkg.part", "nspkg.part.leaf"} <= set(names)
     assert result.module("nspkg").file is None
@@ -260,6 +269,7 @@ def test_zip_import_is_traced(sim_scan, make_tree, tmp_path):
         bundle.writestr("zipped/inner.py", "import ctypes\nctypes.CDLL('libcuda.so.1').cuInit(0)\n")
     root = make_tree({"usezip.py": f"import sys\nsys.path.insert(0, {str(archive)!r})\nimport zipped\n"})
     result = sim_scan("usezip", path=[root])
+    assert result.status == "ok", result.error
     assert result.culprit.module == "zipped.inner"
     assert result.culprit.chain == ("usezip", "zipped", "zipped.inner")
     assert result.culprit.site.line == 2
@@ -275,6 +285,7 @@ def test_state_probe_plus_trace_rerun_finds_the_line_without_the_driver_hook(sim
     root = make_tree({"pkg/__init__.py": "from .ops import STATUS\n", "pkg/ops.py": CTYPES_LEAF})
     monkeypatch.setenv("DIAGTOOLS_SIMCUDA_NO_HOOK", "1")
     result = sim_scan("pkg", path=[root])
+    assert result.status == "ok", result.error
     culprit = result.culprit
     assert culprit.evidence == "trace"
     assert culprit.module == "pkg.ops"
@@ -302,6 +313,7 @@ def test_several_targets_in_one_subkernel(sim_scan, make_tree, count):
     root = make_tree(files)
     targets = [f"m{i}" for i in range(count)] + ["m_last"]
     result = sim_scan(targets, path=[root])
+    assert result.status == "ok", result.error
     assert result.targets == tuple(targets)
     assert result.culprit.module == "m_last"
     assert result.culprit.chain == ("m_last",)
@@ -318,3 +330,54 @@ def test_scanning_torch_reports_torch_cuda_state_without_initializing(sim_scan):
     torch_node = result.module("torch")
     assert torch_node.parent is None
     assert torch_node.cumulative_s >= max(n.cumulative_s for n in result.modules if n.parent == "torch")
+
+
+def test_lazy_loader_module_is_blamed_when_its_code_runs(sim_scan, make_tree):
+    root = make_tree(
+        {
+            "lz/__init__.py": """
+                import importlib.util, sys
+
+                spec = importlib.util.find_spec("lz.gpu")
+                spec.loader = importlib.util.LazyLoader(spec.loader)
+                gpu = importlib.util.module_from_spec(spec)
+                sys.modules["lz.gpu"] = gpu
+                spec.loader.exec_module(gpu)
+                VALUE = gpu.STATUS  # the first attribute access runs lz/gpu.py
+            """,
+            "lz/gpu.py": CTYPES_LEAF,
+        }
+    )
+    result = sim_scan("lz", path=[root])
+    assert result.status == "ok", result.error
+    assert result.culprit.module == "lz.gpu"
+    assert result.culprit.chain == ("lz", "lz.gpu")
+    assert result.culprit.site.line == marked_line(root / "lz/gpu.py")
+
+
+def test_module_imported_by_a_thread_is_chained_through_the_starter(sim_scan, make_tree):
+    # the thread imports a module outside the package still being initialized (importing a
+    # submodule of it from another thread while the main thread waits would deadlock)
+    root = make_tree(
+        {
+            "th/__init__.py": """
+                import threading
+
+                def load():
+                    import gpuleaf
+
+                worker = threading.Thread(target=load)
+                worker.start()
+                worker.join()
+            """,
+            "gpuleaf.py": BINDINGS_LEAF,
+        }
+    )
+    result = sim_scan("th", path=[root])
+    assert result.status == "ok", result.error
+    culprit = result.culprit
+    assert culprit.module == "gpuleaf"
+    assert culprit.phase == "thread"
+    assert culprit.chain == ("th", "gpuleaf")
+    assert culprit.thread == "thread started by th"
+    assert result.module("gpuleaf").parent == "th"
