@@ -178,7 +178,7 @@ def run_subkernel(
         raise
     finally:
         os.close(write_fd)
-    collected = _collect(process, read_fd, started + request.timeout, clock)
+    collected = _collect(process, read_fd, started + request.timeout, clock, marker)
     fault_dump = _read_all(dump_fd)
     return RawRun(
         events=tuple(collected.events.events()),
@@ -203,7 +203,7 @@ class _Collected:
 
 
 def _collect(
-    process: subprocess.Popen[bytes], channel_fd: int, deadline: float, clock: Callable[[], float]
+    process: subprocess.Popen[bytes], channel_fd: int, deadline: float, clock: Callable[[], float], marker: str
 ) -> _Collected:
     """Read all three streams until the subkernel exits or the deadline passes."""
     assert process.stdout is not None
@@ -225,6 +225,7 @@ def _collect(
             _pump(selector, sinks, min(0.05, max(0.0, deadline - clock())))
             time.sleep(_BATCH_S)  # read in batches: waking per event would slow the target
         _kill_group(process.pid)
+        _kill_marked(marker)
         _drain(selector, sinks)
     collected.returncode = process.wait()
     os.close(channel_fd)
@@ -281,6 +282,21 @@ def _dump_and_kill(
 def _kill_group(pgid: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, signal.SIGKILL)
+
+
+def _kill_marked(marker: str) -> None:
+    """Kill what escaped the process group (a ``setsid`` grandchild) but still carries the marker."""
+    needle = f"{SUBKERNEL_MARKER}={marker}".encode()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            environ = Path(f"/proc/{entry}/environ").read_bytes()
+        except OSError:
+            continue
+        if needle in environ:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(int(entry), signal.SIGKILL)
 
 
 def _read_all(fd: int) -> str:

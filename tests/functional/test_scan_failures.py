@@ -159,3 +159,18 @@ def test_fork_during_import_does_not_corrupt_the_channel(sim_scan, make_tree):
     result = sim_scan("forks", path=[root])
     assert result.status == "ok"
     assert "decimal" not in result.module_names()
+
+
+def test_a_grandchild_that_left_the_process_group_is_killed_too(sim_scan, make_tree):
+    root = make_tree(
+        {
+            "escapes.py": """
+                import subprocess, sys
+                CHILD = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"],
+                                         start_new_session=True)
+            """
+        }
+    )
+    result = sim_scan("escapes", path=[root])
+    assert result.status == "ok", result.error
+    # the `runner` fixture asserts that no process carrying this scan's marker survived
