@@ -18,7 +18,7 @@ from typing import Any
 from diagtools._diff import ScanDiff, diff_scans
 from diagtools._errors import MissingExtraError
 from diagtools._model import ScanResult
-from diagtools._render_html import _STYLE, bench_table_html, comparison_html, scan_html, svg_of
+from diagtools._render_html import _STYLE, bench_table_html, comparison_html, graph_block, scan_html
 from diagtools._render_text import render_comparison, render_diff, render_scan
 from diagtools._replay_model import ReplayComparison
 
@@ -83,13 +83,6 @@ def _source_context(file: str, line: int, around: int = 3) -> list[tuple[int, st
     ]
 
 
-def _graph_svg(graph_of: Any) -> str:
-    try:
-        return svg_of(graph_of())
-    except MissingExtraError as exc:
-        return f"<p><i>{escape(str(exc))}</i></p>"
-
-
 def _html_sections(report: Postmortem) -> list[str]:
     culprit = report.before.culprit
     sections = [
@@ -105,7 +98,7 @@ def _html_sections(report: Postmortem) -> list[str]:
         context = _source_context(culprit.site.file, culprit.site.line)
         lines = "\n".join(f"{'&gt;' if n == culprit.site.line else ' '} {n:>5} | {escape(text)}" for n, text in context)
         sections.append(f"<p>Source around the culprit line:</p><pre>{lines}</pre>")
-    sections.append(f'<div class="dt-graph">{_graph_svg(report.before.graph)}</div>')
+    sections.append(graph_block(report.before.graph))
     if report.replay is not None:
         sections += [
             "<h2>Replay</h2>",
@@ -117,7 +110,7 @@ def _html_sections(report: Postmortem) -> list[str]:
         sections += [
             "<h2>The fix</h2>",
             f"<pre>{escape(render_diff(diff))}</pre>",
-            f'<div class="dt-graph">{_graph_svg(diff.graph)}</div>',
+            graph_block(diff.graph),
         ]
     sections += ["<h2>Kernel timing after the fix</h2>", _bench_html(report)]
     sections += ["<h2>Regression guard</h2>", f"<pre>{escape(report.guard_snippet())}</pre>"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from html import escape
 from typing import Any
 
@@ -10,7 +11,16 @@ from diagtools._errors import MissingExtraError
 from diagtools._model import Culprit, ScanResult
 from diagtools._replay_model import ChildOutcome, ReplayComparison, ReplayResult
 
-__all__ = ["bench_table_html", "comparison_html", "diff_html", "module_html", "replay_html", "scan_html", "svg_of"]
+__all__ = [
+    "bench_table_html",
+    "comparison_html",
+    "diff_html",
+    "graph_block",
+    "module_html",
+    "replay_html",
+    "scan_html",
+    "svg_of",
+]
 
 _STYLE = (
     "<style>.dt{font-family:system-ui,sans-serif;font-size:13px}.dt code{background:#f4f4f4;padding:1px 3px}"
@@ -50,11 +60,10 @@ def svg_of(graph: Any) -> str:
     return svg[svg.find("<svg") :]
 
 
-def _graph_html(result: ScanResult) -> str:
-    from diagtools._render_graph import scan_graph
-
+def graph_block(draw: Callable[[], Any]) -> str:
+    """The graph ``draw()`` builds, inline as SVG; a one-line note when graphviz is not installed."""
     try:
-        return f'<div class="dt-graph">{svg_of(scan_graph(result))}</div>'
+        return f'<div class="dt-graph">{svg_of(draw())}</div>'
     except MissingExtraError as exc:
         return f"<p><i>{escape(str(exc))}</i></p>"
 
@@ -75,7 +84,7 @@ def scan_html(result: ScanResult, *, graph: bool = False) -> str:
         parts.append(f'<p class="bad">{escape(result.error.message)}</p>')
     parts += [_culprit_html(culprit) for culprit in result.culprits]
     if graph:
-        parts.append(_graph_html(result))
+        parts.append(graph_block(result.graph))
     parts.append("</div>")
     return "".join(parts)
 
@@ -144,17 +153,8 @@ def diff_html(diff: ScanDiff, *, limit: int = 50, graph: bool = False) -> str:
         f'{_STYLE}<div class="dt"><p><b>diagtools diff</b> &mdash; {verdict}</p>'
         f"{cut}<p>No longer imported ({len(diff.removed_modules)}):</p><ul>{removed}</ul>"
         f"<p>Newly imported ({len(diff.added_modules)}):</p><ul>{added}</ul>"
-        f"{_diff_graph_html(diff) if graph else ''}</div>"
+        f"{graph_block(diff.graph) if graph else ''}</div>"
     )
-
-
-def _diff_graph_html(diff: ScanDiff) -> str:
-    from diagtools._render_graph import diff_graph
-
-    try:
-        return f'<div class="dt-graph">{svg_of(diff_graph(diff))}</div>'
-    except MissingExtraError as exc:
-        return f"<p><i>{escape(str(exc))}</i></p>"
 
 
 def module_html(result: ScanResult, name: str) -> str:

@@ -142,22 +142,23 @@ def _fake_arguments(config: LaunchConfig) -> tuple:
     )
 
 
+def _compile(head_dim: int, ratio: int, **options: str):
+    config = LaunchConfig(head_dim, ratio)
+    arguments = (*_fake_arguments(config), head_dim, ratio, config.elements, config.rope_first_lane)
+    return cute.compile(_host, *arguments, **options)
+
+
 @functools.cache
 def compile_for(head_dim: int, ratio: int):
     """The compiled kernel for one (head dim, ratio), from fake tensors: no GPU needed to build it."""
-    config = LaunchConfig(head_dim, ratio)
-    return cute.compile(_host, *_fake_arguments(config), head_dim, ratio, config.elements, config.rope_first_lane)
+    return _compile(head_dim, ratio)
 
 
 def ptx_for(head_dim: int, ratio: int, dump_dir: str | Path, *, arch: str = "") -> str:
     """Compile keeping the PTX under ``dump_dir`` and return it (``arch`` defaults to ``CUTE_DSL_ARCH``)."""
     Path(dump_dir).mkdir(parents=True, exist_ok=True)
-    config = LaunchConfig(head_dim, ratio)
     options = f"--keep-ptx --dump-dir={dump_dir}" + (f" --gpu-arch {arch}" if arch else "")
-    compiled = cute.compile(
-        _host, *_fake_arguments(config), head_dim, ratio, config.elements, config.rope_first_lane, options=options
-    )
-    ptx = compiled.artifacts.PTX
+    ptx = _compile(head_dim, ratio, options=options).artifacts.PTX
     return Path(ptx).read_text() if "\n" not in ptx and Path(ptx).is_file() else ptx  # a path or the text
 
 

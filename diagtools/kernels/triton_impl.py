@@ -6,7 +6,6 @@ are cast to fp32 inside the kernel, as the interpreter has no bf16 math).
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 import torch
@@ -68,12 +67,6 @@ def _compress_norm_rope_store_kernel(
         tl.store(out_ptr + slot * HEAD_DIM + cols, rotated.to(tl.bfloat16))
 
 
-@functools.cache
-def _compiled_for(head_dim: int, ratio: int):
-    """Triton caches compiled variants per constexpr set; this keys our launch config alike."""
-    return LaunchConfig.for_head_dim(head_dim)
-
-
 def _launch(kv, score, weight, cos_sin_cache, positions, slot_mapping, kv_cache, ratio: int, eps: float) -> None:
     groups, head_dim = check_inputs(kv, score, weight, cos_sin_cache, positions, slot_mapping, kv_cache, ratio)
     if ratio & (ratio - 1):
@@ -83,7 +76,7 @@ def _launch(kv, score, weight, cos_sin_cache, positions, slot_mapping, kv_cache,
             raise ValueError(f"{name} must be contiguous")
     if groups == 0:
         return
-    config = _compiled_for(head_dim, ratio)
+    config = LaunchConfig.for_head_dim(head_dim)
     _compress_norm_rope_store_kernel[(groups,)](
         kv,
         score,
