@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml $(BIN)/python scripts/system-deps
 	sh scripts/system-deps
 	$(BIN)/python -m pip install --quiet --upgrade pip setuptools wheel
 	$(BIN)/python -m pip install --quiet -e '.[all]'
-	$(BIN)/python -c "import diagtools._driver as d; d.build_simulated_driver(); d.build_probe_extension()"
+	$(BIN)/python -c "import diagtools.driver as d; d.build_simulated_driver(); d.build_probe_extension()"
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -10,7 +10,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 out="${OUT:-benchmarks}"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-python3 -c "import diagtools._driver as d; print('real driver:', d.real_driver_path())"
+python3 -c "import diagtools.driver as d; print('real driver:', d.real_driver_path())"
 python3 -c "import cutlass" 2>/dev/null || echo "note: nvidia-cutlass-dsl is missing: the cutedsl rows will say so"
 python3 -m pytest -q -p no:cacheprovider -p no:diagtools tests/gpu 2>&1 | tee "$out/gpu-tests.log"
 python3 benchmarks/kernels.py --out "$out"

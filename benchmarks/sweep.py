@@ -16,7 +16,7 @@ from pathlib import Path
 
 from scan_overhead import machine, save
 
-from diagtools._sweep import sweep
+from diagtools.usecases.sweep import sweep
 
 
 def make_package(root: Path, modules: int) -> str:

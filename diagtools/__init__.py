@@ -37,41 +37,41 @@ __all__ = [
 __version__ = "0.1.0"
 
 _LOCATIONS = {
-    "Culprit": "diagtools._model",
-    "DriverInfo": "diagtools._model",
-    "ImportNode": "diagtools._model",
-    "RunError": "diagtools._model",
-    "ScanResult": "diagtools._model",
-    "Site": "diagtools._model",
-    "StartupInfo": "diagtools._model",
-    "DiagtoolsError": "diagtools._errors",
-    "UsageError": "diagtools._errors",
-    "render_scan": "diagtools._render_text",
-    "scan": "diagtools._scan",
-    "ChildOutcome": "diagtools._replay_model",
-    "ParentState": "diagtools._replay_model",
-    "ReplayComparison": "diagtools._replay_model",
-    "ReplayResult": "diagtools._replay_model",
-    "compare_replays": "diagtools._replay",
-    "replay_fork": "diagtools._replay",
-    "diff_scans": "diagtools._diff",
-    "notebook_progress": "diagtools._progress",
-    "process_cuda_state": "diagtools._selfcheck",
-    "sweep": "diagtools._sweep",
+    "Culprit": "diagtools.model.scan",
+    "DriverInfo": "diagtools.model.scan",
+    "ImportNode": "diagtools.model.scan",
+    "RunError": "diagtools.model.scan",
+    "ScanResult": "diagtools.model.scan",
+    "Site": "diagtools.model.scan",
+    "StartupInfo": "diagtools.model.scan",
+    "DiagtoolsError": "diagtools.errors",
+    "UsageError": "diagtools.errors",
+    "render_scan": "diagtools.render.text",
+    "scan": "diagtools.usecases.scan",
+    "ChildOutcome": "diagtools.model.replay",
+    "ParentState": "diagtools.model.replay",
+    "ReplayComparison": "diagtools.model.replay",
+    "ReplayResult": "diagtools.model.replay",
+    "compare_replays": "diagtools.usecases.replay",
+    "replay_fork": "diagtools.usecases.replay",
+    "diff_scans": "diagtools.model.diff",
+    "notebook_progress": "diagtools.frontends.progress",
+    "process_cuda_state": "diagtools.usecases.selfcheck",
+    "sweep": "diagtools.usecases.sweep",
 }
 
 if TYPE_CHECKING:
     from diagtools import specimens
-    from diagtools._diff import diff_scans
-    from diagtools._errors import DiagtoolsError, UsageError
-    from diagtools._model import Culprit, DriverInfo, ImportNode, RunError, ScanResult, Site, StartupInfo
-    from diagtools._progress import notebook_progress
-    from diagtools._render_text import render_scan
-    from diagtools._replay import compare_replays, replay_fork
-    from diagtools._replay_model import ChildOutcome, ParentState, ReplayComparison, ReplayResult
-    from diagtools._scan import scan
-    from diagtools._selfcheck import process_cuda_state
-    from diagtools._sweep import sweep
+    from diagtools.errors import DiagtoolsError, UsageError
+    from diagtools.frontends.progress import notebook_progress
+    from diagtools.model.diff import diff_scans
+    from diagtools.model.replay import ChildOutcome, ParentState, ReplayComparison, ReplayResult
+    from diagtools.model.scan import Culprit, DriverInfo, ImportNode, RunError, ScanResult, Site, StartupInfo
+    from diagtools.render.text import render_scan
+    from diagtools.usecases.replay import compare_replays, replay_fork
+    from diagtools.usecases.scan import scan
+    from diagtools.usecases.selfcheck import process_cuda_state
+    from diagtools.usecases.sweep import sweep
 
 
 def __getattr__(name: str) -> Any:

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 import diagtools
-from diagtools._model import ScanResult
-from diagtools._runner import RawRun, SubkernelRequest, run_subkernel
+from diagtools.model.scan import ScanResult
+from diagtools.runner.subkernel import RawRun, SubkernelRequest, run_subkernel
 
 pytest_plugins = ["pytester"]
 MARK = "# <- here"

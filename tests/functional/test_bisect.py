@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from diagtools._bisect import bisect
-from diagtools._errors import UsageError
+from diagtools.errors import UsageError
+from diagtools.usecases.bisect import bisect
 from tests.conftest import cli, write_tree
 
 REEXPORT = 15  # the commit that adds `from .cutedsl import ...` to ops/__init__.py

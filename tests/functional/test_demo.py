@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import shutil
 
-from diagtools._demo import NOTEBOOKS, write_demo_report
+from diagtools.frontends.demo import NOTEBOOKS, write_demo_report
 from tests.conftest import cli
 
 

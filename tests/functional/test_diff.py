@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from diagtools._diff import diff_scans
-from diagtools._render_html import diff_html
+from diagtools.model.diff import diff_scans
+from diagtools.render.html import diff_html
 from diagtools.specimens import get
 from tests.conftest import cli
 

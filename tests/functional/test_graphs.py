@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from diagtools._diff import diff_scans
-from diagtools._render_graph import scan_graph
+from diagtools.model.diff import diff_scans
+from diagtools.render.graph import scan_graph
 from diagtools.specimens import get
 
 graphviz = pytest.importorskip("graphviz")
@@ -106,7 +106,7 @@ def test_torch_culprits_view_stays_small_and_fast(sim_scan):
 
 
 def test_unknown_view_is_a_usage_error(common_ops):
-    from diagtools._errors import UsageError
+    from diagtools.errors import UsageError
 
     with pytest.raises(UsageError, match="unknown graph view"):
         scan_graph(common_ops[0], "sideways")

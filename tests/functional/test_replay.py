@@ -6,13 +6,13 @@ import json
 
 import pytest
 
-import diagtools._replay as replay
-from diagtools._errors import UsageError
-from diagtools._render_html import comparison_html, replay_html
-from diagtools._render_text import render_comparison, render_replay
-from diagtools._replay_model import ReplayComparison, ReplayResult
-from diagtools._selfcheck import process_cuda_state
+from diagtools.errors import UsageError
+from diagtools.model.replay import ReplayComparison, ReplayResult
+from diagtools.render.html import comparison_html, replay_html
+from diagtools.render.text import render_comparison, render_replay
 from diagtools.specimens import all_specimens
+from diagtools.usecases import replay
+from diagtools.usecases.selfcheck import process_cuda_state
 from tests.conftest import cli
 
 BEFORE = [s for s in all_specimens() if "before" in s.variants]

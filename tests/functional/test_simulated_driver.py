@@ -9,7 +9,7 @@ import textwrap
 
 import pytest
 
-from diagtools._driver import build_simulated_driver, resolve_driver
+from diagtools.driver import build_simulated_driver, resolve_driver
 
 
 def run_with_driver(code: str) -> subprocess.CompletedProcess[str]:
@@ -131,7 +131,7 @@ def test_driver_is_built_once_and_cached(tmp_path, monkeypatch):
 
 
 def test_broken_compiler_is_a_clear_error(tmp_path, monkeypatch):
-    from diagtools._errors import DriverBuildError
+    from diagtools.errors import DriverBuildError
 
     monkeypatch.setenv("DIAGTOOLS_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("CC", "false")
@@ -148,7 +148,7 @@ def test_auto_picks_simulated_without_a_gpu_and_says_so():
 
 
 def test_driver_none_and_unknown_choice():
-    from diagtools._errors import UsageError
+    from diagtools.errors import UsageError
 
     assert resolve_driver("none").info.kind == "none"
     with pytest.raises(UsageError, match="unknown driver"):
@@ -156,8 +156,8 @@ def test_driver_none_and_unknown_choice():
 
 
 def test_real_driver_requested_without_one_is_a_clear_error():
-    from diagtools._driver import real_driver_path
-    from diagtools._errors import DriverUnavailableError
+    from diagtools.driver import real_driver_path
+    from diagtools.errors import DriverUnavailableError
 
     if real_driver_path() is not None:
         pytest.skip("a real driver is present here")

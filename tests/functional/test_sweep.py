@@ -8,8 +8,8 @@ import re
 
 import pytest
 
-from diagtools._errors import UsageError
-from diagtools._sweep import discover_modules, sweep
+from diagtools.errors import UsageError
+from diagtools.usecases.sweep import discover_modules, sweep
 from tests.conftest import cli
 
 CULPRITS = {"big.sub3.gpu_a", "big.sub5.nested.gpu_b"}

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from diagtools._driver import real_driver_path
+from diagtools.driver import real_driver_path
 
 pytestmark = [
     pytest.mark.gpu,

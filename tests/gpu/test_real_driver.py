@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 import diagtools
-from diagtools._driver import real_driver_path
+from diagtools.driver import real_driver_path
 from diagtools.specimens import get
 
 pytestmark = [

@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-import diagtools._replay as replay
-from diagtools._driver import real_driver_path
+from diagtools.driver import real_driver_path
+from diagtools.usecases import replay
 
 
 def torch_cuda_version() -> str:

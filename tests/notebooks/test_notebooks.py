@@ -9,7 +9,7 @@ import pytest
 
 pytest.importorskip("nbclient")
 
-from diagtools._demo import NOTEBOOKS, run_notebook
+from diagtools.frontends.demo import NOTEBOOKS, run_notebook
 
 NOTEBOOK_FILES = sorted(NOTEBOOKS.glob("*.ipynb"))
 EXPECTED = {

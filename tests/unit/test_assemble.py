@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import signal
 
-from diagtools._assemble import assemble, pick_site
-from diagtools._model import DriverInfo
-from diagtools._runner import PROBE_FILE, CapturedOutput, RawRun
+from diagtools.model.scan import DriverInfo
+from diagtools.runner.subkernel import CapturedOutput, RawRun
+from diagtools.usecases.assemble import assemble, pick_site
+from diagtools.usecases.scan import SCAN_PROBE as PROBE_FILE
 
 DRIVER = DriverInfo("simulated", "simulated")
 EMPTY = CapturedOutput("", 0)

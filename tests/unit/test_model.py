@@ -7,15 +7,14 @@ import pickle
 
 import pytest
 
-from diagtools._errors import (
+from diagtools.errors import (
     DriverBuildError,
     DriverUnavailableError,
     MissingExtraError,
     SchemaError,
-    TargetFailedError,
     UsageError,
 )
-from diagtools._model import Culprit, DriverInfo, ImportNode, RunError, ScanResult, Site, StartupInfo
+from diagtools.model.scan import Culprit, DriverInfo, ImportNode, RunError, ScanResult, Site, StartupInfo
 
 
 def sample_result() -> ScanResult:
@@ -84,7 +83,6 @@ def test_driver_description_says_which_driver():
         DriverUnavailableError("libcuda.so.1 did not load"),
         MissingExtraError("graphviz", "notebook"),
         SchemaError("diagtools.scan/1", "x"),
-        TargetFailedError("pkg", "crashed", "SIGSEGV"),
     ],
     ids=lambda e: type(e).__name__,
 )

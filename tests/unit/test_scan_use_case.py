@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 import diagtools
-from diagtools._errors import UsageError
-from diagtools._runner import CapturedOutput, RawRun
+from diagtools.errors import UsageError
+from diagtools.runner.subkernel import CapturedOutput, RawRun
 
 EMPTY = CapturedOutput("", 0)
 

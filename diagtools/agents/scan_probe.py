@@ -1,0 +1,318 @@
+"""The code that runs inside the subkernel: an import tracer with a CUDA eye.
+
+This file is never imported by diagtools; the runner executes it as the main
+program of ``python -S``, before ``site`` runs, so that start-up hooks are
+traced too.  It uses only modules that a bare interpreter has already loaded
+(no ``os``, ``json``, ``threading``, ``ctypes``), so it cannot change the
+import tree it measures, and it never touches a target module's attributes.
+
+It streams one JSON object per line to a private pipe (never stdout): a
+target that crashes, hangs or exits still leaves everything recorded so far.
+"""
+
+import _frozen_importlib as _bootstrap
+import _thread
+import posix
+import sys
+import time
+
+import _diagtools_protocol as protocol  # registered by the runner's bootstrap; no import system involved
+
+_ENV = protocol.environ()
+_MAIN_THREAD = _thread.get_ident()
+_PROBE_FILE = _ENV.get(protocol.PROGRAM_FILE, "")
+_clock = time.perf_counter
+_encode = protocol.encode
+_encode_str = protocol.encode_str
+_channel = protocol.channel_from(_ENV)
+_cuprobe = protocol.load_cuprobe(_ENV)
+
+
+def _driver_initialized():
+    return protocol.driver_initialized(_cuprobe.driver_state())
+
+
+# ---- what is executing, on which thread -------------------------------------
+
+
+class _State:
+    phase = "startup"
+    hook_fired = False
+    transition_seen = False
+    refine = _ENV.get(protocol.SCAN_REFINE, "")
+    stacks = {}
+    origins = {}
+
+
+def _innermost(tid):
+    stack = _State.stacks.get(tid)
+    if stack:
+        return stack[-1]
+    return _State.origins.get(tid)
+
+
+def _phase_of(tid):
+    return _State.phase if tid == _MAIN_THREAD else "thread"
+
+
+def _frames(frame):
+    """The Python stack from ``frame`` outwards, innermost first."""
+    out = []
+    while frame is not None:
+        code = frame.f_code
+        out.append([code.co_filename, frame.f_lineno or 0, code.co_name])
+        frame = frame.f_back
+    return out
+
+
+def _note_transition(tid, module, event):
+    """The driver answered "initialized" for the first time at this event."""
+    if _State.transition_seen:
+        return
+    _State.transition_seen = True
+    _channel.emit("transition", m=module, th=tid, ph=_phase_of(tid), at=event)
+
+
+def _check_state(tid, module, event):
+    if not _State.transition_seen and _driver_initialized():
+        _note_transition(tid, module, event)
+
+
+# ---- the import tracer -------------------------------------------------------
+
+_original_load = _bootstrap._load_unlocked
+
+
+def _traced_load(spec):
+    tid = _thread.get_ident()
+    stack = _State.stacks.setdefault(tid, [])
+    name = spec.name
+    parent = stack[-1] if stack else _State.origins.get(tid)
+    _check_state(tid, parent, "begin")
+    origin = spec.origin if spec.has_location else None
+    # The hot path: one hand-built line per event instead of a dict walk.
+    _channel.send(
+        f'{{"e":"begin","n":{_encode_str(name)},"p":{_encode(parent)},"f":{_encode(origin)},'
+        f'"th":{tid},"ph":"{_phase_of(tid)}","t":{_clock()!r}}}'
+    )
+    stack.append(name)
+    tracer = _start_refine(name)
+    ok = False
+    try:
+        module = _original_load(spec)
+        ok = True
+        return module
+    finally:
+        if tracer is not None:
+            sys.settrace(None)
+        stack.pop()
+        _check_state(tid, name, "end")
+        _channel.send(f'{{"e":"end","n":{_encode_str(name)},"ok":{_encode(ok)},"t":{_clock()!r}}}')
+
+
+# ---- refinement: a line-traced rerun inside the culprit's window -------------
+
+
+class _LineTracer:
+    """Finds the line whose execution flipped the driver to initialized."""
+
+    def __init__(self, module):
+        self.module = module
+        self.previous = None
+        self.done = False
+
+    def __call__(self, frame, event, arg):
+        if self.done or self._flipped():
+            return None
+        # After a return, execution goes on in the caller, mid-way through its line.
+        here = frame.f_back if event == "return" and frame.f_back is not None else frame
+        self.previous = here
+        self.previous_line = here.f_lineno
+        return self
+
+    def _flipped(self):
+        if self.previous is None or not _driver_initialized():
+            return False
+        stack = _frames(self.previous)
+        stack[0][1] = self.previous_line
+        self.done = True
+        _channel.emit("refined", m=self.module, stack=stack, th=_thread.get_ident(), ph=_State.phase)
+        sys.settrace(None)
+        _State.refine = ""
+        return True
+
+
+def _start_refine(name):
+    if _State.refine != name or _driver_initialized():
+        return None
+    tracer = _LineTracer(name)
+    sys.settrace(tracer)
+    return tracer
+
+
+# ---- the driver hook and threads --------------------------------------------
+
+
+def _on_cuinit():
+    """Called by the driver during the first cuInit, on the calling thread."""
+    if _State.hook_fired:
+        return
+    _State.hook_fired = True
+    tid = _thread.get_ident()
+    caller = sys._getframe(1)
+    module = _innermost(tid)
+    running = _module_code_running(caller)
+    if running is not None and running not in _State.stacks.get(tid, ()):
+        # Top-level code of a module the tracer never saw being imported (LazyLoader,
+        # a manual exec_module, runpy) is running: that module is the culprit.
+        module = running
+    _channel.emit(
+        "cuinit",
+        m=module,
+        importer=_innermost(tid),
+        stack=_frames(caller),
+        th=tid,
+        ph=_phase_of(tid),
+        origin=_State.origins.get(tid),
+    )
+
+
+def _module_code_running(frame):
+    """``__name__`` of the innermost frame that runs a module's top-level code, or None."""
+    while frame is not None:
+        code = frame.f_code
+        if code.co_name == "<module>" and code.co_filename not in (_PROBE_FILE, "<string>"):
+            name = frame.f_globals.get("__name__")
+            return name if isinstance(name, str) else None
+        frame = frame.f_back
+    return None
+
+
+_original_start_new_thread = _thread.start_new_thread
+
+
+def _traced_start_new_thread(function, args, kwargs=None):
+    starter = _innermost(_thread.get_ident())
+    _channel.emit("thread", by=starter)
+
+    def run(*call_args, **call_kwargs):
+        _State.origins[_thread.get_ident()] = starter
+        return function(*call_args, **call_kwargs)
+
+    return _original_start_new_thread(run, args, kwargs or {})
+
+
+def _install():
+    sys._diagtools_on_cuinit = _on_cuinit
+    _bootstrap._load_unlocked = _traced_load
+    _thread.start_new_thread = _traced_start_new_thread
+    if hasattr(_thread, "start_joinable_thread"):
+        _install_joinable()
+
+
+def _install_joinable():
+    original = _thread.start_joinable_thread
+
+    def start_joinable_thread(function, *args, **kwargs):
+        starter = _innermost(_thread.get_ident())
+        _channel.emit("thread", by=starter)
+
+        def run():
+            _State.origins[_thread.get_ident()] = starter
+            return function()
+
+        return original(run, *args, **kwargs)
+
+    _thread.start_joinable_thread = start_joinable_thread
+
+
+# ---- errors ------------------------------------------------------------------
+
+
+def _describe(exc):
+    try:
+        text = str(exc)
+    except BaseException:
+        text = "<unprintable>"
+    name = type(exc).__qualname__
+    return name + (": " + text if text else "")
+
+
+def _traceback_frames(exc):
+    frames = []
+    tb = exc.__traceback__
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        frames.append([code.co_filename, tb.tb_lineno, code.co_name])
+        tb = tb.tb_next
+    return frames
+
+
+def _report_error(target, exc):
+    frames = _traceback_frames(exc)
+    file = getattr(exc, "filename", None) if isinstance(exc, SyntaxError) else None
+    line = getattr(exc, "lineno", None) if isinstance(exc, SyntaxError) else None
+    _channel.emit(
+        "error", target=target, type=type(exc).__qualname__, msg=_describe(exc), tb=frames, file=file, line=line
+    )
+
+
+# ---- the run -----------------------------------------------------------------
+
+
+def _run_startup():
+    if _ENV.get(protocol.SCAN_NO_SITE) == "1":
+        return
+    __import__("site").main()
+
+
+def _import_targets(targets, extra_path):
+    _State.phase = "import"
+    _channel.emit("phase", phase="import")
+    sys.path[0:0] = extra_path
+    for target in targets:
+        try:
+            __import__(target)
+        except SystemExit as exc:
+            code = 0 if exc.code is None else exc.code if isinstance(exc.code, int) else 1
+            _channel.emit("exit", target=target, code=code)
+            raise
+        except BaseException as exc:
+            _report_error(target, exc)
+
+
+def _torch_cuda_initialized():
+    module = sys.modules.get("torch.cuda")
+    if module is None:
+        return None
+    return bool(vars(module).get("_initialized", False))
+
+
+def main():
+    try:
+        _cuprobe.die_with_parent()
+    except OSError:
+        pass
+    protocol.enable_fault_dumps(_ENV)
+    _install()
+    _channel.emit(
+        "hello",
+        pid=posix.getpid(),
+        python=sys.version,
+        main_thread=_MAIN_THREAD,
+        library=_cuprobe.driver_path(),
+        initialized=_driver_initialized(),
+    )
+    _channel.emit("phase", phase="startup")
+    _run_startup()
+    _check_state(_MAIN_THREAD, None, "startup-end")
+    targets = [t for t in _ENV.get(protocol.SCAN_TARGETS, "").split("\n") if t]
+    extra_path = [p for p in _ENV.get(protocol.SCAN_PATH, "").split("\n") if p]
+    _import_targets(targets, extra_path)
+    _check_state(_MAIN_THREAD, None, "import-end")
+    _State.phase = "shutdown"
+    _channel.emit("final", initialized=_driver_initialized(), torch=_torch_cuda_initialized())
+    _channel.emit("done")
+
+
+main()

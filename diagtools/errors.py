@@ -1,0 +1,87 @@
+"""The one exception hierarchy of diagtools.
+
+Every error a user can cause or meet derives from :class:`DiagtoolsError`, has
+typed fields, a message that says what to do next, and survives pickling,
+because errors cross the subkernel boundary.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "DiagtoolsError",
+    "DriverBuildError",
+    "DriverUnavailableError",
+    "MissingExtraError",
+    "SchemaError",
+    "UsageError",
+]
+
+
+class DiagtoolsError(Exception):
+    """Base class: raised for every failure diagtools can explain."""
+
+    def __reduce__(self):
+        return (self.__class__, tuple(self.__dict__.values()))
+
+
+class UsageError(DiagtoolsError):
+    """Raised when the caller's input (a target, a path, an option) is invalid."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class DriverBuildError(DiagtoolsError):
+    """Raised when the simulated driver or the probe extension cannot be compiled."""
+
+    def __init__(self, what: str, command: str, output: str) -> None:
+        super().__init__(what, command, output)
+        self.what = what
+        self.command = command
+        self.output = output
+
+    def __str__(self) -> str:
+        last = self.output.strip().splitlines()[-1:] or ["no compiler output"]
+        return (
+            f"could not build {self.what}: {last[0]} "
+            f"(command: {self.command}; install gcc and the Python headers, or set CC)"
+        )
+
+
+class DriverUnavailableError(DiagtoolsError):
+    """Raised when ``driver="real"`` is asked for but no real libcuda.so.1 loads."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+    def __str__(self) -> str:
+        return f"no real CUDA driver: {self.reason}; use --driver simulated or auto"
+
+
+class MissingExtraError(DiagtoolsError):
+    """Raised when a feature needs an optional dependency that is not installed."""
+
+    def __init__(self, module: str, extra: str) -> None:
+        super().__init__(module, extra)
+        self.module = module
+        self.extra = extra
+
+    def __str__(self) -> str:
+        return f"this feature needs {self.module!r}, which is not installed: pip install 'diagtools[{self.extra}]'"
+
+
+class SchemaError(DiagtoolsError):
+    """Raised when JSON handed to diagtools is not a result it wrote."""
+
+    def __init__(self, expected: str, found: object) -> None:
+        super().__init__(expected, found)
+        self.expected = expected
+        self.found = found
+
+    def __str__(self) -> str:
+        return f"expected a {self.expected} document, found schema {self.found!r}"

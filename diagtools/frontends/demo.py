@@ -1,0 +1,175 @@
+"""The main job: scan every built-in specimen, before and after its fix, and write a report."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from html import escape
+from pathlib import Path
+from typing import Any
+
+from diagtools.model.scan import ScanResult
+from diagtools.render.text import render_scan
+from diagtools.specimens import Specimen, all_specimens
+from diagtools.usecases.scan import scan
+
+__all__ = ["DemoReport", "NotebookOutcome", "SpecimenOutcome", "run_notebook", "write_demo_report"]
+
+NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
+
+
+@dataclass(frozen=True)
+class SpecimenOutcome:
+    """One specimen variant's scan and whether it matched the specimen's story."""
+
+    specimen: Specimen
+    variant: str
+    result: ScanResult
+
+    @property
+    def as_expected(self) -> bool:
+        if not self.result.ok:
+            return False
+        if self.variant == "after" or self.specimen.culprit is None:
+            return not self.result.cuda_initialized
+        culprit = self.result.culprit
+        return (
+            culprit is not None
+            and culprit.module == self.specimen.culprit
+            and culprit.site is not None
+            and self.specimen.site_text in culprit.site.source
+        )
+
+    def verdict(self) -> str:
+        if not self.result.cuda_initialized:
+            return "clean: CUDA not initialized"
+        culprit = self.result.culprit
+        where = f" at {culprit.site.file}:{culprit.site.line}" if culprit and culprit.site else ""
+        return f"initializes CUDA: {culprit.module if culprit else '?'}{where}"
+
+
+@dataclass(frozen=True)
+class NotebookOutcome:
+    """One notebook executed headless: where its HTML went, or the error that stopped it."""
+
+    name: str
+    html: Path | None
+    error: str = ""
+    seconds: float = 0.0
+
+
+@dataclass(frozen=True)
+class DemoReport:
+    """Where the report went and what it found."""
+
+    index: Path
+    outcomes: tuple[SpecimenOutcome, ...]
+    notebooks: tuple[NotebookOutcome, ...] = ()
+
+    @property
+    def as_expected(self) -> bool:
+        specimens_ok = all(outcome.as_expected for outcome in self.outcomes)
+        return specimens_ok and not any(notebook.error for notebook in self.notebooks)
+
+    @property
+    def summary(self) -> str:
+        lines = [f"driver: {self.outcomes[0].result.driver.describe()}" if self.outcomes else "no specimens"]
+        for outcome in self.outcomes:
+            mark = "ok " if outcome.as_expected else "UNEXPECTED"
+            lines.append(f"  [{mark}] {outcome.specimen.name}/{outcome.variant}: {outcome.verdict()}")
+        for notebook in self.notebooks:
+            state = f"FAILED: {notebook.error}" if notebook.error else f"executed in {notebook.seconds:.1f} s"
+            lines.append(f"  notebook {notebook.name}: {state}")
+        return "\n".join(lines)
+
+
+def _markdown(report_outcomes: tuple[SpecimenOutcome, ...]) -> str:
+    lines = ["# diagtools: built-in specimens", ""]
+    if report_outcomes:
+        lines += [f"Driver: {report_outcomes[0].result.driver.describe()}", ""]
+    for outcome in report_outcomes:
+        specimen = outcome.specimen
+        lines += [f"## {specimen.title} ({outcome.variant}/)", "", specimen.story, ""]
+        if outcome.variant == "after":
+            lines += [f"Fix: {specimen.fix}.", ""]
+        lines += ["```text", render_scan(outcome.result, stack=True), "```", ""]
+    return "\n".join(lines)
+
+
+def run_notebook(source: Path, out: Path, parameters: dict[str, Any], *, timeout: float = 900) -> NotebookOutcome:
+    """Execute one notebook headless with ``parameters`` injected, and export it to HTML."""
+    import nbformat
+    from nbclient import NotebookClient
+    from nbclient.exceptions import CellExecutionError, DeadKernelError
+    from nbconvert import HTMLExporter
+
+    notebook = nbformat.read(source, as_version=4)
+    _inject_parameters(notebook, parameters, nbformat)
+    started = time.perf_counter()
+    error = ""
+    client = NotebookClient(
+        notebook, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(source.parent)}}
+    )
+    try:
+        client.execute()
+    except (CellExecutionError, DeadKernelError, TimeoutError) as exc:
+        error = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
+    out.mkdir(parents=True, exist_ok=True)
+    nbformat.write(notebook, out / source.name)
+    html, _ = HTMLExporter().from_notebook_node(notebook)
+    html_path = out / f"{source.stem}.html"
+    html_path.write_text(html, encoding="utf-8")
+    return NotebookOutcome(source.stem, html_path, error, time.perf_counter() - started)
+
+
+def _inject_parameters(notebook: Any, parameters: dict[str, Any], nbformat: Any) -> None:
+    """Papermill-style: a cell right after the one tagged ``parameters`` overrides its values."""
+    source = "# Parameters injected by diagtools demo\n" + "\n".join(f"{k} = {v!r}" for k, v in parameters.items())
+    cell = nbformat.v4.new_code_cell(source)
+    cell.metadata["tags"] = ["injected-parameters"]
+    index = next((i for i, c in enumerate(notebook.cells) if "parameters" in c.metadata.get("tags", [])), -1)
+    notebook.cells.insert(index + 1, cell)
+
+
+def _index_html(report_outcomes: tuple[SpecimenOutcome, ...], notebooks: tuple[NotebookOutcome, ...]) -> str:
+    items = "".join(
+        f'<li><a href="notebooks/{escape(n.name)}.html">{escape(n.name)}</a>'
+        + (f' <b style="color:#b00020">failed: {escape(n.error)}</b>' if n.error else "")
+        + "</li>"
+        for n in notebooks
+    )
+    verdicts = "".join(
+        f"<li>{escape(o.specimen.name)}/{o.variant}: {escape(o.verdict())}</li>" for o in report_outcomes
+    )
+    return (
+        "<!DOCTYPE html><html><head><meta charset='utf-8'><title>diagtools report</title></head><body>"
+        "<h1>diagtools report</h1><p><a href='postmortem.html'>Postmortem</a> &middot; "
+        "<a href='specimens.md'>Specimen scans (Markdown)</a></p>"
+        f"<h2>Notebooks</h2><ul>{items}</ul><h2>Specimens</h2><ul>{verdicts}</ul></body></html>"
+    )
+
+
+def write_demo_report(
+    out: Path, *, driver: str = "auto", notebooks: Path | None = NOTEBOOKS, run: Callable[..., ScanResult] = scan
+) -> DemoReport:
+    """Scan each specimen variant, execute the notebooks, and write the report under ``out``."""
+    outcomes = tuple(
+        SpecimenOutcome(specimen, variant, run(specimen.target, path=[specimen.tree(variant)], driver=driver))
+        for specimen in all_specimens()
+        for variant in specimen.variants
+    )
+    out.mkdir(parents=True, exist_ok=True)
+    scans = {f"{o.specimen.name}/{o.variant}": o.result.to_json() for o in outcomes}
+    (out / "specimens.json").write_text(json.dumps(scans, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    (out / "specimens.md").write_text(_markdown(outcomes), encoding="utf-8")
+    executed: tuple[NotebookOutcome, ...] = ()
+    if notebooks is not None and notebooks.is_dir():
+        parameters = {"DRIVER": driver, "OUT_DIR": str(out.resolve())}
+        executed = tuple(
+            run_notebook(path, out / "notebooks", parameters) for path in sorted(notebooks.glob("*.ipynb"))
+        )
+    index = out / "index.html"
+    index.write_text(_index_html(outcomes, executed), encoding="utf-8")
+    return DemoReport(index, outcomes, executed)

@@ -1,0 +1,105 @@
+"""What a fix changed in the import tree: two scans in, one verdict out."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from diagtools.model._display import present
+from diagtools.model.scan import ScanResult
+
+__all__ = ["DIFF_SCHEMA", "ScanDiff", "diff_scans"]
+
+DIFF_SCHEMA = "diagtools.diff/1"
+
+
+@dataclass(frozen=True)
+class ScanDiff:
+    """Modules and importer edges the fix removed or added, and where the culprit chain broke.
+
+    ``broken_edge`` is the first importer -> imported edge of the before
+    culprit chain that the after scan no longer has: the line the fix cut.
+    """
+
+    before: ScanResult
+    after: ScanResult
+    removed_modules: tuple[str, ...]
+    added_modules: tuple[str, ...]
+    removed_edges: tuple[tuple[str, str], ...]
+    added_edges: tuple[tuple[str, str], ...]
+    broken_edge: tuple[str, str] | None
+
+    @property
+    def fixed(self) -> bool:
+        return self.before.cuda_initialized and not self.after.cuda_initialized
+
+    def verdict(self) -> str:
+        before, after = self.before.cuda_initialized, self.after.cuda_initialized
+        if before and not after:
+            cut = f": the chain is broken at {self.broken_edge[0]} -> {self.broken_edge[1]}" if self.broken_edge else ""
+            return f"no longer initializes CUDA{cut}"
+        if not before and after:
+            culprit = self.after.culprit.module if self.after.culprit else "?"
+            return f"now initializes CUDA (culprit {culprit}): a regression"
+        if before and after:
+            return "still initializes CUDA"
+        return "initializes CUDA in neither"
+
+    def graph(self) -> Any:
+        """The before graph with the removed modules and edges marked."""
+        return present("diff.graph", self)
+
+    def _repr_html_(self) -> str:
+        return str(present("diff.html", self, graph=True))
+
+    def __str__(self) -> str:
+        return str(present("diff.text", self))
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "schema": DIFF_SCHEMA,
+            "verdict": self.verdict(),
+            "fixed": self.fixed,
+            "removed_modules": list(self.removed_modules),
+            "added_modules": list(self.added_modules),
+            "removed_edges": [list(edge) for edge in self.removed_edges],
+            "added_edges": [list(edge) for edge in self.added_edges],
+            "broken_edge": list(self.broken_edge) if self.broken_edge else None,
+            "before_culprit": self.before.culprit.to_json() if self.before.culprit else None,
+            "after_culprit": self.after.culprit.to_json() if self.after.culprit else None,
+        }
+
+
+def _edges(result: ScanResult) -> set[tuple[str, str]]:
+    return {(node.parent, node.name) for node in result.modules if node.parent is not None}
+
+
+def _broken_edge(before: ScanResult, after_edges: set[tuple[str, str]]) -> tuple[str, str] | None:
+    culprit = before.culprit
+    if culprit is None:
+        return None
+    for edge in zip(culprit.chain, culprit.chain[1:], strict=False):
+        if edge not in after_edges:
+            return edge
+    return None
+
+
+def _chain_first(names: set[str], before: ScanResult) -> tuple[str, ...]:
+    """The culprit chain's modules first (in chain order), then the rest sorted."""
+    chain = before.culprit.chain if before.culprit else ()
+    return tuple(m for m in chain if m in names) + tuple(sorted(names - set(chain)))
+
+
+def diff_scans(before: ScanResult, after: ScanResult) -> ScanDiff:
+    """Compare two scans of the same target; every list comes out in a stable order."""
+    before_names, after_names = set(before.module_names()), set(after.module_names())
+    before_edges, after_edges = _edges(before), _edges(after)
+    return ScanDiff(
+        before=before,
+        after=after,
+        removed_modules=_chain_first(before_names - after_names, before),
+        added_modules=tuple(sorted(after_names - before_names)),
+        removed_edges=tuple(sorted(before_edges - after_edges)),
+        added_edges=tuple(sorted(after_edges - before_edges)),
+        broken_edge=_broken_edge(before, after_edges),
+    )

@@ -1,0 +1,263 @@
+"""Fork-replay results: the parent's state, the child's outcome, and comparisons.
+
+Schema ``diagtools.replay/1`` for one replay, ``diagtools.replay-comparison/1``
+for a before/after, fork/spawn grid.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from diagtools.model._display import present
+from diagtools.model.common import check_schema
+from diagtools.model.scan import DriverInfo, RunError
+
+__all__ = [
+    "CHILD_ACTIONS",
+    "REPLAY_SCHEMA",
+    "START_METHODS",
+    "ChildOutcome",
+    "DriverCall",
+    "ParentState",
+    "ReplayComparison",
+    "ReplayResult",
+]
+
+REPLAY_SCHEMA = "diagtools.replay/1"
+COMPARISON_SCHEMA = "diagtools.replay-comparison/1"
+START_METHODS = ("fork", "spawn", "forkserver")
+CHILD_ACTIONS = ("cuinit", "ctypes", "torch")
+
+
+@dataclass(frozen=True)
+class DriverCall:
+    """One driver call the child made and the driver's answer."""
+
+    call: str
+    code: int
+    name: str
+
+    def to_json(self) -> list[Any]:
+        return [self.call, self.code, self.name]
+
+    @classmethod
+    def from_json(cls, data: list[Any]) -> DriverCall:
+        return cls(str(data[0]), int(data[1]), str(data[2]))
+
+
+@dataclass(frozen=True)
+class ParentState:
+    """What the parent looked like when it started the child."""
+
+    cuda_initialized: bool
+    driver_state: int | None = None
+    torch_cuda_initialized: bool | None = None
+    threads: tuple[str, ...] = ()
+    modules: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "cuda_initialized": self.cuda_initialized,
+            "driver_state": self.driver_state,
+            "torch_cuda_initialized": self.torch_cuda_initialized,
+            "threads": list(self.threads),
+            "modules": self.modules,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ParentState:
+        return cls(
+            cuda_initialized=bool(data.get("cuda_initialized")),
+            driver_state=data.get("driver_state"),
+            torch_cuda_initialized=data.get("torch_cuda_initialized"),
+            threads=tuple(data.get("threads", ())),
+            modules=int(data.get("modules", 0)),
+        )
+
+
+@dataclass(frozen=True)
+class ChildOutcome:
+    """How the child's CUDA action ended: ``ok``, ``failed``, ``crashed``, ``timeout``,
+    ``exited`` (no result) or ``unavailable`` (cannot run on this machine)."""
+
+    status: str
+    exitcode: int | None = None
+    signal: int | None = None
+    error_type: str = ""
+    error: str = ""
+    traceback: str = ""
+    stdout: str = ""
+    stderr: str = ""
+    detail: str = ""
+    driver_state_at_start: int | None = None
+    driver_calls: tuple[DriverCall, ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    def summary(self) -> str:
+        if self.status == "ok":
+            return f"ok ({self.detail})" if self.detail else "ok"
+        if self.status == "failed":
+            return f"failed: {self.error_type}: {self.error}"
+        if self.status == "crashed":
+            return f"crashed by signal {self.signal}"
+        if self.status == "unavailable":
+            return f"unavailable: {self.detail}"
+        return f"{self.status} (exit code {self.exitcode})"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "status": self.status,
+            "ok": self.ok,
+            "exitcode": self.exitcode,
+            "signal": self.signal,
+            "error_type": self.error_type,
+            "error": self.error,
+            "traceback": self.traceback,
+            "stdout": self.stdout,
+            "stderr": self.stderr,
+            "detail": self.detail,
+            "driver_state_at_start": self.driver_state_at_start,
+            "driver_calls": [call.to_json() for call in self.driver_calls],
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ChildOutcome:
+        return cls(
+            status=data["status"],
+            exitcode=data.get("exitcode"),
+            signal=data.get("signal"),
+            error_type=data.get("error_type", ""),
+            error=data.get("error", ""),
+            traceback=data.get("traceback", ""),
+            stdout=data.get("stdout", ""),
+            stderr=data.get("stderr", ""),
+            detail=data.get("detail", ""),
+            driver_state_at_start=data.get("driver_state_at_start"),
+            driver_calls=tuple(DriverCall.from_json(call) for call in data.get("driver_calls", ())),
+        )
+
+
+@dataclass(frozen=True)
+class ReplayResult:
+    """One replay: the setup import, the parent's state, the child's outcome.
+
+    ``status``: ``ok`` (the child's action worked), ``failed`` (it failed: the
+    bug reproduced), ``unavailable``, ``setup-error`` (the target did not
+    import), or ``crashed``/``timeout``/``exited`` for the replay itself.
+    """
+
+    target: str
+    path: tuple[str, ...]
+    child_action: str
+    start_method: str
+    driver: DriverInfo
+    status: str
+    parent: ParentState | None
+    child: ChildOutcome | None
+    error: RunError | None = None
+    duration_s: float = 0.0
+    started_at: str = ""
+
+    @property
+    def reproduced(self) -> bool:
+        """True when the child's CUDA action failed or crashed."""
+        return self.status in ("failed", "crashed") and self.child is not None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "schema": REPLAY_SCHEMA,
+            "target": self.target,
+            "path": list(self.path),
+            "child_action": self.child_action,
+            "start_method": self.start_method,
+            "driver": self.driver.to_json(),
+            "status": self.status,
+            "parent": self.parent.to_json() if self.parent else None,
+            "child": self.child.to_json() if self.child else None,
+            "error": self.error.to_json() if self.error else None,
+            "duration_s": round(self.duration_s, 6),
+            "started_at": self.started_at,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ReplayResult:
+        check_schema(data, REPLAY_SCHEMA)
+        return cls(
+            target=data["target"],
+            path=tuple(data.get("path", ())),
+            child_action=data["child_action"],
+            start_method=data["start_method"],
+            driver=DriverInfo.from_json(data["driver"]),
+            status=data["status"],
+            parent=ParentState.from_json(data["parent"]) if data.get("parent") else None,
+            child=ChildOutcome.from_json(data["child"]) if data.get("child") else None,
+            error=RunError.from_json(data["error"]) if data.get("error") else None,
+            duration_s=float(data.get("duration_s", 0.0)),
+            started_at=data.get("started_at", ""),
+        )
+
+    def _repr_html_(self) -> str:
+        return str(present("replay.html", self))
+
+
+@dataclass(frozen=True)
+class ReplayComparison:
+    """The same replay before and after a fix, under several start methods."""
+
+    target: str
+    runs: tuple[tuple[str, ReplayResult], ...]
+
+    def run(self, variant: str, start_method: str) -> ReplayResult:
+        for label, result in self.runs:
+            if label == variant and result.start_method == start_method:
+                return result
+        raise KeyError(f"{variant}/{start_method}")
+
+    @property
+    def variants(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(label for label, _ in self.runs))
+
+    @property
+    def start_methods(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(result.start_method for _, result in self.runs))
+
+    def verdict(self) -> str:
+        """Which runs failed, and the parent-state difference that explains it."""
+        failing = [f"{label}/{r.start_method}" for label, r in self.runs if r.reproduced]
+        if not failing:
+            return "no run failed"
+        sentences = [f"{', '.join(failing)} failed"]
+        for variant in self.variants:
+            parent = self.runs_of(variant)[0].parent
+            if parent is not None:
+                did = "initialized CUDA" if parent.cuda_initialized else "did not initialize CUDA"
+                sentences.append(f"{variant}: the parent {did} before starting the child")
+        if "after" in self.variants and not any(r.reproduced for r in self.runs_of("after")):
+            sentences.append("after the fix every start method passes")
+        if any(r.start_method != "fork" and not r.reproduced for r in self.runs_of("before")):
+            sentences.append("spawn-like start methods avoid it: the child starts a fresh interpreter")
+        return "; ".join(sentences)
+
+    def runs_of(self, variant: str) -> tuple[ReplayResult, ...]:
+        return tuple(result for label, result in self.runs if label == variant)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "schema": COMPARISON_SCHEMA,
+            "target": self.target,
+            "runs": [{"variant": label, "replay": result.to_json()} for label, result in self.runs],
+            "verdict": self.verdict(),
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ReplayComparison:
+        check_schema(data, COMPARISON_SCHEMA)
+        runs = tuple((run["variant"], ReplayResult.from_json(run["replay"])) for run in data["runs"])
+        return cls(data["target"], runs)
+
+    def _repr_html_(self) -> str:
+        return str(present("comparison.html", self))

@@ -1,0 +1,328 @@
+"""The scan's data model: frozen dataclasses, JSON in and out.
+
+A :class:`ScanResult` is everything one subkernel run recorded: the import tree
+(:class:`ImportNode`), who initialized CUDA (:class:`Culprit`, with its
+:class:`Site`), and how the run ended.  Each type owns one ``to_json`` /
+``from_json`` pair; the document schema is ``diagtools.scan/1``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from diagtools.model._display import present
+from diagtools.model.common import check_schema
+
+__all__ = [
+    "SCAN_SCHEMA",
+    "Culprit",
+    "DriverInfo",
+    "ImportNode",
+    "RunError",
+    "ScanResult",
+    "Site",
+    "StartupInfo",
+]
+
+SCAN_SCHEMA = "diagtools.scan/1"
+
+
+@dataclass(frozen=True)
+class Site:
+    """One Python source location: a stack frame or the line that made a call."""
+
+    file: str
+    line: int
+    function: str
+    source: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line} in {self.function}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"file": self.file, "line": self.line, "function": self.function, "source": self.source}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Site:
+        return cls(data["file"], int(data["line"]), data["function"], data.get("source", ""))
+
+
+@dataclass(frozen=True)
+class ImportNode:
+    """A module the subkernel imported for the first time, with its importer and cost.
+
+    ``parent`` is the module whose code was executing when this one was
+    imported (``None``: imported by the scan request or by start-up itself).
+    ``initializes_cuda`` is true only for the module whose own top-level code
+    was running when the driver went from uninitialized to initialized.
+    """
+
+    name: str
+    parent: str | None
+    file: str | None
+    self_s: float
+    cumulative_s: float
+    initializes_cuda: bool = False
+    threads_started: int = 0
+    phase: str = "import"
+    complete: bool = True
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "parent": self.parent,
+            "file": self.file,
+            "self_s": round(self.self_s, 6),
+            "cumulative_s": round(self.cumulative_s, 6),
+            "initializes_cuda": self.initializes_cuda,
+            "threads_started": self.threads_started,
+            "phase": self.phase,
+            "complete": self.complete,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ImportNode:
+        return cls(
+            name=data["name"],
+            parent=data.get("parent"),
+            file=data.get("file"),
+            self_s=float(data.get("self_s", 0.0)),
+            cumulative_s=float(data.get("cumulative_s", 0.0)),
+            initializes_cuda=bool(data.get("initializes_cuda", False)),
+            threads_started=int(data.get("threads_started", 0)),
+            phase=data.get("phase", "import"),
+            complete=bool(data.get("complete", True)),
+        )
+
+
+@dataclass(frozen=True)
+class Culprit:
+    """Who initialized the CUDA driver, and from where.
+
+    ``module`` is the innermost module whose top-level code was executing (for
+    a thread, the module whose import started it); ``chain`` runs from the
+    scanned target down to ``module``; ``site`` is the innermost Python frame
+    that made the call; ``stack`` is the whole Python stack, outermost first.
+    ``evidence`` says how the moment was caught: ``driver-hook`` (the driver
+    called back during cuInit), ``trace`` (a line-traced rerun) or
+    ``state-probe`` (the driver's state changed between two imports).
+    """
+
+    module: str | None
+    chain: tuple[str, ...]
+    site: Site | None
+    stack: tuple[Site, ...]
+    phase: str
+    thread: str = "MainThread"
+    evidence: str = "driver-hook"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "module": self.module,
+            "chain": list(self.chain),
+            "site": self.site.to_json() if self.site else None,
+            "stack": [frame.to_json() for frame in self.stack],
+            "phase": self.phase,
+            "thread": self.thread,
+            "evidence": self.evidence,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Culprit:
+        site = data.get("site")
+        return cls(
+            module=data.get("module"),
+            chain=tuple(data.get("chain", ())),
+            site=Site.from_json(site) if site else None,
+            stack=tuple(Site.from_json(frame) for frame in data.get("stack", ())),
+            phase=data.get("phase", "import"),
+            thread=data.get("thread", "MainThread"),
+            evidence=data.get("evidence", "driver-hook"),
+        )
+
+
+@dataclass(frozen=True)
+class DriverInfo:
+    """Which CUDA driver the subkernel saw: ``real``, ``simulated`` or ``none``."""
+
+    kind: str
+    requested: str
+    library: str | None = None
+
+    def describe(self) -> str:
+        where = f" ({self.library})" if self.library else ""
+        label = {
+            "simulated": "simulated driver, a libcuda.so.1 stand-in with no GPU",
+            "real": "real CUDA driver",
+            "none": "no CUDA driver",
+        }[self.kind]
+        return f"{label}{where}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": self.kind, "requested": self.requested, "library": self.library}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> DriverInfo:
+        return cls(data["kind"], data.get("requested", data["kind"]), data.get("library"))
+
+
+@dataclass(frozen=True)
+class StartupInfo:
+    """What interpreter start-up (``site``, ``.pth`` files, sitecustomize) did."""
+
+    cuda_initialized: bool = False
+    modules: int = 0
+    seconds: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "cuda_initialized": self.cuda_initialized,
+            "modules": self.modules,
+            "seconds": round(self.seconds, 6),
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> StartupInfo:
+        return cls(
+            bool(data.get("cuda_initialized", False)), int(data.get("modules", 0)), float(data.get("seconds", 0.0))
+        )
+
+
+@dataclass(frozen=True)
+class RunError:
+    """Why a target did not import cleanly: the exception, exit code, signal or hang."""
+
+    kind: str
+    message: str
+    traceback: str = ""
+    file: str | None = None
+    line: int | None = None
+    exitcode: int | None = None
+    signal: int | None = None
+    where: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "message": self.message,
+            "traceback": self.traceback,
+            "file": self.file,
+            "line": self.line,
+            "exitcode": self.exitcode,
+            "signal": self.signal,
+            "where": self.where,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> RunError:
+        return cls(
+            kind=data["kind"],
+            message=data.get("message", ""),
+            traceback=data.get("traceback", ""),
+            file=data.get("file"),
+            line=data.get("line"),
+            exitcode=data.get("exitcode"),
+            signal=data.get("signal"),
+            where=data.get("where", ""),
+        )
+
+
+@dataclass(frozen=True)
+class ScanResult:
+    """Everything one scan recorded, whatever way the subkernel ended."""
+
+    targets: tuple[str, ...]
+    status: str
+    driver: DriverInfo
+    cuda_initialized: bool
+    modules: tuple[ImportNode, ...] = ()
+    culprits: tuple[Culprit, ...] = ()
+    startup: StartupInfo = field(default_factory=StartupInfo)
+    error: RunError | None = None
+    torch_cuda_initialized: bool | None = None
+    exitcode: int | None = None
+    stdout: str = ""
+    stderr: str = ""
+    duration_s: float = 0.0
+    python: str = ""
+    started_at: str = ""
+
+    @property
+    def ok(self) -> bool:
+        """True when every target imported and the subkernel finished normally."""
+        return self.status == "ok"
+
+    @property
+    def culprit(self) -> Culprit | None:
+        """The first culprit, or ``None`` when CUDA was never initialized."""
+        return self.culprits[0] if self.culprits else None
+
+    def module(self, name: str) -> ImportNode:
+        """The node for ``name``; raises ``KeyError`` when it was not imported."""
+        for node in self.modules:
+            if node.name == name:
+                return node
+        raise KeyError(name)
+
+    def module_names(self) -> tuple[str, ...]:
+        return tuple(node.name for node in self.modules)
+
+    def with_culprits(self, culprits: tuple[Culprit, ...]) -> ScanResult:
+        return replace(self, culprits=culprits)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "schema": SCAN_SCHEMA,
+            "targets": list(self.targets),
+            "status": self.status,
+            "driver": self.driver.to_json(),
+            "cuda_initialized": self.cuda_initialized,
+            "torch_cuda_initialized": self.torch_cuda_initialized,
+            "startup": self.startup.to_json(),
+            "modules": [node.to_json() for node in self.modules],
+            "culprits": [culprit.to_json() for culprit in self.culprits],
+            "error": self.error.to_json() if self.error else None,
+            "exitcode": self.exitcode,
+            "stdout": self.stdout,
+            "stderr": self.stderr,
+            "duration_s": round(self.duration_s, 6),
+            "python": self.python,
+            "started_at": self.started_at,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ScanResult:
+        check_schema(data, SCAN_SCHEMA)
+        error = data.get("error")
+        return cls(
+            targets=tuple(data.get("targets", ())),
+            status=data["status"],
+            driver=DriverInfo.from_json(data["driver"]),
+            cuda_initialized=bool(data["cuda_initialized"]),
+            modules=tuple(ImportNode.from_json(node) for node in data.get("modules", ())),
+            culprits=tuple(Culprit.from_json(culprit) for culprit in data.get("culprits", ())),
+            startup=StartupInfo.from_json(data.get("startup", {})),
+            error=RunError.from_json(error) if error else None,
+            torch_cuda_initialized=data.get("torch_cuda_initialized"),
+            exitcode=data.get("exitcode"),
+            stdout=data.get("stdout", ""),
+            stderr=data.get("stderr", ""),
+            duration_s=float(data.get("duration_s", 0.0)),
+            python=data.get("python", ""),
+            started_at=data.get("started_at", ""),
+        )
+
+    def graph(self, view: str = "culprits", *, max_children: int = 12) -> Any:
+        """The import tree as a ``graphviz.Digraph`` (needs the ``notebook`` extra)."""
+        return present("scan.graph", self, view=view, max_children=max_children)
+
+    def to_dot(self, view: str = "culprits") -> str:
+        """The graph's DOT source: sorted, so it is stable across runs."""
+        return str(self.graph(view).source)
+
+    def _repr_html_(self) -> str:
+        return str(present("scan.html", self, graph=True))
+
+    def __str__(self) -> str:
+        return str(present("scan.text", self))

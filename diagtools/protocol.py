@@ -1,0 +1,252 @@
+"""The contract between the runner and the programs it starts: environment, channel, events.
+
+Written once, used by both sides.  The agents (:mod:`diagtools.agents`) write
+events with :class:`Channel`; the host reads them back with
+:func:`decode_events`, which validates every line against :data:`EVENTS` and
+counts what it had to skip, so a torn, malformed or hostile line never
+breaks a result.
+
+This module must load inside a bare ``python -S`` subkernel before the import
+tracer starts without importing anything: at module level it uses only
+``posix``, ``sys``, ``_thread`` and ``time``, which every interpreter has
+loaded before running a single line.  The runner hands it to its programs as
+the pre-registered module ``_diagtools_protocol`` (see
+:mod:`diagtools.runner.subkernel`); the host imports it as ``diagtools.protocol``.
+"""
+
+import _thread
+import posix
+import sys
+import time
+
+# ---- the environment the runner sets for its programs ---------------------------
+
+CHANNEL_FD = "DIAGTOOLS_CHANNEL_FD"
+DUMP_FD = "DIAGTOOLS_DUMP_FD"
+DUMP_SIGNAL = "DIAGTOOLS_DUMP_SIGNAL"
+PROGRAM_FILE = "DIAGTOOLS_PROGRAM_FILE"
+CUPROBE = "DIAGTOOLS_CUPROBE"
+SUBKERNEL_MARKER = "DIAGTOOLS_SUBKERNEL"
+DRIVER_KIND = "DIAGTOOLS_DRIVER"
+AGENT_MODULE = "_diagtools_protocol"
+CUPROBE_MODULE = "_diagtools_cuprobe"
+
+# each program's own settings (newline-separated lists)
+SCAN_TARGETS = "DIAGTOOLS_PROBE_TARGETS"
+SCAN_PATH = "DIAGTOOLS_PROBE_PATH"
+SCAN_REFINE = "DIAGTOOLS_PROBE_REFINE"
+SCAN_NO_SITE = "DIAGTOOLS_PROBE_NO_SITE"
+REPLAY_TARGET = "DIAGTOOLS_REPLAY_TARGET"
+REPLAY_PATH = "DIAGTOOLS_REPLAY_PATH"
+REPLAY_CHILD = "DIAGTOOLS_REPLAY_CHILD"
+REPLAY_START_METHOD = "DIAGTOOLS_REPLAY_START_METHOD"
+REPLAY_CHILD_TIMEOUT = "DIAGTOOLS_REPLAY_CHILD_TIMEOUT"
+BENCH_SIZES = "DIAGTOOLS_BENCH_SIZES"
+BENCH_BACKENDS = "DIAGTOOLS_BENCH_BACKENDS"
+BENCH_RATIO = "DIAGTOOLS_BENCH_RATIO"
+
+# ---- the driver's answers --------------------------------------------------------
+
+CUDA_SUCCESS = 0
+CUDA_ERROR_NOT_INITIALIZED = 3
+NO_DRIVER = -1
+
+# ---- the events: kind -> fields every event of that kind carries -----------------
+# Every event also has "e" (its kind); most have "t" (perf_counter seconds).
+
+EVENTS = {
+    # the scan probe
+    "hello": ("pid", "python"),
+    "phase": ("phase",),
+    "begin": ("n", "t"),
+    "end": ("n", "ok", "t"),
+    "thread": ("by",),
+    "transition": ("m", "th", "ph", "at"),
+    "refined": ("m", "stack", "th", "ph"),
+    "cuinit": ("m", "stack", "th", "ph"),
+    "error": ("target", "type", "msg", "tb"),
+    "exit": ("target", "code"),
+    "final": ("initialized",),
+    "done": (),
+    # the replay parent
+    "setup": ("ok",),
+    "parent": ("cuda_initialized",),
+    "child": ("status",),
+    # the kernel benchmark
+    "meta": ("device", "timing_meaningful"),
+    "row": ("backend", "G", "D"),
+}
+
+
+# ---- writing (inside the subkernel) ----------------------------------------------
+
+
+def encode(value):
+    """JSON text for builtin values, without the json module (which the probe must not import)."""
+    if value is None or isinstance(value, bool):
+        return {None: "null", True: "true", False: "false"}[value]
+    if isinstance(value, (int, float)):
+        return _encode_number(value)
+    if isinstance(value, str):
+        return encode_str(value)
+    if isinstance(value, dict):
+        return "{" + ",".join(encode_str(str(k)) + ":" + encode(v) for k, v in value.items()) + "}"
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(encode(item) for item in value) + "]"
+    return encode_str(repr(value))
+
+
+def _encode_number(value):
+    if isinstance(value, int):
+        return str(int(value))
+    return repr(value) if value - value == 0 else "null"  # NaN and infinities have no JSON form
+
+
+_ESCAPES = {'"': '\\"', "\\": "\\\\", "\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def encode_str(text):
+    """A JSON string literal; the fast path keeps printable text as it is."""
+    if text.isprintable() and '"' not in text and "\\" not in text:
+        return '"' + text + '"'
+    out = []
+    for char in text:
+        escaped = _ESCAPES.get(char)
+        if escaped is None:
+            escaped = char if char >= " " and char.isprintable() else f"\\u{ord(char):04x}"
+        out.append(escaped)
+    return '"' + "".join(out) + '"'
+
+
+class Channel:
+    """Writes one event per line to the runner's pipe, unbuffered; goes quiet in forked children.
+
+    A crash loses nothing already sent.  A write that fails (the target closed
+    the descriptor) is dropped: the runner then sees the channel end early.
+    """
+
+    def __init__(self, fd):
+        self.fd = fd
+        self.pid = posix.getpid()
+        self.lock = _thread.allocate_lock()
+        posix.register_at_fork(after_in_child=self._after_fork_in_child)
+
+    def _after_fork_in_child(self):
+        self.lock = _thread.allocate_lock()
+
+    def emit(self, kind, **fields):
+        """Send one event of ``kind``, stamped with the time."""
+        fields["e"] = kind
+        fields.setdefault("t", time.perf_counter())
+        self.send(encode(fields))
+
+    def send(self, line):
+        """Send one already encoded event."""
+        if posix.getpid() != self.pid:
+            return
+        data = (line + "\n").encode("utf-8", "backslashreplace")
+        with self.lock:
+            try:
+                while data:
+                    data = data[posix.write(self.fd, data) :]
+            except OSError:
+                pass
+
+
+def environ():
+    """The process environment as text, read through ``posix`` (``os`` may not be imported)."""
+    return {key.decode(): value.decode("utf-8", "surrogateescape") for key, value in posix.environ.items()}
+
+
+def channel_from(env):
+    """The channel the runner opened for this program."""
+    return Channel(int(env[CHANNEL_FD]))
+
+
+def enable_fault_dumps(env):
+    """Send fatal-signal tracebacks, and the runner's stack requests, to the runner's dump file.
+
+    ``faulthandler`` is a built-in module; it is taken out of ``sys.modules``
+    again so that a target importing it still counts as its first importer.
+    """
+    fd = env.get(DUMP_FD)
+    if not fd:
+        return
+    already_loaded = "faulthandler" in sys.modules
+    import faulthandler
+
+    faulthandler.enable(file=int(fd), all_threads=True)
+    faulthandler.register(int(env.get(DUMP_SIGNAL, "10")), file=int(fd), all_threads=True)
+    if not already_loaded:
+        del sys.modules["faulthandler"]
+
+
+def load_extension(name, path):
+    """Load a compiled extension from ``path`` without the import system, and leave ``sys.modules`` as it was."""
+    import _imp
+
+    machinery = sys.modules["_frozen_importlib_external"]
+    spec = sys.modules["_frozen_importlib"].ModuleSpec(name, None, origin=path)
+    spec.loader = machinery.ExtensionFileLoader(name, path)
+    module = _imp.create_dynamic(spec)
+    sys.modules.pop(name, None)
+    return module
+
+
+def load_cuprobe(env):
+    """The ``_diagtools_cuprobe`` extension the runner built, or ``None`` when none was given."""
+    path = env.get(CUPROBE)
+    return load_extension(CUPROBE_MODULE, path) if path else None
+
+
+def driver_initialized(state):
+    """Whether a ``cuDeviceGetCount`` result code means some caller already ran ``cuInit``."""
+    return state not in (None, NO_DRIVER, CUDA_ERROR_NOT_INITIALIZED)
+
+
+# ---- reading (on the host) -------------------------------------------------------
+
+
+class DecodedEvents:
+    """The valid events of a channel, in order, and how many lines had to be skipped."""
+
+    def __init__(self, events, skipped):
+        self.events = events
+        self.skipped = skipped
+
+
+def decode_events(data):
+    """Split a channel's bytes into validated events.
+
+    A line is kept when it is a JSON object whose ``e`` is a known kind with
+    all of that kind's fields; anything else (a torn last line, garbage a
+    target wrote into the descriptor) is skipped and counted.
+    """
+    import json
+
+    lines = data.split(b"\n")
+    lines.pop()  # after the last newline: empty, or a line torn by a crash
+    events, skipped = [], 0
+    for line in lines:
+        event = _decode_line(json, line)
+        if event is None:
+            skipped += line.strip() != b""
+        else:
+            events.append(event)
+    return DecodedEvents(events, skipped + (1 if data and not data.endswith(b"\n") else 0))
+
+
+def _decode_line(json, line):
+    try:
+        event = json.loads(line.decode("utf-8", "backslashreplace"))
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(event, dict):
+        return None
+    kind = event.get("e")
+    required = EVENTS.get(kind) if isinstance(kind, str) else None
+    if required is None or any(name not in event for name in required):
+        return None
+    if "t" in event and not isinstance(event["t"], (int, float)):
+        return None
+    return event

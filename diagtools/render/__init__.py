@@ -1,0 +1,34 @@
+"""Renderers: results as terminal text, HTML, graphviz graphs, charts and postmortems.
+
+:func:`present` is the one door the data model knocks on when a result is
+asked to show itself (see :mod:`diagtools.model._display`); each renderer
+module is imported only when its presentation is first asked for.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from diagtools.errors import UsageError
+
+__all__ = ["present"]
+
+_PRESENTATIONS = {
+    "scan.text": ("diagtools.render.text", "render_scan"),
+    "scan.html": ("diagtools.render.html", "scan_html"),
+    "scan.graph": ("diagtools.render.graph", "scan_graph"),
+    "diff.text": ("diagtools.render.text", "render_diff"),
+    "diff.html": ("diagtools.render.html", "diff_html"),
+    "diff.graph": ("diagtools.render.graph", "diff_graph"),
+    "replay.html": ("diagtools.render.html", "replay_html"),
+    "comparison.html": ("diagtools.render.html", "comparison_html"),
+}
+
+
+def present(kind: str, value: object, **options: Any) -> Any:
+    """Render ``value`` as ``kind``; raises :class:`UsageError` for an unknown kind."""
+    if kind not in _PRESENTATIONS:
+        raise UsageError(f"no presentation {kind!r}; known: {', '.join(sorted(_PRESENTATIONS))}")
+    module, function = _PRESENTATIONS[kind]
+    return getattr(importlib.import_module(module), function)(value, **options)

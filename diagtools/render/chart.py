@@ -1,0 +1,45 @@
+"""Charts as PNG bytes (matplotlib, Agg): the kernel benchmark's bandwidth bars."""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Sequence
+from typing import Any
+
+from diagtools.errors import MissingExtraError
+
+__all__ = ["bandwidth_chart_png"]
+
+
+def bandwidth_chart_png(rows: Sequence[dict[str, Any]], title: str = "compress_norm_rope_store") -> bytes:
+    """Bars of achieved GB/s per size, one colour per backend."""
+    try:
+        import matplotlib
+    except ImportError:
+        raise MissingExtraError("matplotlib", "notebook") from None
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt
+
+    sizes = list(dict.fromkeys(str(row["size"]) for row in rows))
+    backends = sorted({str(row["backend"]) for row in rows})
+    figure, axis = plt.subplots(figsize=(8, 3.2))
+    width = 0.8 / max(1, len(backends))
+    for index, backend in enumerate(backends):
+        values = [_gbps(rows, size, backend) for size in sizes]
+        axis.bar([i + index * width for i in range(len(sizes))], values, width, label=backend)
+    axis.set_xticks([i + width * (len(backends) - 1) / 2 for i in range(len(sizes))], sizes, rotation=20)
+    axis.set_ylabel("GB/s (minimal bytes)")
+    axis.set_title(title)
+    axis.legend()
+    figure.tight_layout()
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=90)
+    plt.close(figure)
+    return buffer.getvalue()
+
+
+def _gbps(rows: Sequence[dict[str, Any]], size: str, backend: str) -> float:
+    for row in rows:
+        if str(row["size"]) == size and row["backend"] == backend:
+            return float(row.get("GB/s") or 0.0)
+    return 0.0

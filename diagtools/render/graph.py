@@ -1,0 +1,223 @@
+"""Import graphs with graphviz: the CUDA culprit unmistakable, big trees kept readable.
+
+Modules are nodes, importer -> imported are edges.  The culprit is filled red
+and carries its site line, the chain from the target to it is orange, thread
+starters get a double border, every node shows its cumulative import time.
+The default ``culprits`` view keeps the chains and collapses every subtree off
+them into one node, so ``import torch`` stays a small graph.  Output is sorted,
+so the DOT source is stable, and every label is escaped.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from diagtools.errors import MissingExtraError, UsageError
+from diagtools.model.diff import ScanDiff
+from diagtools.model.scan import ImportNode, ScanResult
+
+__all__ = ["GRAPH_VIEWS", "diff_graph", "scan_graph"]
+
+GRAPH_VIEWS = ("culprits", "full")
+CULPRIT_FILL, CHAIN_FILL, REMOVED = "#d62728", "#ffbb78", "#7f7f7f"
+
+
+def _graphviz() -> Any:
+    try:
+        import graphviz
+    except ImportError:
+        raise MissingExtraError("graphviz", "notebook") from None
+    return graphviz
+
+
+@dataclass(frozen=True)
+class _Tree:
+    """The scan's modules indexed for drawing: children, subtree sizes, chain membership."""
+
+    nodes: dict[str, ImportNode]
+    children: dict[str | None, list[str]]
+    chain: frozenset[str]
+    culprits: frozenset[str]
+
+    @classmethod
+    def of(cls, result: ScanResult) -> _Tree:
+        nodes = {node.name: node for node in result.modules}
+        children: dict[str | None, list[str]] = defaultdict(list)
+        for node in result.modules:
+            children[node.parent if node.parent in nodes else None].append(node.name)
+        for names in children.values():
+            names.sort(key=lambda n: (-nodes[n].cumulative_s, n))
+        chain = frozenset(m for c in result.culprits for m in c.chain)
+        culprits = frozenset(c.module for c in result.culprits if c.module)
+        return cls(nodes, dict(children), chain, culprits)
+
+    def subtree_size(self, name: str) -> int:
+        size, stack = 0, [name]
+        while stack:
+            current = stack.pop()
+            size += 1
+            stack.extend(self.children.get(current, ()))
+        return size
+
+
+def _visible(result: ScanResult, tree: _Tree, view: str, max_children: int) -> tuple[list[str], dict[str, int]]:
+    """Which modules to draw, and for collapsed ones how many modules they stand for."""
+    if view == "full":
+        return sorted(tree.nodes), {}
+    anchors = sorted(tree.chain) or _target_roots(result, tree)
+    shown: dict[str, int] = {}
+    for anchor in anchors:
+        shown[anchor] = 0
+        kids = tree.children.get(anchor, [])
+        on_chain = [k for k in kids if k in tree.chain]
+        off_chain = [k for k in kids if k not in tree.chain][:max_children]
+        for kid in on_chain + off_chain:
+            shown.setdefault(kid, 0 if kid in tree.chain else tree.subtree_size(kid) - 1)
+    return sorted(shown), {name: hidden for name, hidden in shown.items() if hidden}
+
+
+def _target_roots(result: ScanResult, tree: _Tree) -> list[str]:
+    roots = [t for t in result.targets if t in tree.nodes]
+    return roots or [n for n in tree.children.get(None, []) if tree.nodes[n].phase == "import"][:1]
+
+
+def _label(node: ImportNode, hidden: int, site: str) -> str:
+    lines = [node.name, f"{node.cumulative_s * 1000:.1f} ms"]
+    if hidden:
+        lines.append(f"+{hidden} modules below")
+    if node.threads_started:
+        lines.append(f"starts {node.threads_started} thread(s)")
+    if node.initializes_cuda:
+        lines.append("INITIALIZES CUDA")
+        if site:
+            lines.append(site)
+    return "\\n".join(_escape(line) for line in lines)  # escaped lines joined by DOT's own newline
+
+
+def _site_text(result: ScanResult, name: str) -> str:
+    for culprit in result.culprits:
+        if culprit.module == name and culprit.site is not None:
+            source = culprit.site.source[:60]
+            return f"{culprit.site.file.rsplit('/', 1)[-1]}:{culprit.site.line}: {source}"
+    return ""
+
+
+def _node_style(node: ImportNode, tree: _Tree) -> dict[str, str]:
+    if node.name in tree.culprits:
+        return {
+            "style": "filled,bold",
+            "fillcolor": CULPRIT_FILL,
+            "fontcolor": "white",
+            "penwidth": "3",
+            "class": "culprit",
+        }
+    style = (
+        {"style": "filled", "fillcolor": CHAIN_FILL, "class": "chain"}
+        if node.name in tree.chain
+        else {"style": "filled", "fillcolor": "#f2f2f2", "class": "module"}
+    )
+    if node.threads_started:
+        style["peripheries"] = "2"
+    return style
+
+
+def _top_package(name: str) -> str:
+    return name.split(".", 1)[0]
+
+
+@dataclass(frozen=True)
+class _Marks:
+    """Style overrides for a diff: nodes and edges the fix removed."""
+
+    nodes: frozenset[str] = frozenset()
+    edges: frozenset[tuple[str, str]] = frozenset()
+
+
+REMOVED_NODE = {
+    "color": REMOVED,
+    "style": "filled,dashed",
+    "fillcolor": "#eeeeee",
+    "fontcolor": REMOVED,
+    "class": "removed",
+}
+REMOVED_EDGE = {"color": REMOVED, "style": "dashed,bold", "class": "removed", "label": "removed"}
+
+
+def scan_graph(
+    result: ScanResult,
+    view: str = "culprits",
+    *,
+    max_children: int = 12,
+    title: str | None = None,
+    marks: _Marks | None = None,
+) -> Any:
+    """A ``graphviz.Digraph`` of the scan's import tree (``view``: culprits or full)."""
+    if view not in GRAPH_VIEWS:
+        raise UsageError(f"unknown graph view {view!r}: use {', '.join(GRAPH_VIEWS)}")
+    graphviz = _graphviz()
+    tree = _Tree.of(result)
+    marks = marks or _Marks()
+    names, hidden = _visible(result, tree, view, max_children)
+    label = _escape(title) if title is not None else _title(result)
+    graph = graphviz.Digraph(
+        "imports",
+        graph_attr={"rankdir": "LR", "fontname": "DejaVu Sans", "label": label},
+        node_attr={"shape": "box", "fontname": "DejaVu Sans", "fontsize": "10"},
+    )
+    _add_clusters(graph, names, lambda name: _draw_node(name, tree, hidden, result, marks))
+    _add_edges(graph, names, tree, marks)
+    return graph
+
+
+def _title(result: ScanResult) -> str:
+    verdict = "initializes CUDA" if result.cuda_initialized else "does not initialize CUDA"
+    return _escape(f"import {' '.join(result.targets)}: {verdict} [{result.driver.kind} driver]")
+
+
+def _escape(text: str) -> str:
+    return str(_graphviz().escape(text))
+
+
+def _draw_node(
+    name: str, tree: _Tree, hidden: dict[str, int], result: ScanResult, marks: _Marks
+) -> tuple[str, dict[str, str]]:
+    node = tree.nodes[name]
+    attrs = _node_style(node, tree)
+    if name in marks.nodes:
+        attrs.update(REMOVED_NODE)
+    attrs["label"] = _label(node, hidden.get(name, 0), _site_text(result, name))
+    attrs["tooltip"] = _escape(node.file or name)
+    return _escape(name), attrs
+
+
+def _add_clusters(graph: Any, names: Iterable[str], draw: Any) -> None:
+    packages: dict[str, list[str]] = defaultdict(list)
+    for name in names:
+        packages[_top_package(name)].append(name)
+    for index, (package, members) in enumerate(sorted(packages.items())):
+        with graph.subgraph(name=f"cluster_{index}") as cluster:
+            cluster.attr(label=_escape(package), style="rounded,dashed", color="#bbbbbb")
+            for member in members:
+                node_id, attrs = draw(member)
+                cluster.node(node_id, **attrs)
+
+
+def _add_edges(graph: Any, names: list[str], tree: _Tree, marks: _Marks) -> None:
+    shown = set(names)
+    for name in names:
+        parent = tree.nodes[name].parent
+        if parent in shown:
+            on_chain = parent in tree.chain and name in tree.chain
+            attrs = {"color": CULPRIT_FILL, "penwidth": "2.5", "class": "chain"} if on_chain else {"color": "#999999"}
+            if (parent, name) in marks.edges:
+                attrs.update(REMOVED_EDGE)
+            graph.edge(_escape(parent), _escape(name), **attrs)
+
+
+def diff_graph(diff: ScanDiff, *, max_children: int = 12) -> Any:
+    """The before graph with what the fix removed greyed and dashed, and the verdict as its title."""
+    marks = _Marks(frozenset(diff.removed_modules), frozenset(diff.removed_edges))
+    return scan_graph(diff.before, "culprits", max_children=max_children, title=f"diff: {diff.verdict()}", marks=marks)

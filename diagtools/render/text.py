@@ -1,0 +1,188 @@
+"""Terminal rendering of scan results: the culprit, its chain and its line."""
+
+from __future__ import annotations
+
+from diagtools.model.bisect import BisectResult
+from diagtools.model.diff import ScanDiff
+from diagtools.model.replay import ChildOutcome, ParentState, ReplayComparison, ReplayResult
+from diagtools.model.scan import Culprit, ScanResult
+from diagtools.model.sweep import SweepResult
+
+__all__ = [
+    "render_bisect",
+    "render_comparison",
+    "render_diff",
+    "render_guard_failure",
+    "render_replay",
+    "render_scan",
+    "render_sweep",
+]
+
+
+def render_scan(result: ScanResult, *, stack: bool = False) -> str:
+    """A short report a person can act on; ``stack`` adds the whole Python stack."""
+    lines = [
+        f"diagtools scan {' '.join(result.targets)}",
+        f"  driver: {result.driver.describe()}",
+        f"  status: {result.status}  ({len(result.modules)} modules imported in {result.duration_s:.2f} s)",
+    ]
+    lines += _error_lines(result)
+    lines += _cuda_lines(result)
+    for culprit in result.culprits:
+        lines += _culprit_lines(culprit, stack=stack)
+    return "\n".join(lines)
+
+
+def _error_lines(result: ScanResult) -> list[str]:
+    if result.error is None:
+        return []
+    lines = [f"  error: {result.error.message}"]
+    if result.error.file:
+        lines.append(f"    at {result.error.file}:{result.error.line}")
+    return lines
+
+
+def _cuda_lines(result: ScanResult) -> list[str]:
+    if not result.cuda_initialized:
+        return ["  CUDA initialized: no"]
+    phase = result.culprit.phase if result.culprit else "unknown"
+    return [f"  CUDA initialized: YES (during {phase})"]
+
+
+def _culprit_lines(culprit: Culprit, *, stack: bool) -> list[str]:
+    lines = [f"  culprit: {culprit.module or '(no module was executing)'}"]
+    if culprit.chain:
+        lines.append(f"    chain: {' -> '.join(culprit.chain)}")
+    if culprit.phase == "thread":
+        lines.append(f"    thread: {culprit.thread}")
+    if culprit.site is not None:
+        lines.append(f"    site:  {culprit.site.file}:{culprit.site.line} in {culprit.site.function}")
+        if culprit.site.source:
+            lines.append(f"    {culprit.site.line:>5} | {culprit.site.source}")
+    lines.append(f"    evidence: {culprit.evidence}")
+    if stack and culprit.stack:
+        lines.append("    stack (outermost first):")
+        lines += [f"      {frame.file}:{frame.line} in {frame.function}" for frame in culprit.stack]
+    return lines
+
+
+def render_replay(result: ReplayResult) -> str:
+    """The replay as a transcript: setup, parent state, child outcome, driver answers."""
+    lines = [
+        f"diagtools replay {result.target} --start-method {result.start_method} --child {result.child_action}",
+        f"  driver: {result.driver.describe()}",
+        f"  status: {result.status}",
+    ]
+    if result.error is not None:
+        lines.append(f"  error: {result.error.message}")
+    if result.parent is not None:
+        lines += _parent_lines(result.parent)
+    if result.child is not None:
+        lines += _child_lines(result.child, result.driver.kind)
+    return "\n".join(lines)
+
+
+def _parent_lines(parent: ParentState) -> list[str]:
+    state = "initialized" if parent.cuda_initialized else "not initialized"
+    lines = [f"  parent: CUDA {state} (driver answered {parent.driver_state}); {len(parent.threads)} thread(s)"]
+    if parent.torch_cuda_initialized is not None:
+        lines.append(f"    torch.cuda initialized: {parent.torch_cuda_initialized}")
+    return lines
+
+
+def _child_lines(child: ChildOutcome, driver_kind: str) -> list[str]:
+    lines = [f"  child: {child.summary()}  (exit code {child.exitcode})"]
+    for call in child.driver_calls:
+        lines.append(f"    {call.call} -> {call.name} ({call.code}) [{driver_kind} driver]")
+    if child.traceback and child.status != "ok":
+        lines.append("    " + child.traceback.strip().splitlines()[-1])
+    return lines
+
+
+def render_comparison(comparison: ReplayComparison) -> str:
+    """A variant x start-method grid, then the parent-state difference that explains it."""
+    methods = comparison.start_methods
+    lines = [
+        f"diagtools replay {comparison.target} --compare",
+        "  " + "variant".ljust(10) + "".join(m.ljust(44) for m in methods),
+    ]
+    for variant in comparison.variants:
+        cells = [comparison.run(variant, method).child for method in methods]
+        row = "".join((cell.summary() if cell else "no child")[:42].ljust(44) for cell in cells)
+        lines.append("  " + variant.ljust(10) + row)
+    for variant in comparison.variants:
+        parent = comparison.runs_of(variant)[0].parent
+        if parent is not None:
+            lines.append(
+                f"  parent ({variant}): CUDA {'initialized' if parent.cuda_initialized else 'not initialized'}"
+            )
+    lines.append(f"  verdict: {comparison.verdict()}")
+    return "\n".join(lines)
+
+
+def render_diff(diff: ScanDiff, *, limit: int = 20) -> str:
+    """The verdict, the edge the fix cut, and what left or joined the import tree."""
+    lines = [f"diagtools diff: {diff.verdict()}"]
+    if diff.before.culprit is not None:
+        lines.append(f"  before: culprit {diff.before.culprit.module} via {' -> '.join(diff.before.culprit.chain)}")
+    if diff.after.culprit is not None:
+        lines.append(f"  after:  culprit {diff.after.culprit.module} via {' -> '.join(diff.after.culprit.chain)}")
+    lines.append(
+        f"  modules no longer imported: {len(diff.removed_modules)}; newly imported: {len(diff.added_modules)}"
+    )
+    lines += [f"    - {name}" for name in diff.removed_modules[:limit]]
+    lines += [f"    + {name}" for name in diff.added_modules[:limit]]
+    hidden = len(diff.removed_modules) + len(diff.added_modules) - 2 * limit
+    if hidden > 0:
+        lines.append(f"    ... {hidden} more")
+    return "\n".join(lines)
+
+
+def render_guard_failure(result: ScanResult) -> str:
+    """Why a module that must stay CUDA-free failed the check, in a few lines."""
+    target = " ".join(result.targets)
+    if not result.ok:
+        detail = result.error.message if result.error else result.status
+        return f"{target} could not be imported in a fresh subkernel ({result.status}): {detail}"
+    lines = [f"importing {target} initialized CUDA [{result.driver.describe()}]"]
+    for culprit in result.culprits:
+        lines += _culprit_lines(culprit, stack=False)
+    return "\n".join(lines)
+
+
+def render_sweep(result: SweepResult) -> str:
+    """A module -> verdict table, culprits first, then the counts."""
+    rows = sorted(result.rows, key=lambda row: (not row.cuda_initialized, row.status == "ok", row.module))
+    width = max([len(row.module) for row in rows] + [6])
+    lines = [f"{'module'.ljust(width)}  CUDA?  {'import s':>8}  status        culprit / site"]
+    for row in rows:
+        where = ""
+        if row.culprit is not None:
+            site = f" at {row.culprit.site.file}:{row.culprit.site.line}" if row.culprit.site else ""
+            where = f"{row.culprit.module}{site}"
+        elif row.error:
+            where = row.error
+        cuda = "YES" if row.cuda_initialized else "no"
+        lines.append(f"{row.module.ljust(width)}  {cuda:<5}  {row.import_s:8.3f}  {row.status:<12}  {where}")
+    resumed = f", {result.resumed} from the journal" if result.resumed else ""
+    lines.append(
+        f"{len(result.rows)} modules{resumed}: {len(result.culprits)} initialize CUDA, "
+        f"{len(result.failures)} failed to import ({result.seconds:.1f} s)"
+    )
+    return "\n".join(lines)
+
+
+def render_bisect(result: BisectResult) -> str:
+    """The first bad commit, what it touched, and the culprit at that commit."""
+    lines = [f"diagtools bisect {result.target}: {result.good[:12]} (good) .. {result.bad[:12]} (bad)"]
+    if result.first_bad is None:
+        lines.append("  no single first bad commit: skipped commits hide it; candidates:")
+        lines += [f"    {commit}" for commit in result.candidates]
+    else:
+        lines.append(f"  first bad commit: {result.first_bad}  {result.subject}")
+        lines += [f"    touched: {file}" for file in result.files]
+        if result.culprit is not None:
+            lines += _culprit_lines(result.culprit, stack=False)
+    skipped = sum(1 for step in result.steps if step.verdict == "skip")
+    lines.append(f"  {len(result.steps)} commits tested by git bisect, {skipped} skipped (target did not import)")
+    return "\n".join(lines)

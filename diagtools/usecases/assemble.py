@@ -1,0 +1,279 @@
+"""Turn the subkernel's raw events into a :class:`ScanResult`.
+
+Pure functions: events in, frozen dataclasses out, so every rule here (who is
+the culprit, what the chain is, which status a run gets) is testable without
+a process.
+"""
+
+from __future__ import annotations
+
+import linecache
+import re
+import signal
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from diagtools import agents, protocol
+from diagtools.model.common import iso_time
+from diagtools.model.scan import Culprit, DriverInfo, ImportNode, RunError, ScanResult, Site, StartupInfo
+from diagtools.runner.subkernel import RawRun
+
+__all__ = ["assemble", "pick_site", "source_line", "subkernel_failure"]
+
+_HIDDEN_FILES = (
+    "<frozen importlib._bootstrap>",
+    "<frozen importlib._bootstrap_external>",
+    str(agents.program("scan_probe")),
+    str(Path(protocol.__file__).resolve()),
+)
+_EVIDENCE_ORDER = {"cuinit": "driver-hook", "refined": "trace", "transition": "state-probe"}
+
+
+def source_line(file: str, line: int) -> str:
+    """The stripped text of ``file:line``, or "" when the source is unavailable."""
+    return linecache.getline(file, line).strip() if line > 0 else ""
+
+
+def _site(frame: Sequence[Any]) -> Site:
+    file, line, function = str(frame[0]), int(frame[1]), str(frame[2])
+    return Site(file, line, function, source_line(file, line))
+
+
+def _visible(frames: Iterable[Sequence[Any]]) -> list[Sequence[Any]]:
+    return [frame for frame in frames if frame[0] not in _HIDDEN_FILES and frame[0] != "<string>"]
+
+
+def pick_site(stack_innermost_first: Sequence[Sequence[Any]]) -> Site | None:
+    """The innermost frame that belongs to the user's code, not to importlib or the probe."""
+    visible = _visible(stack_innermost_first)
+    return _site(visible[0]) if visible else None
+
+
+@dataclass
+class _Node:
+    name: str
+    parent: str | None
+    file: str | None
+    begin: float
+    thread: int
+    phase: str
+    end: float | None = None
+    raised: bool = False
+    threads_started: int = 0
+    children: list[str] = field(default_factory=list)
+
+
+class _Tree:
+    """The import tree as the events describe it, in first-import order."""
+
+    def __init__(self) -> None:
+        self.nodes: dict[str, _Node] = {}
+        self.last_time = 0.0
+
+    def begin(self, event: dict[str, Any]) -> None:
+        name = event["n"]
+        if name in self.nodes:
+            return
+        node = _Node(name, event.get("p"), event.get("f"), event["t"], event.get("th", 0), event.get("ph", "import"))
+        self.nodes[name] = node
+        if node.parent in self.nodes:
+            self.nodes[node.parent].children.append(name)
+
+    def end(self, event: dict[str, Any]) -> None:
+        node = self.nodes.get(event["n"])
+        if node is not None and node.end is None:
+            node.end = event["t"]
+            node.raised = event.get("ok") is False
+
+    def thread_started(self, starter: str | None) -> None:
+        if starter in self.nodes:
+            self.nodes[starter].threads_started += 1
+
+    def chain(self, module: str | None) -> tuple[str, ...]:
+        chain: list[str] = []
+        while module is not None and module in self.nodes and module not in chain:
+            chain.append(module)
+            module = self.nodes[module].parent
+        return tuple(reversed(chain))
+
+    def import_nodes(self, culprit_modules: set[str]) -> tuple[ImportNode, ...]:
+        return tuple(self._import_node(node, culprit_modules) for node in self.nodes.values())
+
+    def _import_node(self, node: _Node, culprit_modules: set[str]) -> ImportNode:
+        cumulative = self._cumulative(node)
+        nested = sum(
+            self._cumulative(self.nodes[child]) for child in node.children if self._nested_in(self.nodes[child], node)
+        )
+        return ImportNode(
+            name=node.name,
+            parent=node.parent,
+            file=node.file,
+            self_s=max(0.0, cumulative - nested),
+            cumulative_s=cumulative,
+            initializes_cuda=node.name in culprit_modules,
+            threads_started=node.threads_started,
+            phase=node.phase,
+            complete=node.end is not None and not node.raised,
+        )
+
+    def _cumulative(self, node: _Node) -> float:
+        end = node.end if node.end is not None else self.last_time
+        return max(0.0, end - node.begin)
+
+    def _nested_in(self, child: _Node, parent: _Node) -> bool:
+        parent_end = parent.end if parent.end is not None else self.last_time
+        return child.thread == parent.thread and parent.begin <= child.begin <= parent_end
+
+
+def _culprit(event: dict[str, Any], tree: _Tree, main_thread: int) -> Culprit:
+    stack = event.get("stack") or []
+    module = event.get("m")
+    origin = event.get("origin")
+    thread = "MainThread" if event.get("th") == main_thread else f"thread started by {origin or 'start-up'}"
+    chain = tree.chain(module)
+    if module is not None and module not in tree.nodes:
+        chain = (*tree.chain(event.get("importer")), module)  # executed without an import the tracer saw
+    return Culprit(
+        module=module,
+        chain=chain,
+        site=pick_site(stack),
+        stack=tuple(_site(frame) for frame in reversed(_visible(stack))),
+        phase=event.get("ph", "import"),
+        thread=thread,
+        evidence=_EVIDENCE_ORDER[event["e"]],
+    )
+
+
+def _best_culprit_event(events: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
+    """The most precise account of the first cuInit: hook, then trace, then state."""
+    for kind in _EVIDENCE_ORDER:
+        for event in events:
+            if event["e"] == kind:
+                return event
+    return None
+
+
+_FAULT_FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<function>\S+)', re.MULTILINE)
+
+
+def _fault_where(dump: str) -> str:
+    """The innermost user frame of the first thread in a faulthandler dump."""
+    current = dump.split("Current thread", 1)[-1] if "Current thread" in dump else dump
+    for match in _FAULT_FRAME.finditer(current):
+        if match["file"] not in _HIDDEN_FILES:
+            return f"{match['file']}:{match['line']} in {match['function']}"
+    return ""
+
+
+def _format_traceback(frames: Sequence[Sequence[Any]], message: str) -> str:
+    lines = ["Traceback (most recent call last):"]
+    for frame in _visible(frames):
+        site = _site(frame)
+        lines.append(f'  File "{site.file}", line {site.line}, in {site.function}')
+        if site.source:
+            lines.append(f"    {site.source}")
+    lines.append(message)
+    return "\n".join(lines)
+
+
+def _import_error(event: dict[str, Any]) -> RunError:
+    frames = event.get("tb") or []
+    file, line = event.get("file"), event.get("line")
+    if file is None:
+        innermost = pick_site(list(reversed(frames)))
+        file, line = (innermost.file, innermost.line) if innermost else (None, None)
+    message = f"{event['target']}: {event['msg']}"
+    return RunError("import-error", message, _format_traceback(frames, event["msg"]), file, line)
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def subkernel_failure(raw: RawRun) -> tuple[str, RunError] | None:
+    """``timeout`` or ``crashed`` with the stack dump's innermost frame; ``None`` otherwise."""
+    code = raw.returncode
+    if raw.timed_out:
+        where = _fault_where(raw.fault_dump)
+        message = "the subkernel did not finish in time" + (f"; it was at {where}" if where else "")
+        return "timeout", RunError("timeout", message, raw.fault_dump, where=where)
+    if code is not None and code < 0:
+        name = _signal_name(-code)
+        where = _fault_where(raw.fault_dump)
+        message = f"the subkernel was killed by {name}" + (f" at {where}" if where else "")
+        return "crashed", RunError("crashed", message, raw.fault_dump, signal=-code, where=where)
+    return None
+
+
+def _status_and_error(raw: RawRun, events: Sequence[dict[str, Any]]) -> tuple[str, RunError | None]:
+    kinds = {event["e"] for event in events}
+    errors = [event for event in events if event["e"] == "error"]
+    code = raw.returncode
+    failure = subkernel_failure(raw)
+    if failure is not None:
+        return failure
+    if "done" not in kinds:
+        exit_events = [event for event in events if event["e"] == "exit"]
+        reason = "sys.exit" if exit_events else "os._exit or a closed interpreter"
+        message = f"the target ended the subkernel ({reason}) with exit code {code}"
+        return "exited", RunError("exited", message, raw.stderr.text[-4000:], exitcode=code)
+    if errors:
+        return "import-error", _import_error(errors[0])
+    return "ok", None
+
+
+def assemble(raw: RawRun, targets: Sequence[str], driver: DriverInfo) -> ScanResult:
+    """Build the scan result from one run's events, keeping whatever was recorded."""
+    events = [event for event in raw.events if isinstance(event.get("e"), str)]
+    tree = _Tree()
+    hello = next((event for event in events if event["e"] == "hello"), {})
+    main_thread = hello.get("main_thread", 0)
+    for event in events:
+        tree.last_time = max(tree.last_time, float(event.get("t", 0.0)))
+        if event["e"] == "begin":
+            tree.begin(event)
+        elif event["e"] == "end":
+            tree.end(event)
+        elif event["e"] == "thread":
+            tree.thread_started(event.get("by"))
+    culprit_event = _best_culprit_event(events)
+    culprits = (_culprit(culprit_event, tree, main_thread),) if culprit_event else ()
+    status, error = _status_and_error(raw, events)
+    final = next((event for event in events if event["e"] == "final"), None)
+    cuda_initialized = bool(final["initialized"]) if final else bool(culprits)
+    return ScanResult(
+        targets=tuple(targets),
+        status=status,
+        driver=_driver_seen(driver, hello),
+        cuda_initialized=cuda_initialized or bool(culprits),
+        modules=tree.import_nodes({c.module for c in culprits if c.module}),
+        culprits=culprits,
+        startup=_startup(events, tree, culprits),
+        error=error,
+        torch_cuda_initialized=final.get("torch") if final else None,
+        exitcode=raw.returncode,
+        stdout=raw.stdout.describe(),
+        stderr=raw.stderr.describe(),
+        duration_s=raw.duration_s,
+        python=(str(hello.get("python") or "").split() or [""])[0],
+        started_at=iso_time(raw.started_at),
+    )
+
+
+def _driver_seen(driver: DriverInfo, hello: dict[str, Any]) -> DriverInfo:
+    library = hello.get("library") or driver.library
+    return DriverInfo(driver.kind, driver.requested, library)
+
+
+def _startup(events: Sequence[dict[str, Any]], tree: _Tree, culprits: tuple[Culprit, ...]) -> StartupInfo:
+    phase_times = {event["phase"]: event["t"] for event in events if event["e"] == "phase"}
+    start, end = phase_times.get("startup"), phase_times.get("import")
+    seconds = (end - start) if start is not None and end is not None else 0.0
+    count = sum(1 for node in tree.nodes.values() if node.phase == "startup")
+    initialized = any(c.phase == "startup" for c in culprits)
+    return StartupInfo(cuda_initialized=initialized, modules=count, seconds=seconds)

@@ -1,0 +1,174 @@
+"""Bisect: the first commit at which importing a target initializes CUDA.
+
+Drives ``git bisect run`` with "the scan says CUDA got initialized" as the
+predicate, in a throwaway clone (``--shared``: no copy of the objects), so the
+user's checkout, HEAD, index and ``.git`` are never touched.  Commits where the
+target cannot be imported are skipped, not judged.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from diagtools.errors import UsageError
+from diagtools.model.bisect import BisectResult, BisectStep
+from diagtools.model.scan import Culprit, Site
+from diagtools.usecases.bisect_step import BAD, GOOD, verdict
+from diagtools.usecases.scan import validate_targets
+
+__all__ = ["bisect"]
+
+
+def _git(repo: Path, *args: str, check: bool = True) -> str:
+    done = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, check=False)
+    if check and done.returncode != 0:
+        raise UsageError(f"git {' '.join(args)} failed in {repo}: {(done.stderr or done.stdout).strip()[-300:]}")
+    return done.stdout
+
+
+def _resolve(repo: Path, rev: str) -> str:
+    done = subprocess.run(
+        ["git", "-C", str(repo), "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if done.returncode != 0:
+        raise UsageError(f"{rev!r} is not a commit in {repo}")
+    return done.stdout.strip()
+
+
+def _check_repo(repo: Path) -> Path:
+    if shutil.which("git") is None:
+        raise UsageError("git is not installed")
+    if (
+        not repo.is_dir()
+        or subprocess.run(
+            ["git", "-C", str(repo), "rev-parse", "--git-dir"], capture_output=True, check=False
+        ).returncode
+        != 0
+    ):
+        raise UsageError(f"--repo {str(repo)!r} is not a git repository")
+    return repo.resolve()
+
+
+@dataclass(frozen=True)
+class _Job:
+    """A bisect in its throwaway clone: what to scan there, and how."""
+
+    work: Path
+    target: str
+    subdir: str
+    driver: str
+    timeout: float
+
+    def verdict_at(self, rev: str) -> tuple[int, dict[str, Any]]:
+        _git(self.work, "checkout", "--quiet", "--detach", rev)
+        return verdict(self.target, str(self.work / self.subdir), self.driver, self.timeout)
+
+    def step_args(self) -> list[str]:
+        return [
+            self.target,
+            "--path",
+            str(self.work / self.subdir),
+            "--driver",
+            self.driver,
+            "--timeout",
+            str(self.timeout),
+        ]
+
+
+def _judge_endpoint(job: _Job, rev: str, expected: int) -> None:
+    code, record = job.verdict_at(rev)
+    if code != expected:
+        wanted = "initialize" if expected == BAD else "leave uninitialized"
+        found = record.get("error") or f"it {'did' if code == BAD else 'did not'}"
+        raise UsageError(f"{job.target} at {rev[:12]} should {wanted} CUDA for a bisect, but {found}")
+
+
+def _run_bisect(work: Path, good: str, bad: str, step_args: list[str], log: Path) -> str:
+    _git(work, "bisect", "start", bad, good)
+    env = dict(os.environ, DIAGTOOLS_BISECT_LOG=str(log))
+    done = subprocess.run(
+        ["git", "-C", str(work), "bisect", "run", sys.executable, "-m", "diagtools.usecases.bisect_step", *step_args],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+    )
+    return done.stdout + done.stderr
+
+
+_FIRST_BAD = re.compile(r"^([0-9a-f]{40}) is the first bad commit", re.MULTILINE)
+_CANDIDATES = re.compile(r"could be any of:\n((?:[0-9a-f]{40}\n?)+)")
+
+
+def _steps(log: Path) -> tuple[BisectStep, ...]:
+    if not log.exists():
+        return ()
+    records = [json.loads(line) for line in log.read_text(encoding="utf-8").splitlines() if line.strip()]
+    return tuple(BisectStep(r["commit"], r["verdict"], r.get("status", "")) for r in records)
+
+
+def bisect(
+    repo: str | os.PathLike[str],
+    good: str,
+    bad: str,
+    target: str,
+    *,
+    path_in_repo: str = "",
+    driver: str = "auto",
+    timeout: float = 120.0,
+) -> BisectResult:
+    """Find the first commit between ``good`` and ``bad`` where importing ``target`` initializes CUDA."""
+    (name,) = validate_targets(target)
+    source = _check_repo(Path(repo))
+    good_sha, bad_sha = _resolve(source, good), _resolve(source, bad)
+    with tempfile.TemporaryDirectory(prefix="diagtools-bisect-") as scratch:
+        work = Path(scratch) / "work"
+        subprocess.run(
+            ["git", "clone", "--quiet", "--shared", "--no-checkout", str(source), str(work)],
+            capture_output=True,
+            check=True,
+        )
+        job = _Job(work, name, path_in_repo, driver, timeout)
+        _judge_endpoint(job, bad_sha, BAD)
+        _judge_endpoint(job, good_sha, GOOD)
+        log = Path(scratch) / "steps.jsonl"
+        output = _run_bisect(work, good_sha, bad_sha, job.step_args(), log)
+        first = _FIRST_BAD.search(output)
+        if first is None:
+            listed = _CANDIDATES.search(output)
+            candidates = tuple(listed.group(1).split()) if listed else ()
+            return BisectResult(name, good_sha, bad_sha, None, "", (), None, _steps(log), candidates)
+        return _describe(job, good_sha, bad_sha, first.group(1), _steps(log))
+
+
+def _describe(job: _Job, good: str, bad: str, first: str, steps: tuple[BisectStep, ...]) -> BisectResult:
+    subject = _git(job.work, "show", "--no-patch", "--format=%s", first).strip()
+    files = tuple(_git(job.work, "diff-tree", "--no-commit-id", "--name-only", "-r", "--root", first).split())
+    _git(job.work, "bisect", "reset", "--quiet", check=False)
+    _, record = job.verdict_at(first)
+    culprit = Culprit.from_json(record["culprit"]) if record.get("culprit") else None
+    return BisectResult(job.target, good, bad, first, subject, files, _relative(culprit, job.work), steps)
+
+
+def _relative(culprit: Culprit | None, work: Path) -> Culprit | None:
+    """Site paths inside the throwaway clone, made relative to the repository."""
+    if culprit is None:
+        return None
+    prefix = str(work) + os.sep
+
+    def strip(site: Site) -> Site:
+        return replace(site, file=site.file.removeprefix(prefix))
+
+    return replace(culprit, site=strip(culprit.site) if culprit.site else None, stack=tuple(map(strip, culprit.stack)))

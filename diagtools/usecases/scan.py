@@ -1,0 +1,114 @@
+"""The scan use case: import targets in a fresh subkernel and name the culprit."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable
+from dataclasses import replace
+
+from diagtools import agents, protocol
+from diagtools.driver import build_probe_extension, resolve_driver
+from diagtools.errors import UsageError
+from diagtools.model.scan import Culprit, ScanResult
+from diagtools.runner.subkernel import RawRun, SubkernelRequest, run_subkernel
+from diagtools.usecases.assemble import assemble
+
+__all__ = ["SCAN_PROBE", "probe_request", "scan", "validate_paths", "validate_targets"]
+
+SCAN_PROBE = agents.program("scan_probe")
+
+Runner = Callable[[SubkernelRequest], RawRun]
+
+
+def validate_targets(targets: str | Iterable[str]) -> tuple[str, ...]:
+    """Dotted module names, checked before any process starts."""
+    names = (targets,) if isinstance(targets, str) else tuple(targets)
+    if not names:
+        raise UsageError("no target given: name at least one module to scan")
+    for name in names:
+        if not isinstance(name, str) or not all(part.isidentifier() for part in name.split(".")):
+            raise UsageError(f"{name!r} is not a module name (expected dotted identifiers such as pkg.sub)")
+    return names
+
+
+def validate_paths(paths: str | os.PathLike[str] | Iterable[str | os.PathLike[str]]) -> tuple[str, ...]:
+    """Import roots that exist, made absolute so the subkernel's cwd cannot matter."""
+    items = (paths,) if isinstance(paths, (str, os.PathLike)) else tuple(paths)
+    resolved = []
+    for item in items:
+        path = os.path.abspath(os.fspath(item))
+        if not os.path.isdir(path):
+            raise UsageError(f"--path {os.fspath(item)!r} is not a directory")
+        resolved.append(path)
+    return tuple(resolved)
+
+
+def scan(
+    targets: str | Iterable[str],
+    *,
+    path: str | os.PathLike[str] | Iterable[str | os.PathLike[str]] = (),
+    driver: str = "auto",
+    timeout: float = 120.0,
+    refine: bool = True,
+    runner: Runner = run_subkernel,
+) -> ScanResult:
+    """Import ``targets`` in a fresh subkernel and report who initialized CUDA.
+
+    Parameters
+    ----------
+    targets
+        Module names, imported in order as ``import NAME`` would.
+    path
+        Directories put in front of ``sys.path`` in the subkernel.
+    driver
+        ``auto`` (the real driver when one loads, else the simulated one),
+        ``real``, ``simulated`` or ``none``; the result says which was used.
+    timeout
+        Seconds before a hung subkernel is dumped and killed.
+    refine
+        When only the driver's state (not its hook) caught the moment, rerun
+        with line tracing inside the culprit module to find the exact line.
+    runner
+        The seam that starts subkernels; tests pass a fake.
+    """
+    names = validate_targets(targets)
+    roots = validate_paths(path)
+    if timeout <= 0:
+        raise UsageError(f"--timeout must be positive, got {timeout}")
+    setup = resolve_driver(driver)
+    request = probe_request(names, roots, setup.env, timeout)
+    result = assemble(runner(request), names, setup.info)
+    if refine and _needs_refinement(result.culprit):
+        result = _refine(result, request, runner)
+    return result
+
+
+def probe_request(
+    targets: tuple[str, ...], roots: tuple[str, ...], env: dict[str, str], timeout: float
+) -> SubkernelRequest:
+    """A subkernel run of the import probe over ``targets``."""
+    settings = {
+        protocol.CUPROBE: str(build_probe_extension()),
+        protocol.SCAN_TARGETS: "\n".join(targets),
+        protocol.SCAN_PATH: "\n".join(roots),
+        protocol.SCAN_REFINE: "",
+    }
+    return SubkernelRequest(SCAN_PROBE, settings, env, timeout, flags=("-S",))
+
+
+def _needs_refinement(culprit: Culprit | None) -> bool:
+    return culprit is not None and culprit.evidence == "state-probe" and culprit.module is not None
+
+
+def _refine(result: ScanResult, request: SubkernelRequest, runner: Runner) -> ScanResult:
+    """Rerun with a line tracer inside the culprit's window to find the exact site."""
+    assert result.culprit is not None
+    assert result.culprit.module is not None
+    targets = result.targets
+    rerun = assemble(
+        runner(request.with_settings({protocol.SCAN_REFINE: result.culprit.module})), targets, result.driver
+    )
+    if rerun.culprit is None or rerun.culprit.evidence != "trace" or rerun.culprit.module != result.culprit.module:
+        return result
+    refined = replace(rerun.culprit, chain=result.culprit.chain, phase=result.culprit.phase)
+    return result.with_culprits((refined, *result.culprits[1:]))
