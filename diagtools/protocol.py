@@ -36,6 +36,7 @@ SCAN_TARGETS = "DIAGTOOLS_PROBE_TARGETS"
 SCAN_PATH = "DIAGTOOLS_PROBE_PATH"
 SCAN_REFINE = "DIAGTOOLS_PROBE_REFINE"
 SCAN_NO_SITE = "DIAGTOOLS_PROBE_NO_SITE"
+SCAN_SETTLE = "DIAGTOOLS_PROBE_SETTLE"
 REPLAY_TARGET = "DIAGTOOLS_REPLAY_TARGET"
 REPLAY_PATH = "DIAGTOOLS_REPLAY_PATH"
 REPLAY_CHILD = "DIAGTOOLS_REPLAY_CHILD"
@@ -66,7 +67,9 @@ EVENTS = {
     "cuinit": ("m", "stack", "th", "ph"),
     "error": ("target", "type", "msg", "tb"),
     "exit": ("target", "code"),
+    "threads": ("alive",),
     "final": ("initialized",),
+    "shutdown": ("initialized",),
     "done": (),
     # the replay parent
     "setup": ("ok",),

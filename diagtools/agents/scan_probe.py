@@ -39,9 +39,12 @@ class _State:
     phase = "startup"
     hook_fired = False
     transition_seen = False
+    refined = False
     refine = _ENV.get(protocol.SCAN_REFINE, "")
-    stacks = {}
-    origins = {}
+    stacks = {}  # thread id -> names of the modules it is importing, outermost first
+    origins = {}  # thread id -> the module whose code started that thread
+    alive = {}  # thread id -> {"name", "by", "stack"} of threads started by traced code, while they run
+    imported = set()  # modules imported after start-up: candidates for blame at shutdown
 
 
 def _innermost(tid):
@@ -65,17 +68,27 @@ def _frames(frame):
     return out
 
 
-def _note_transition(tid, module, event):
+def _note_transition(tid, module, event, phase=None):
     """The driver answered "initialized" for the first time at this event."""
     if _State.transition_seen:
         return
     _State.transition_seen = True
-    _channel.emit("transition", m=module, th=tid, ph=_phase_of(tid), at=event)
+    started = _State.alive.get(tid)
+    _channel.emit(
+        "transition",
+        m=module,
+        th=tid,
+        ph=phase or _phase_of(tid),
+        at=event,
+        origin=_State.origins.get(tid),
+        name=started["name"] if started else None,
+        started=started["stack"] if started else None,
+    )
 
 
-def _check_state(tid, module, event):
+def _check_state(tid, module, event, phase=None):
     if not _State.transition_seen and _driver_initialized():
-        _note_transition(tid, module, event)
+        _note_transition(tid, module, event, phase)
 
 
 # ---- the import tracer -------------------------------------------------------
@@ -96,6 +109,8 @@ def _traced_load(spec):
         f'"th":{tid},"ph":"{_phase_of(tid)}","t":{_clock()!r}}}'
     )
     stack.append(name)
+    if _State.phase != "startup":
+        _State.imported.add(name)
     tracer = _start_refine(name)
     ok = False
     try:
@@ -116,13 +131,13 @@ def _traced_load(spec):
 class _LineTracer:
     """Finds the line whose execution flipped the driver to initialized."""
 
-    def __init__(self, module):
+    def __init__(self, module, phase):
         self.module = module
+        self.phase = phase
         self.previous = None
-        self.done = False
 
     def __call__(self, frame, event, arg):
-        if self.done or self._flipped():
+        if _State.refined or self._flipped():
             return None
         # After a return, execution goes on in the caller, mid-way through its line.
         here = frame.f_back if event == "return" and frame.f_back is not None else frame
@@ -133,10 +148,23 @@ class _LineTracer:
     def _flipped(self):
         if self.previous is None or not _driver_initialized():
             return False
+        if _State.refined:
+            return True
+        _State.refined = True
         stack = _frames(self.previous)
         stack[0][1] = self.previous_line
-        self.done = True
-        _channel.emit("refined", m=self.module, stack=stack, th=_thread.get_ident(), ph=_State.phase)
+        tid = _thread.get_ident()
+        started = _State.alive.get(tid)
+        _channel.emit(
+            "refined",
+            m=self.module,
+            stack=stack,
+            th=tid,
+            ph=self.phase,
+            origin=_State.origins.get(tid),
+            name=started["name"] if started else None,
+            started=started["stack"] if started else None,
+        )
         sys.settrace(None)
         _State.refine = ""
         return True
@@ -145,9 +173,15 @@ class _LineTracer:
 def _start_refine(name):
     if _State.refine != name or _driver_initialized():
         return None
-    tracer = _LineTracer(name)
+    tracer = _LineTracer(name, _State.phase)
     sys.settrace(tracer)
     return tracer
+
+
+def _refine_thread(starter):
+    """Line-trace a thread started by the module being refined: its own line may be the one."""
+    if _State.refine and _State.refine == starter and not _driver_initialized():
+        sys.settrace(_LineTracer(starter, "thread"))
 
 
 # ---- the driver hook and threads --------------------------------------------
@@ -166,6 +200,10 @@ def _on_cuinit():
         # Top-level code of a module the tracer never saw being imported (LazyLoader,
         # a manual exec_module, runpy) is running: that module is the culprit.
         module = running
+    if module is None:
+        # No import is running (an atexit handler, a finalizer): blame the module that defined the code.
+        module = _defining_module(caller)
+    started = _State.alive.get(tid)
     _channel.emit(
         "cuinit",
         m=module,
@@ -174,7 +212,19 @@ def _on_cuinit():
         th=tid,
         ph=_phase_of(tid),
         origin=_State.origins.get(tid),
+        name=started["name"] if started else None,
+        started=started["stack"] if started else None,
     )
+
+
+def _defining_module(frame):
+    """The innermost frame's module among those the target imported, or None."""
+    while frame is not None:
+        name = frame.f_globals.get("__name__")
+        if isinstance(name, str) and name in _State.imported:
+            return name
+        frame = frame.f_back
+    return None
 
 
 def _module_code_running(frame):
@@ -188,18 +238,39 @@ def _module_code_running(frame):
     return None
 
 
+def _thread_name(function):
+    """The ``threading.Thread`` name behind a low-level start, when there is one."""
+    owner = getattr(function, "__self__", None)
+    name = getattr(owner, "_name", None) if owner is not None else None
+    return name if isinstance(name, str) else None
+
+
+def _traced_thread(function, caller):
+    """Wrap a thread's function: remember who started it, from where, and while it is alive."""
+    starter = _innermost(_thread.get_ident())
+    record = {"name": _thread_name(function), "by": starter, "stack": _frames(caller)}
+    _channel.emit("thread", by=starter, name=record["name"], stack=record["stack"])
+
+    def run(*call_args, **call_kwargs):
+        tid = _thread.get_ident()
+        _State.origins[tid] = starter
+        _State.alive[tid] = record
+        _refine_thread(starter)
+        try:
+            return function(*call_args, **call_kwargs)
+        finally:
+            # Without the driver hook, the thread itself is the first to see what it did.
+            _check_state(tid, starter, "thread-end", "thread")
+            _State.alive.pop(tid, None)
+
+    return run
+
+
 _original_start_new_thread = _thread.start_new_thread
 
 
 def _traced_start_new_thread(function, args, kwargs=None):
-    starter = _innermost(_thread.get_ident())
-    _channel.emit("thread", by=starter)
-
-    def run(*call_args, **call_kwargs):
-        _State.origins[_thread.get_ident()] = starter
-        return function(*call_args, **call_kwargs)
-
-    return _original_start_new_thread(run, args, kwargs or {})
+    return _original_start_new_thread(_traced_thread(function, sys._getframe(1)), args, kwargs or {})
 
 
 def _install():
@@ -214,14 +285,7 @@ def _install_joinable():
     original = _thread.start_joinable_thread
 
     def start_joinable_thread(function, *args, **kwargs):
-        starter = _innermost(_thread.get_ident())
-        _channel.emit("thread", by=starter)
-
-        def run():
-            _State.origins[_thread.get_ident()] = starter
-            return function()
-
-        return original(run, *args, **kwargs)
+        return original(_traced_thread(function, sys._getframe(1)), *args, **kwargs)
 
     _thread.start_joinable_thread = start_joinable_thread
 
@@ -281,6 +345,43 @@ def _import_targets(targets, extra_path):
             _report_error(target, exc)
 
 
+def _settle(seconds):
+    """Wait, up to ``seconds``, for the threads the target started; watch the driver meanwhile."""
+    deadline = _clock() + seconds
+    while _State.alive and _clock() < deadline:
+        time.sleep(0.01)
+        _check_alive_threads()
+    _check_alive_threads()
+    alive = [dict(record, th=tid) for tid, record in list(_State.alive.items())]
+    _channel.emit("threads", alive=alive)
+
+
+def _check_alive_threads():
+    """Without the driver hook: a flip while only target threads run is theirs (the latest started)."""
+    if _State.transition_seen or not _driver_initialized():
+        return
+    running = list(_State.alive.items())
+    if running:
+        tid, record = running[-1]
+        _note_transition(tid, record["by"], "settle", "thread")
+
+
+def _watch_shutdown():
+    """Run last at exit (registered first): catch a cuInit from atexit handlers and finalizers."""
+    already_loaded = "atexit" in sys.modules
+    import atexit
+
+    atexit.register(_at_exit)
+    if not already_loaded:
+        del sys.modules["atexit"]
+
+
+def _at_exit():
+    _State.phase = "shutdown"
+    _check_state(_MAIN_THREAD, None, "exit", "shutdown")
+    _channel.emit("shutdown", initialized=_driver_initialized())
+
+
 def _torch_cuda_initialized():
     module = sys.modules.get("torch.cuda")
     if module is None:
@@ -294,6 +395,7 @@ def main():
     except OSError:
         pass
     protocol.enable_fault_dumps(_ENV)
+    _watch_shutdown()
     _install()
     _channel.emit(
         "hello",
@@ -310,6 +412,7 @@ def main():
     extra_path = [p for p in _ENV.get(protocol.SCAN_PATH, "").split("\n") if p]
     _import_targets(targets, extra_path)
     _check_state(_MAIN_THREAD, None, "import-end")
+    _settle(float(_ENV.get(protocol.SCAN_SETTLE, "0") or 0))
     _State.phase = "shutdown"
     _channel.emit("final", initialized=_driver_initialized(), torch=_torch_cuda_initialized())
     _channel.emit("done")

@@ -11,7 +11,8 @@ from typing import Any
 
 from diagtools.driver import DRIVER_CHOICES
 from diagtools.errors import DiagtoolsError, UsageError
-from diagtools.model.replay import START_METHODS
+from diagtools.model.replay import REPLAY_BROKEN, START_METHODS
+from diagtools.usecases.scan import DEFAULT_SETTLE_S
 
 __all__ = ["main"]
 
@@ -50,6 +51,13 @@ def _add_scan(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--driver", choices=DRIVER_CHOICES, default="auto")
     parser.add_argument("--timeout", type=float, default=120.0, metavar="S")
     parser.add_argument("--json", metavar="FILE|-", help="write the diagtools.scan/1 document ('-' for stdout)")
+    parser.add_argument(
+        "--settle",
+        type=float,
+        default=DEFAULT_SETTLE_S,
+        metavar="S",
+        help=f"after the imports, watch threads the target started for up to S seconds (default {DEFAULT_SETTLE_S})",
+    )
     parser.add_argument("--fail-on-cuda", action="store_true", help="exit 1 when CUDA got initialized")
     parser.add_argument("--stack", action="store_true", help="print the whole Python stack of the culprit")
     _add_debug(parser)
@@ -136,7 +144,7 @@ def _run_scan(args: argparse.Namespace) -> int:
     from diagtools.render.text import render_scan
     from diagtools.usecases.scan import scan
 
-    result = scan(args.targets, path=args.path, driver=args.driver, timeout=args.timeout)
+    result = scan(args.targets, path=args.path, driver=args.driver, timeout=args.timeout, settle=args.settle)
     _emit(result.to_json(), render_scan(result, stack=args.stack), args.json)
     if not result.ok:
         return EXIT_TARGET_FAILED
@@ -152,14 +160,11 @@ def _run_replay(args: argparse.Namespace) -> int:
         before, after = args.compare
         comparison = compare_replays(args.target, before=before, after=after, **common)
         _emit(comparison.to_json(), render_comparison(comparison), args.json)
-        failed = [r for _, r in comparison.runs if r.status in _REPLAY_BROKEN]
+        failed = [r for _, r in comparison.runs if r.status in REPLAY_BROKEN]
         return EXIT_TARGET_FAILED if failed else EXIT_OK
     result = replay_fork(args.target, start_method=args.start_method, **common)
     _emit(result.to_json(), render_replay(result), args.json)
-    return EXIT_TARGET_FAILED if result.status in _REPLAY_BROKEN else EXIT_OK
-
-
-_REPLAY_BROKEN = ("setup-error", "crashed", "timeout", "exited")
+    return EXIT_TARGET_FAILED if result.status in REPLAY_BROKEN else EXIT_OK
 
 
 def _emit(document: dict[str, Any], text: str, json_destination: str | None) -> None:

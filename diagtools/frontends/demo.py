@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from diagtools.model.scan import ScanResult
+from diagtools.model.verdict import Verdict
 from diagtools.render.text import render_scan
 from diagtools.specimens import Specimen, all_specimens
 from diagtools.usecases.scan import scan
@@ -33,7 +34,7 @@ class SpecimenOutcome:
         if not self.result.ok:
             return False
         if self.variant == "after" or self.specimen.culprit is None:
-            return not self.result.cuda_initialized
+            return self.result.verdict == Verdict.CLEAN
         culprit = self.result.culprit
         return (
             culprit is not None
@@ -42,12 +43,14 @@ class SpecimenOutcome:
             and self.specimen.site_text in culprit.site.source
         )
 
-    def verdict(self) -> str:
+    def headline(self) -> str:
         if not self.result.cuda_initialized:
-            return "clean: CUDA not initialized"
+            doubts = "; ".join(self.result.doubts())
+            return f"{self.result.verdict}: CUDA not initialized" + (f" ({doubts})" if doubts else "")
         culprit = self.result.culprit
-        where = f" at {culprit.site.file}:{culprit.site.line}" if culprit and culprit.site else ""
-        return f"initializes CUDA: {culprit.module if culprit else '?'}{where}"
+        site = culprit.line_to_change if culprit else None
+        where = f" at {site.file}:{site.line}" if site else ""
+        return f"{self.result.verdict}: {culprit.module if culprit else '?'}{where}"
 
 
 @dataclass(frozen=True)
@@ -78,7 +81,7 @@ class DemoReport:
         lines = [f"driver: {self.outcomes[0].result.driver.describe()}" if self.outcomes else "no specimens"]
         for outcome in self.outcomes:
             mark = "ok " if outcome.as_expected else "UNEXPECTED"
-            lines.append(f"  [{mark}] {outcome.specimen.name}/{outcome.variant}: {outcome.verdict()}")
+            lines.append(f"  [{mark}] {outcome.specimen.name}/{outcome.variant}: {outcome.headline()}")
         for notebook in self.notebooks:
             state = f"FAILED: {notebook.error}" if notebook.error else f"executed in {notebook.seconds:.1f} s"
             lines.append(f"  notebook {notebook.name}: {state}")
@@ -141,7 +144,7 @@ def _index_html(report_outcomes: tuple[SpecimenOutcome, ...], notebooks: tuple[N
         for n in notebooks
     )
     verdicts = "".join(
-        f"<li>{escape(o.specimen.name)}/{o.variant}: {escape(o.verdict())}</li>" for o in report_outcomes
+        f"<li>{escape(o.specimen.name)}/{o.variant}: {escape(o.headline())}</li>" for o in report_outcomes
     )
     return (
         "<!DOCTYPE html><html><head><meta charset='utf-8'><title>diagtools report</title></head><body>"

@@ -31,11 +31,12 @@ def assert_import_cuda_free(
     The failure message names the culprit, its import chain and its source line.
     Returns the :class:`diagtools.ScanResult` when the module is clean.
     """
+    from diagtools.model.verdict import Verdict
     from diagtools.render.text import render_guard_failure
     from diagtools.usecases.scan import scan
 
     result = scan(module, path=tuple(path), driver=driver, timeout=timeout)
-    if not result.ok or result.cuda_initialized:
+    if result.verdict != Verdict.CLEAN:
         raise AssertionError(render_guard_failure(result))
     return result
 

@@ -7,6 +7,7 @@ from typing import Any
 
 from diagtools.model._display import present
 from diagtools.model.scan import ScanResult
+from diagtools.model.verdict import Verdict
 
 __all__ = ["DIFF_SCHEMA", "ScanDiff", "diff_scans"]
 
@@ -31,9 +32,21 @@ class ScanDiff:
 
     @property
     def fixed(self) -> bool:
-        return self.before.cuda_initialized and not self.after.cuda_initialized
+        """The before scan initialized CUDA and the after scan is clean (both sides could see)."""
+        return self.before.verdict == Verdict.INITIALIZES_CUDA and self.after.verdict == Verdict.CLEAN
 
-    def verdict(self) -> str:
+    @property
+    def verdict(self) -> Verdict:
+        """The after scan's verdict; ``unknown`` when either side could not see."""
+        if Verdict.UNKNOWN in (self.before.verdict, self.after.verdict):
+            return Verdict.UNKNOWN
+        return self.after.verdict
+
+    def summary(self) -> str:
+        """One sentence: what the fix changed."""
+        unseen = [name for name, scan in (("before", self.before), ("after", self.after)) if scan.doubts()]
+        if unseen and not (self.before.cuda_initialized or self.after.cuda_initialized):
+            return f"cannot compare: the {' and '.join(unseen)} scan could not see everything"
         before, after = self.before.cuda_initialized, self.after.cuda_initialized
         if before and not after:
             cut = f": the chain is broken at {self.broken_edge[0]} -> {self.broken_edge[1]}" if self.broken_edge else ""
@@ -43,6 +56,8 @@ class ScanDiff:
             return f"now initializes CUDA (culprit {culprit}): a regression"
         if before and after:
             return "still initializes CUDA"
+        if unseen:
+            return f"initializes CUDA in neither, but the {' and '.join(unseen)} scan could not see everything"
         return "initializes CUDA in neither"
 
     def graph(self) -> Any:
@@ -58,7 +73,8 @@ class ScanDiff:
     def to_json(self) -> dict[str, Any]:
         return {
             "schema": DIFF_SCHEMA,
-            "verdict": self.verdict(),
+            "verdict": self.verdict.value,
+            "summary": self.summary(),
             "fixed": self.fixed,
             "removed_modules": list(self.removed_modules),
             "added_modules": list(self.added_modules),

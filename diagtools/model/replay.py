@@ -7,27 +7,80 @@ for a before/after, fork/spawn grid.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import Enum
 from typing import Any
 
 from diagtools.model._display import present
 from diagtools.model.common import check_schema
 from diagtools.model.scan import DriverInfo, RunError
+from diagtools.model.verdict import Verdict, combine
 
 __all__ = [
     "CHILD_ACTIONS",
     "REPLAY_SCHEMA",
     "START_METHODS",
     "ChildOutcome",
+    "ChildStatus",
     "DriverCall",
     "ParentState",
     "ReplayComparison",
     "ReplayResult",
+    "ReplayStatus",
 ]
 
 REPLAY_SCHEMA = "diagtools.replay/1"
 COMPARISON_SCHEMA = "diagtools.replay-comparison/1"
 START_METHODS = ("fork", "spawn", "forkserver")
 CHILD_ACTIONS = ("cuinit", "ctypes", "torch")
+
+
+class ChildStatus(str, Enum):
+    """How the child's CUDA action ended."""
+
+    OK = "ok"
+    FAILED = "failed"
+    CRASHED = "crashed"
+    TIMEOUT = "timeout"
+    EXITED = "exited"
+    UNAVAILABLE = "unavailable"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class ReplayStatus(str, Enum):
+    """How a whole replay ended: the child's outcome, or why there was none."""
+
+    OK = "ok"
+    FAILED = "failed"
+    UNAVAILABLE = "unavailable"
+    SETUP_ERROR = "setup-error"
+    CHILD_CRASHED = "child-crashed"
+    CHILD_TIMEOUT = "child-timeout"
+    CHILD_EXITED = "child-exited"
+    CRASHED = "crashed"
+    TIMEOUT = "timeout"
+    EXITED = "exited"
+    CHANNEL_LOST = "channel-lost"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+#: The child ran and its CUDA action did not succeed: the poisoned-fork failure, reproduced.
+CHILD_FAILURES = frozenset(
+    {ReplayStatus.FAILED, ReplayStatus.CHILD_CRASHED, ReplayStatus.CHILD_TIMEOUT, ReplayStatus.CHILD_EXITED}
+)
+#: The replay itself broke: no child outcome to judge.
+REPLAY_BROKEN = frozenset(
+    {
+        ReplayStatus.SETUP_ERROR,
+        ReplayStatus.CRASHED,
+        ReplayStatus.TIMEOUT,
+        ReplayStatus.EXITED,
+        ReplayStatus.CHANNEL_LOST,
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -81,7 +134,7 @@ class ChildOutcome:
     """How the child's CUDA action ended: ``ok``, ``failed``, ``crashed``, ``timeout``,
     ``exited`` (no result) or ``unavailable`` (cannot run on this machine)."""
 
-    status: str
+    status: ChildStatus
     exitcode: int | None = None
     signal: int | None = None
     error_type: str = ""
@@ -93,9 +146,12 @@ class ChildOutcome:
     driver_state_at_start: int | None = None
     driver_calls: tuple[DriverCall, ...] = ()
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "status", ChildStatus(self.status))
+
     @property
     def ok(self) -> bool:
-        return self.status == "ok"
+        return self.status == ChildStatus.OK
 
     def summary(self) -> str:
         if self.status == "ok":
@@ -110,7 +166,7 @@ class ChildOutcome:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "status": self.status,
+            "status": self.status.value,
             "ok": self.ok,
             "exitcode": self.exitcode,
             "signal": self.signal,
@@ -155,17 +211,35 @@ class ReplayResult:
     child_action: str
     start_method: str
     driver: DriverInfo
-    status: str
+    status: ReplayStatus
     parent: ParentState | None
     child: ChildOutcome | None
     error: RunError | None = None
     duration_s: float = 0.0
     started_at: str = ""
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "status", ReplayStatus(self.status))
+
     @property
     def reproduced(self) -> bool:
-        """True when the child's CUDA action failed or crashed."""
-        return self.status in ("failed", "crashed") and self.child is not None
+        """True when the child ran and its CUDA action failed, crashed, hung or exited early."""
+        return self.status in CHILD_FAILURES and self.child is not None
+
+    @property
+    def verdict(self) -> Verdict:
+        """``initializes-cuda`` when the parent initialized CUDA before starting the child.
+
+        ``clean`` only when the parent did not and the child's action then
+        worked; anything the replay could not see (setup error, crash, no
+        child, an unavailable action, a failure the parent's state does not
+        explain) is ``unknown``.
+        """
+        if self.status in REPLAY_BROKEN or self.parent is None:
+            return Verdict.UNKNOWN
+        if self.parent.cuda_initialized:
+            return Verdict.INITIALIZES_CUDA
+        return Verdict.CLEAN if self.status == ReplayStatus.OK else Verdict.UNKNOWN
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -175,7 +249,9 @@ class ReplayResult:
             "child_action": self.child_action,
             "start_method": self.start_method,
             "driver": self.driver.to_json(),
-            "status": self.status,
+            "status": self.status.value,
+            "verdict": self.verdict.value,
+            "reproduced": self.reproduced,
             "parent": self.parent.to_json() if self.parent else None,
             "child": self.child.to_json() if self.child else None,
             "error": self.error.to_json() if self.error else None,
@@ -225,22 +301,33 @@ class ReplayComparison:
     def start_methods(self) -> tuple[str, ...]:
         return tuple(dict.fromkeys(result.start_method for _, result in self.runs))
 
-    def verdict(self) -> str:
-        """Which runs failed, and the parent-state difference that explains it."""
+    @property
+    def verdict(self) -> Verdict:
+        """The verdict on the last variant (the fix): all its start methods must agree to be ``clean``."""
+        if not self.runs:
+            return Verdict.UNKNOWN
+        return combine(result.verdict for result in self.runs_of(self.variants[-1]))
+
+    def variant_verdicts(self) -> dict[str, Verdict]:
+        return {variant: combine(r.verdict for r in self.runs_of(variant)) for variant in self.variants}
+
+    def explanation(self) -> tuple[str, ...]:
+        """A headline, then one line per fact: which runs failed, which could not be judged, and why."""
         failing = [f"{label}/{r.start_method}" for label, r in self.runs if r.reproduced]
-        if not failing:
-            return "no run failed"
-        sentences = [f"{', '.join(failing)} failed"]
+        unjudged = [f"{label}/{r.start_method} ({r.status})" for label, r in self.runs if r.verdict == Verdict.UNKNOWN]
+        headline = f"{', '.join(failing)} failed" if failing else "no child failed"
+        lines = [headline + (f"; not judged: {', '.join(unjudged)}" if unjudged else "")]
         for variant in self.variants:
             parent = self.runs_of(variant)[0].parent
             if parent is not None:
                 did = "initialized CUDA" if parent.cuda_initialized else "did not initialize CUDA"
-                sentences.append(f"{variant}: the parent {did} before starting the child")
-        if "after" in self.variants and not any(r.reproduced for r in self.runs_of("after")):
-            sentences.append("after the fix every start method passes")
-        if any(r.start_method != "fork" and not r.reproduced for r in self.runs_of("before")):
-            sentences.append("spawn-like start methods avoid it: the child starts a fresh interpreter")
-        return "; ".join(sentences)
+                lines.append(f"{variant}: the parent {did} before starting the child")
+        after = self.variant_verdicts().get("after")
+        if after == Verdict.CLEAN:
+            lines.append("after the fix every start method passes")
+        if any(r.start_method != "fork" and r.status == ReplayStatus.OK for r in self.runs_of("before")):
+            lines.append("spawn-like start methods avoid it: the child starts a fresh interpreter")
+        return tuple(lines)
 
     def runs_of(self, variant: str) -> tuple[ReplayResult, ...]:
         return tuple(result for label, result in self.runs if label == variant)
@@ -250,7 +337,9 @@ class ReplayComparison:
             "schema": COMPARISON_SCHEMA,
             "target": self.target,
             "runs": [{"variant": label, "replay": result.to_json()} for label, result in self.runs],
-            "verdict": self.verdict(),
+            "verdict": self.verdict.value,
+            "variant_verdicts": {variant: verdict.value for variant, verdict in self.variant_verdicts().items()},
+            "explanation": list(self.explanation()),
         }
 
     @classmethod

@@ -13,9 +13,11 @@ from typing import Any
 
 from diagtools.model._display import present
 from diagtools.model.common import check_schema
+from diagtools.model.verdict import ScanStatus, Verdict
 
 __all__ = [
     "SCAN_SCHEMA",
+    "AliveThread",
     "Culprit",
     "DriverInfo",
     "ImportNode",
@@ -46,6 +48,10 @@ class Site:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Site:
         return cls(data["file"], int(data["line"]), data["function"], data.get("source", ""))
+
+    @classmethod
+    def optional(cls, data: dict[str, Any] | None) -> Site | None:
+        return cls.from_json(data) if data else None
 
 
 @dataclass(frozen=True)
@@ -101,12 +107,16 @@ class Culprit:
     """Who initialized the CUDA driver, and from where.
 
     ``module`` is the innermost module whose top-level code was executing (for
-    a thread, the module whose import started it); ``chain`` runs from the
-    scanned target down to ``module``; ``site`` is the innermost Python frame
-    that made the call; ``stack`` is the whole Python stack, outermost first.
-    ``evidence`` says how the moment was caught: ``driver-hook`` (the driver
-    called back during cuInit), ``trace`` (a line-traced rerun) or
-    ``state-probe`` (the driver's state changed between two imports).
+    a thread, the module whose import started it; at shutdown, the module
+    that defined the code running); ``chain`` runs from the scanned target
+    down to ``module``; ``module_site`` is the line to change: the innermost
+    frame in ``module``'s own source; ``site`` is the innermost Python frame
+    that made the call (``via``: often inside a library); ``stack`` is the
+    whole Python stack, outermost first.  For a thread, ``thread`` is its
+    name and ``thread_started_at`` the line that started it.  ``evidence`` says
+    how the moment was caught: ``driver-hook`` (the driver called back during
+    cuInit), ``trace`` (a line-traced rerun) or ``state-probe`` (the driver's
+    state changed between two observations).
     """
 
     module: str | None
@@ -116,30 +126,60 @@ class Culprit:
     phase: str
     thread: str = "MainThread"
     evidence: str = "driver-hook"
+    module_site: Site | None = None
+    thread_started_at: Site | None = None
+
+    @property
+    def line_to_change(self) -> Site | None:
+        """Where to edit: the culprit module's own line, else the calling line."""
+        return self.module_site or self.site
 
     def to_json(self) -> dict[str, Any]:
         return {
             "module": self.module,
             "chain": list(self.chain),
             "site": self.site.to_json() if self.site else None,
+            "module_site": self.module_site.to_json() if self.module_site else None,
             "stack": [frame.to_json() for frame in self.stack],
             "phase": self.phase,
             "thread": self.thread,
+            "thread_started_at": self.thread_started_at.to_json() if self.thread_started_at else None,
             "evidence": self.evidence,
         }
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Culprit:
-        site = data.get("site")
         return cls(
             module=data.get("module"),
             chain=tuple(data.get("chain", ())),
-            site=Site.from_json(site) if site else None,
+            site=Site.optional(data.get("site")),
             stack=tuple(Site.from_json(frame) for frame in data.get("stack", ())),
             phase=data.get("phase", "import"),
             thread=data.get("thread", "MainThread"),
             evidence=data.get("evidence", "driver-hook"),
+            module_site=Site.optional(data.get("module_site")),
+            thread_started_at=Site.optional(data.get("thread_started_at")),
         )
+
+
+@dataclass(frozen=True)
+class AliveThread:
+    """A thread the target started that was still running when the scan stopped watching."""
+
+    name: str
+    starter: str | None
+    started_at: Site | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "starter": self.starter,
+            "started_at": self.started_at.to_json() if self.started_at else None,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> AliveThread:
+        return cls(data.get("name", ""), data.get("starter"), Site.optional(data.get("started_at")))
 
 
 @dataclass(frozen=True)
@@ -149,6 +189,7 @@ class DriverInfo:
     kind: str
     requested: str
     library: str | None = None
+    libraries: tuple[str, ...] = ()
 
     def describe(self) -> str:
         where = f" ({self.library})" if self.library else ""
@@ -157,14 +198,23 @@ class DriverInfo:
             "real": "real CUDA driver",
             "none": "no CUDA driver",
         }[self.kind]
-        return f"{label}{where}"
+        extra = [name for name in self.libraries if not name.startswith("libcuda.")]
+        also = f"; also simulated: {', '.join(extra)}" if extra else ""
+        return f"{label}{where}{also}"
 
     def to_json(self) -> dict[str, Any]:
-        return {"kind": self.kind, "requested": self.requested, "library": self.library}
+        return {
+            "kind": self.kind,
+            "requested": self.requested,
+            "library": self.library,
+            "libraries": list(self.libraries),
+        }
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> DriverInfo:
-        return cls(data["kind"], data.get("requested", data["kind"]), data.get("library"))
+        return cls(
+            data["kind"], data.get("requested", data["kind"]), data.get("library"), tuple(data.get("libraries", ()))
+        )
 
 
 @dataclass(frozen=True)
@@ -233,7 +283,7 @@ class ScanResult:
     """Everything one scan recorded, whatever way the subkernel ended."""
 
     targets: tuple[str, ...]
-    status: str
+    status: ScanStatus
     driver: DriverInfo
     cuda_initialized: bool
     modules: tuple[ImportNode, ...] = ()
@@ -247,11 +297,34 @@ class ScanResult:
     duration_s: float = 0.0
     python: str = ""
     started_at: str = ""
+    threads_alive: tuple[AliveThread, ...] = ()
+    simulation_gaps: tuple[str, ...] = ()
+    skipped_events: int = 0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "status", ScanStatus(self.status))  # accepts the JSON spelling too
 
     @property
     def ok(self) -> bool:
         """True when every target imported and the subkernel finished normally."""
-        return self.status == "ok"
+        return self.status == ScanStatus.OK
+
+    @property
+    def verdict(self) -> Verdict:
+        """``initializes-cuda`` when the driver was seen initialized; ``clean`` only when the run could see."""
+        if self.cuda_initialized:
+            return Verdict.INITIALIZES_CUDA
+        return Verdict.UNKNOWN if self.doubts() else Verdict.CLEAN
+
+    def doubts(self) -> tuple[str, ...]:
+        """Why a run that saw no initialization cannot be called clean (empty: it can)."""
+        reasons = []
+        if self.status != ScanStatus.OK:
+            reasons.append(self.error.message if self.error else f"the run ended as {self.status}")
+        if self.driver.kind == "none":
+            reasons.append("no driver was loaded, so a cuInit could not be observed")
+        reasons += [f"a library failed under the simulated driver: {gap}" for gap in self.simulation_gaps]
+        return tuple(reasons)
 
     @property
     def culprit(self) -> Culprit | None:
@@ -275,7 +348,9 @@ class ScanResult:
         return {
             "schema": SCAN_SCHEMA,
             "targets": list(self.targets),
-            "status": self.status,
+            "status": self.status.value,
+            "verdict": self.verdict.value,
+            "doubts": list(self.doubts()),
             "driver": self.driver.to_json(),
             "cuda_initialized": self.cuda_initialized,
             "torch_cuda_initialized": self.torch_cuda_initialized,
@@ -289,6 +364,9 @@ class ScanResult:
             "duration_s": round(self.duration_s, 6),
             "python": self.python,
             "started_at": self.started_at,
+            "threads_alive": [thread.to_json() for thread in self.threads_alive],
+            "simulation_gaps": list(self.simulation_gaps),
+            "skipped_events": self.skipped_events,
         }
 
     @classmethod
@@ -297,7 +375,7 @@ class ScanResult:
         error = data.get("error")
         return cls(
             targets=tuple(data.get("targets", ())),
-            status=data["status"],
+            status=ScanStatus(data["status"]),
             driver=DriverInfo.from_json(data["driver"]),
             cuda_initialized=bool(data["cuda_initialized"]),
             modules=tuple(ImportNode.from_json(node) for node in data.get("modules", ())),
@@ -311,6 +389,9 @@ class ScanResult:
             duration_s=float(data.get("duration_s", 0.0)),
             python=data.get("python", ""),
             started_at=data.get("started_at", ""),
+            threads_alive=tuple(AliveThread.from_json(thread) for thread in data.get("threads_alive", ())),
+            simulation_gaps=tuple(data.get("simulation_gaps", ())),
+            skipped_events=int(data.get("skipped_events", 0)),
         )
 
     def graph(self, view: str = "culprits", *, max_children: int = 12) -> Any:

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from diagtools.model.scan import Culprit, ScanResult
+from diagtools.model.verdict import Verdict, combine
 
 __all__ = ["SWEEP_SCHEMA", "SweepResult", "SweepRow"]
 
@@ -27,6 +28,7 @@ class SweepRow:
     error: str = ""
     started: float = 0.0
     finished: float = 0.0
+    verdict: Verdict = Verdict.UNKNOWN
 
     @classmethod
     def from_scan(cls, module: str, result: ScanResult, started: float, finished: float) -> SweepRow:
@@ -40,11 +42,13 @@ class SweepRow:
             error=result.error.message if result.error else "",
             started=started,
             finished=finished,
+            verdict=result.verdict,
         )
 
     def to_json(self) -> dict[str, Any]:
         return {
             "module": self.module,
+            "verdict": self.verdict.value,
             "status": self.status,
             "cuda_initialized": self.cuda_initialized,
             "culprit": self.culprit.to_json() if self.culprit else None,
@@ -66,6 +70,7 @@ class SweepRow:
             error=data.get("error", ""),
             started=float(data.get("started", 0.0)),
             finished=float(data.get("finished", 0.0)),
+            verdict=Verdict(data.get("verdict", Verdict.UNKNOWN)),
         )
 
 
@@ -77,6 +82,11 @@ class SweepResult:
     rows: tuple[SweepRow, ...]
     resumed: int = 0
     seconds: float = 0.0
+
+    @property
+    def verdict(self) -> Verdict:
+        """``initializes-cuda`` if any module does; ``clean`` only when every module was seen clean."""
+        return combine(row.verdict for row in self.rows)
 
     @property
     def culprits(self) -> tuple[SweepRow, ...]:
@@ -93,4 +103,9 @@ class SweepResult:
         raise KeyError(module)
 
     def to_json(self) -> dict[str, Any]:
-        return {"schema": SWEEP_SCHEMA, "package": self.package, "rows": [row.to_json() for row in self.rows]}
+        return {
+            "schema": SWEEP_SCHEMA,
+            "package": self.package,
+            "verdict": self.verdict.value,
+            "rows": [row.to_json() for row in self.rows],
+        }

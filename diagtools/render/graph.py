@@ -220,4 +220,4 @@ def _add_edges(graph: Any, names: list[str], tree: _Tree, marks: _Marks) -> None
 def diff_graph(diff: ScanDiff, *, max_children: int = 12) -> Any:
     """The before graph with what the fix removed greyed and dashed, and the verdict as its title."""
     marks = _Marks(frozenset(diff.removed_modules), frozenset(diff.removed_edges))
-    return scan_graph(diff.before, "culprits", max_children=max_children, title=f"diff: {diff.verdict()}", marks=marks)
+    return scan_graph(diff.before, "culprits", max_children=max_children, title=f"diff: {diff.summary()}", marks=marks)

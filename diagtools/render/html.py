@@ -9,7 +9,8 @@ from typing import Any
 from diagtools.errors import MissingExtraError
 from diagtools.model.diff import ScanDiff
 from diagtools.model.replay import ChildOutcome, ReplayComparison, ReplayResult
-from diagtools.model.scan import Culprit, ScanResult
+from diagtools.model.scan import Culprit, ScanResult, Site
+from diagtools.model.verdict import Verdict
 
 __all__ = [
     "bench_table_html",
@@ -25,6 +26,7 @@ __all__ = [
 _STYLE = (
     "<style>.dt{font-family:system-ui,sans-serif;font-size:13px}.dt code{background:#f4f4f4;padding:1px 3px}"
     ".dt .bad{color:#b00020;font-weight:600}.dt .good{color:#1b7f3b;font-weight:600}"
+    ".dt .unknown{color:#a15c00;font-weight:600}"
     ".dt table{border-collapse:collapse}.dt td,.dt th{border:1px solid #ddd;padding:3px 8px;text-align:left;"
     "vertical-align:top}.dt pre{background:#f8f8f8;padding:6px;overflow-x:auto}"
     ".dt-graph svg{max-width:100%;height:auto}</style>"
@@ -35,6 +37,21 @@ def _badge(good: bool, text: str) -> str:
     return f'<span class="{"good" if good else "bad"}">{escape(text)}</span>'
 
 
+_VERDICT_CLASS = {Verdict.INITIALIZES_CUDA: "bad", Verdict.CLEAN: "good", Verdict.UNKNOWN: "unknown"}
+
+
+def _verdict_badge(verdict: Verdict) -> str:
+    """Red for initializes-cuda, green for clean, amber for unknown."""
+    return f'<span class="{_VERDICT_CLASS[verdict]}">{escape(verdict.value)}</span>'
+
+
+def _site_html(label: str, site: Site) -> str:
+    return (
+        f"<p>{label}: <code>{escape(site.file)}:{site.line}</code> in <code>{escape(site.function)}</code></p>"
+        f"<pre>{site.line:>5} | {escape(site.source)}</pre>"
+    )
+
+
 def _culprit_html(culprit: Culprit) -> str:
     parts = [
         f"<p>Culprit: <code>{escape(culprit.module or '(no module)')}</code> ({escape(culprit.phase)}, "
@@ -42,12 +59,14 @@ def _culprit_html(culprit: Culprit) -> str:
     ]
     if culprit.chain:
         parts.append("<p>Chain: " + " &rarr; ".join(f"<code>{escape(m)}</code>" for m in culprit.chain) + "</p>")
-    if culprit.site is not None:
-        site = culprit.site
-        parts.append(
-            f"<p>Site: <code>{escape(site.file)}:{site.line}</code> in <code>{escape(site.function)}</code></p>"
-            f"<pre>{site.line:>5} | {escape(site.source)}</pre>"
-        )
+    if culprit.phase == "thread":
+        parts.append(f"<p>Thread: <code>{escape(culprit.thread)}</code></p>")
+        if culprit.thread_started_at is not None:
+            parts.append(_site_html("Started at", culprit.thread_started_at))
+    if culprit.module_site is not None:
+        parts.append(_site_html("<b>Line to change</b>", culprit.module_site))
+    if culprit.site is not None and culprit.site != culprit.module_site:
+        parts.append(_site_html("Via" if culprit.module_site else "Site", culprit.site))
     return "".join(parts)
 
 
@@ -70,9 +89,7 @@ def graph_block(draw: Callable[[], Any]) -> str:
 
 def scan_html(result: ScanResult, *, graph: bool = False) -> str:
     """Summary, culprit with its source line, the error if the target failed, and the graph."""
-    verdict = _badge(
-        not result.cuda_initialized, "CUDA initialized" if result.cuda_initialized else "CUDA not initialized"
-    )
+    verdict = _verdict_badge(result.verdict)
     parts = [
         _STYLE,
         '<div class="dt">',
@@ -82,6 +99,9 @@ def scan_html(result: ScanResult, *, graph: bool = False) -> str:
     ]
     if result.error is not None:
         parts.append(f'<p class="bad">{escape(result.error.message)}</p>')
+    if not result.cuda_initialized and result.doubts():
+        reasons = "".join(f"<li>{escape(reason)}</li>" for reason in result.doubts())
+        parts.append(f'<p class="unknown">Not called clean: the run could not see everything.</p><ul>{reasons}</ul>')
     parts += [_culprit_html(culprit) for culprit in result.culprits]
     if graph:
         parts.append(graph_block(result.graph))
@@ -93,7 +113,8 @@ def _child_cell(child: ChildOutcome | None) -> str:
     if child is None:
         return "<td>no child</td>"
     calls = "<br>".join(f"<code>{escape(c.call)}</code> &rarr; {escape(c.name)} ({c.code})" for c in child.driver_calls)
-    return f"<td>{_badge(child.ok or child.status == 'unavailable', child.summary())}<br>{calls}</td>"
+    css = "good" if child.ok else "unknown" if child.status == "unavailable" else "bad"
+    return f'<td><span class="{css}">{escape(child.summary())}</span><br>{calls}</td>'
 
 
 def replay_html(result: ReplayResult) -> str:
@@ -112,7 +133,7 @@ def replay_html(result: ReplayResult) -> str:
         '<div class="dt">',
         f"<p><b>diagtools replay</b> <code>{escape(result.target)}</code> with "
         f"<code>{escape(result.start_method)}</code>, child <code>{escape(result.child_action)}</code> "
-        f"&mdash; status <code>{escape(result.status)}</code></p>",
+        f"&mdash; {_verdict_badge(result.verdict)}, status <code>{escape(result.status)}</code></p>",
         f"<p>Driver: {escape(result.driver.describe())}; {escape(parent_text)}.</p>",
         f"<table><tr><th>child</th></tr><tr>{_child_cell(result.child)}</tr></table>",
     ]
@@ -127,6 +148,7 @@ def replay_html(result: ReplayResult) -> str:
 def comparison_html(comparison: ReplayComparison) -> str:
     """Before/after rows, start-method columns, and the verdict."""
     methods = comparison.start_methods
+    explanation = "<ul>" + "".join(f"<li>{escape(line)}</li>" for line in comparison.explanation()) + "</ul>"
     header = "<tr><th>variant</th><th>parent</th>" + "".join(f"<th>{escape(m)}</th>" for m in methods) + "</tr>"
     rows = []
     for variant in comparison.variants:
@@ -136,7 +158,8 @@ def comparison_html(comparison: ReplayComparison) -> str:
         rows.append(f"<tr><td>{escape(variant)}</td><td>{escape(state)}</td>{cells}</tr>")
     return (
         f'{_STYLE}<div class="dt"><p><b>Fork replay</b> <code>{escape(comparison.target)}</code></p>'
-        f"<table>{header}{''.join(rows)}</table><p>{escape(comparison.verdict())}</p></div>"
+        f"<table>{header}{''.join(rows)}</table>"
+        f"<p>{_verdict_badge(comparison.verdict)} (after the fix)</p>{explanation}</div>"
     )
 
 
@@ -148,7 +171,7 @@ def diff_html(diff: ScanDiff, *, limit: int = 50, graph: bool = False) -> str:
         cut = f"<p>Chain broken at <code>{importer}</code> &rarr; <code>{imported}</code></p>"
     removed = "".join(f"<li><del>{escape(name)}</del></li>" for name in diff.removed_modules[:limit])
     added = "".join(f"<li><ins>{escape(name)}</ins></li>" for name in diff.added_modules[:limit])
-    verdict = _badge(not diff.after.cuda_initialized, diff.verdict())
+    verdict = f"{_verdict_badge(diff.verdict)} {escape(diff.summary())}"
     return (
         f'{_STYLE}<div class="dt"><p><b>diagtools diff</b> &mdash; {verdict}</p>'
         f"{cut}<p>No longer imported ({len(diff.removed_modules)}):</p><ul>{removed}</ul>"

@@ -5,7 +5,7 @@ from __future__ import annotations
 from diagtools.model.bisect import BisectResult
 from diagtools.model.diff import ScanDiff
 from diagtools.model.replay import ChildOutcome, ParentState, ReplayComparison, ReplayResult
-from diagtools.model.scan import Culprit, ScanResult
+from diagtools.model.scan import Culprit, ScanResult, Site
 from diagtools.model.sweep import SweepResult
 
 __all__ = [
@@ -43,10 +43,28 @@ def _error_lines(result: ScanResult) -> list[str]:
 
 
 def _cuda_lines(result: ScanResult) -> list[str]:
-    if not result.cuda_initialized:
-        return ["  CUDA initialized: no"]
-    phase = result.culprit.phase if result.culprit else "unknown"
-    return [f"  CUDA initialized: YES (during {phase})"]
+    lines = [f"  verdict: {result.verdict}"]
+    if result.cuda_initialized:
+        phase = result.culprit.phase if result.culprit else "unknown"
+        lines.append(f"  CUDA initialized: YES (during {phase})")
+    elif result.doubts():
+        lines.append("  CUDA initialized: not seen, but the run could not see everything:")
+        lines += [f"    - {reason}" for reason in result.doubts()]
+    else:
+        lines.append("  CUDA initialized: no")
+    lines += [
+        f"  still running when the scan stopped watching: thread {thread.name!r} started by {thread.starter}"
+        + (f" at {thread.started_at}" if thread.started_at else "")
+        for thread in result.threads_alive
+    ]
+    return lines
+
+
+def _site_lines(label: str, site: Site) -> list[str]:
+    lines = [f"    {label} {site.file}:{site.line} in {site.function}"]
+    if site.source:
+        lines.append(f"    {site.line:>5} | {site.source}")
+    return lines
 
 
 def _culprit_lines(culprit: Culprit, *, stack: bool) -> list[str]:
@@ -55,10 +73,12 @@ def _culprit_lines(culprit: Culprit, *, stack: bool) -> list[str]:
         lines.append(f"    chain: {' -> '.join(culprit.chain)}")
     if culprit.phase == "thread":
         lines.append(f"    thread: {culprit.thread}")
-    if culprit.site is not None:
-        lines.append(f"    site:  {culprit.site.file}:{culprit.site.line} in {culprit.site.function}")
-        if culprit.site.source:
-            lines.append(f"    {culprit.site.line:>5} | {culprit.site.source}")
+        if culprit.thread_started_at is not None:
+            lines += _site_lines("started at:", culprit.thread_started_at)
+    if culprit.module_site is not None:
+        lines += _site_lines("line to change:", culprit.module_site)
+    if culprit.site is not None and culprit.site != culprit.module_site:
+        lines += _site_lines("via:" if culprit.module_site else "site:", culprit.site)
     lines.append(f"    evidence: {culprit.evidence}")
     if stack and culprit.stack:
         lines.append("    stack (outermost first):")
@@ -72,6 +92,7 @@ def render_replay(result: ReplayResult) -> str:
         f"diagtools replay {result.target} --start-method {result.start_method} --child {result.child_action}",
         f"  driver: {result.driver.describe()}",
         f"  status: {result.status}",
+        f"  verdict: {result.verdict}" + ("  (the failure reproduced)" if result.reproduced else ""),
     ]
     if result.error is not None:
         lines.append(f"  error: {result.error.message}")
@@ -116,13 +137,14 @@ def render_comparison(comparison: ReplayComparison) -> str:
             lines.append(
                 f"  parent ({variant}): CUDA {'initialized' if parent.cuda_initialized else 'not initialized'}"
             )
-    lines.append(f"  verdict: {comparison.verdict()}")
+    lines.append(f"  verdict (after the fix): {comparison.verdict}")
+    lines += [f"  - {line}" for line in comparison.explanation()]
     return "\n".join(lines)
 
 
 def render_diff(diff: ScanDiff, *, limit: int = 20) -> str:
     """The verdict, the edge the fix cut, and what left or joined the import tree."""
-    lines = [f"diagtools diff: {diff.verdict()}"]
+    lines = [f"diagtools diff: {diff.summary()}"]
     if diff.before.culprit is not None:
         lines.append(f"  before: culprit {diff.before.culprit.module} via {' -> '.join(diff.before.culprit.chain)}")
     if diff.after.culprit is not None:
@@ -141,10 +163,13 @@ def render_diff(diff: ScanDiff, *, limit: int = 20) -> str:
 def render_guard_failure(result: ScanResult) -> str:
     """Why a module that must stay CUDA-free failed the check, in a few lines."""
     target = " ".join(result.targets)
-    if not result.ok:
+    if not result.cuda_initialized and not result.ok:
         detail = result.error.message if result.error else result.status
-        return f"{target} could not be imported in a fresh subkernel ({result.status}): {detail}"
-    lines = [f"importing {target} initialized CUDA [{result.driver.describe()}]"]
+        return f"{target} could not be imported in a fresh subkernel ({result.status}): {detail} (verdict unknown)"
+    if not result.cuda_initialized:
+        reasons = "; ".join(result.doubts())
+        return f"{target}: verdict {result.verdict}, not clean: {reasons} [{result.driver.describe()}]"
+    lines = [f"importing {target} initialized CUDA (verdict {result.verdict}) [{result.driver.describe()}]"]
     for culprit in result.culprits:
         lines += _culprit_lines(culprit, stack=False)
     return "\n".join(lines)
@@ -162,12 +187,12 @@ def render_sweep(result: SweepResult) -> str:
             where = f"{row.culprit.module}{site}"
         elif row.error:
             where = row.error
-        cuda = "YES" if row.cuda_initialized else "no"
+        cuda = {"initializes-cuda": "YES", "clean": "no"}.get(row.verdict.value, "?")
         lines.append(f"{row.module.ljust(width)}  {cuda:<5}  {row.import_s:8.3f}  {row.status:<12}  {where}")
     resumed = f", {result.resumed} from the journal" if result.resumed else ""
     lines.append(
         f"{len(result.rows)} modules{resumed}: {len(result.culprits)} initialize CUDA, "
-        f"{len(result.failures)} failed to import ({result.seconds:.1f} s)"
+        f"{len(result.failures)} failed to import ({result.seconds:.1f} s); verdict: {result.verdict}"
     )
     return "\n".join(lines)
 

@@ -130,10 +130,15 @@ def _subkernel_env(request: SubkernelRequest, channel_fd: int, dump_fd: int, mar
 
 
 def _bootstrap_code(program: Path) -> str:
-    """Load the protocol module by hand (no import system: the probe's tree stays bare), then run ``program``."""
+    """Load the protocol module by hand (no import system: the probe's tree stays bare), then run ``program``.
+
+    ``python -c`` would make the working directory the first import root, so a
+    ``colorsys.py`` lying there would shadow the standard library's: it is removed.
+    """
     module, source = protocol.AGENT_MODULE, str(Path(protocol.__file__).resolve())
     return (
         "import sys\n"
+        "if sys.path[:1] == ['']: del sys.path[0]\n"  # the caller's working directory is not an import root
         f"_m = type(sys)({module!r}); _m.__file__ = {source!r}\n"
         f"exec(compile(open({source!r}, 'rb').read(), {source!r}, 'exec'), _m.__dict__)\n"
         f"sys.modules[{module!r}] = _m\n"

@@ -17,10 +17,11 @@ from typing import Any
 
 from diagtools import agents, protocol
 from diagtools.model.common import iso_time
-from diagtools.model.scan import Culprit, DriverInfo, ImportNode, RunError, ScanResult, Site, StartupInfo
+from diagtools.model.scan import AliveThread, Culprit, DriverInfo, ImportNode, RunError, ScanResult, Site, StartupInfo
+from diagtools.model.verdict import ScanStatus
 from diagtools.runner.subkernel import RawRun
 
-__all__ = ["assemble", "pick_site", "source_line", "subkernel_failure"]
+__all__ = ["assemble", "pick_site", "source_line", "start_site", "subkernel_failure"]
 
 _HIDDEN_FILES = (
     "<frozen importlib._bootstrap>",
@@ -91,6 +92,10 @@ class _Tree:
         if starter in self.nodes:
             self.nodes[starter].threads_started += 1
 
+    def file_of(self, module: str | None) -> str | None:
+        node = self.nodes.get(module) if module is not None else None
+        return node.file if node is not None else None
+
     def chain(self, module: str | None) -> tuple[str, ...]:
         chain: list[str] = []
         while module is not None and module in self.nodes and module not in chain:
@@ -130,8 +135,6 @@ class _Tree:
 def _culprit(event: dict[str, Any], tree: _Tree, main_thread: int) -> Culprit:
     stack = event.get("stack") or []
     module = event.get("m")
-    origin = event.get("origin")
-    thread = "MainThread" if event.get("th") == main_thread else f"thread started by {origin or 'start-up'}"
     chain = tree.chain(module)
     if module is not None and module not in tree.nodes:
         chain = (*tree.chain(event.get("importer")), module)  # executed without an import the tracer saw
@@ -141,9 +144,36 @@ def _culprit(event: dict[str, Any], tree: _Tree, main_thread: int) -> Culprit:
         site=pick_site(stack),
         stack=tuple(_site(frame) for frame in reversed(_visible(stack))),
         phase=event.get("ph", "import"),
-        thread=thread,
+        thread=_thread_label(event, main_thread),
         evidence=_EVIDENCE_ORDER[event["e"]],
+        module_site=_module_site(stack, tree.file_of(module)),
+        thread_started_at=start_site(event.get("started")),
     )
+
+
+def _thread_label(event: dict[str, Any], main_thread: int) -> str:
+    if event.get("th") == main_thread:
+        return "MainThread"
+    name = event.get("name")
+    started_by = f"thread started by {event.get('origin') or 'start-up'}"
+    return f"{name} ({started_by})" if isinstance(name, str) and name else started_by
+
+
+def _module_site(stack: Sequence[Sequence[Any]], module_file: str | None) -> Site | None:
+    """The innermost frame in the culprit module's own source: the line to change."""
+    if module_file is None:
+        return None
+    mine = [frame for frame in _visible(stack) if frame[0] == module_file]
+    return _site(mine[0]) if mine else None
+
+
+_THREAD_MACHINERY = ("/threading.py",)
+
+
+def start_site(stack: Sequence[Sequence[Any]] | None) -> Site | None:
+    """The line that started a thread: the innermost frame outside ``threading`` itself."""
+    frames = [frame for frame in _visible(stack or []) if not str(frame[0]).endswith(_THREAD_MACHINERY)]
+    return _site(frames[0]) if frames else None
 
 
 def _best_culprit_event(events: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
@@ -195,22 +225,22 @@ def _signal_name(number: int) -> str:
         return f"signal {number}"
 
 
-def subkernel_failure(raw: RawRun) -> tuple[str, RunError] | None:
+def subkernel_failure(raw: RawRun) -> tuple[ScanStatus, RunError] | None:
     """``timeout`` or ``crashed`` with the stack dump's innermost frame; ``None`` otherwise."""
     code = raw.returncode
     if raw.timed_out:
         where = _fault_where(raw.fault_dump)
         message = "the subkernel did not finish in time" + (f"; it was at {where}" if where else "")
-        return "timeout", RunError("timeout", message, raw.fault_dump, where=where)
+        return ScanStatus.TIMEOUT, RunError("timeout", message, raw.fault_dump, where=where)
     if code is not None and code < 0:
         name = _signal_name(-code)
         where = _fault_where(raw.fault_dump)
         message = f"the subkernel was killed by {name}" + (f" at {where}" if where else "")
-        return "crashed", RunError("crashed", message, raw.fault_dump, signal=-code, where=where)
+        return ScanStatus.CRASHED, RunError("crashed", message, raw.fault_dump, signal=-code, where=where)
     return None
 
 
-def _status_and_error(raw: RawRun, events: Sequence[dict[str, Any]]) -> tuple[str, RunError | None]:
+def _status_and_error(raw: RawRun, events: Sequence[dict[str, Any]]) -> tuple[ScanStatus, RunError | None]:
     kinds = {event["e"] for event in events}
     errors = [event for event in events if event["e"] == "error"]
     code = raw.returncode
@@ -221,10 +251,10 @@ def _status_and_error(raw: RawRun, events: Sequence[dict[str, Any]]) -> tuple[st
         exit_events = [event for event in events if event["e"] == "exit"]
         reason = "sys.exit" if exit_events else "os._exit or a closed interpreter"
         message = f"the target ended the subkernel ({reason}) with exit code {code}"
-        return "exited", RunError("exited", message, raw.stderr.text[-4000:], exitcode=code)
+        return ScanStatus.EXITED, RunError("exited", message, raw.stderr.text[-4000:], exitcode=code)
     if errors:
-        return "import-error", _import_error(errors[0])
-    return "ok", None
+        return ScanStatus.IMPORT_ERROR, _import_error(errors[0])
+    return ScanStatus.OK, None
 
 
 def assemble(raw: RawRun, targets: Sequence[str], driver: DriverInfo) -> ScanResult:
@@ -262,12 +292,26 @@ def assemble(raw: RawRun, targets: Sequence[str], driver: DriverInfo) -> ScanRes
         duration_s=raw.duration_s,
         python=(str(hello.get("python") or "").split() or [""])[0],
         started_at=iso_time(raw.started_at),
+        threads_alive=_alive_threads(events),
+        skipped_events=raw.skipped_events,
+    )
+
+
+def _alive_threads(events: Sequence[dict[str, Any]]) -> tuple[AliveThread, ...]:
+    report = next((event for event in events if event["e"] == "threads"), None)
+    alive = report.get("alive") if report else None
+    if not isinstance(alive, list):
+        return ()
+    return tuple(
+        AliveThread(str(item.get("name") or "?"), item.get("by"), start_site(item.get("stack")))
+        for item in alive
+        if isinstance(item, dict)
     )
 
 
 def _driver_seen(driver: DriverInfo, hello: dict[str, Any]) -> DriverInfo:
     library = hello.get("library") or driver.library
-    return DriverInfo(driver.kind, driver.requested, library)
+    return DriverInfo(driver.kind, driver.requested, library, driver.libraries)
 
 
 def _startup(events: Sequence[dict[str, Any]], tree: _Tree, culprits: tuple[Culprit, ...]) -> StartupInfo:

@@ -21,9 +21,11 @@ from diagtools.model.replay import (
     CHILD_ACTIONS,
     START_METHODS,
     ChildOutcome,
+    ChildStatus,
     ParentState,
     ReplayComparison,
     ReplayResult,
+    ReplayStatus,
 )
 from diagtools.model.scan import DriverInfo, RunError
 from diagtools.runner.subkernel import RawRun, SubkernelRequest, run_subkernel
@@ -126,20 +128,27 @@ def assemble_replay(raw: RawRun, spec: ReplaySpec, driver: DriverInfo) -> Replay
     )
 
 
+_CHILD_TO_REPLAY = {
+    ChildStatus.CRASHED: ReplayStatus.CHILD_CRASHED,
+    ChildStatus.TIMEOUT: ReplayStatus.CHILD_TIMEOUT,
+    ChildStatus.EXITED: ReplayStatus.CHILD_EXITED,
+}
+
+
 def _replay_status(
     raw: RawRun, events: dict[Any, dict[str, Any]], outcome: ChildOutcome | None
-) -> tuple[str, RunError | None]:
+) -> tuple[ReplayStatus, RunError | None]:
     setup = events.get("setup")
     if setup is not None and not setup.get("ok"):
-        return "setup-error", RunError("import-error", setup.get("error", ""), setup.get("traceback", ""))
+        return ReplayStatus.SETUP_ERROR, RunError("import-error", setup.get("error", ""), setup.get("traceback", ""))
     failure = subkernel_failure(raw)
     if failure is not None:
-        return failure
+        status, error = failure
+        return ReplayStatus(status.value), error
     if outcome is None or "done" not in events:
         message = f"the replay's parent ended before reporting (exit code {raw.returncode})"
-        return "exited", RunError("exited", message, raw.stderr.text[-4000:], exitcode=raw.returncode)
-    child_status = {"crashed": "child-crashed", "timeout": "child-timeout", "exited": "child-exited"}
-    return child_status.get(outcome.status, outcome.status), None
+        return ReplayStatus.EXITED, RunError("exited", message, raw.stderr.text[-4000:], exitcode=raw.returncode)
+    return _CHILD_TO_REPLAY.get(outcome.status, ReplayStatus(outcome.status.value)), None
 
 
 def compare_replays(

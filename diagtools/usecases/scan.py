@@ -13,9 +13,10 @@ from diagtools.model.scan import Culprit, ScanResult
 from diagtools.runner.subkernel import RawRun, SubkernelRequest, run_subkernel
 from diagtools.usecases.assemble import assemble
 
-__all__ = ["SCAN_PROBE", "probe_request", "scan", "validate_paths", "validate_targets"]
+__all__ = ["DEFAULT_SETTLE_S", "SCAN_PROBE", "probe_request", "scan", "validate_paths", "validate_targets"]
 
 SCAN_PROBE = agents.program("scan_probe")
+DEFAULT_SETTLE_S = 1.0
 
 Runner = Callable[[SubkernelRequest], RawRun]
 
@@ -49,6 +50,7 @@ def scan(
     path: str | os.PathLike[str] | Iterable[str | os.PathLike[str]] = (),
     driver: str = "auto",
     timeout: float = 120.0,
+    settle: float = DEFAULT_SETTLE_S,
     refine: bool = True,
     runner: Runner = run_subkernel,
 ) -> ScanResult:
@@ -65,6 +67,11 @@ def scan(
         ``real``, ``simulated`` or ``none``; the result says which was used.
     timeout
         Seconds before a hung subkernel is dumped and killed.
+    settle
+        After the imports, seconds to keep watching while threads the target
+        started are still running (ends early when they finish); a cuInit they
+        make is blamed on the module that started them.  Interpreter shutdown
+        (atexit handlers, finalizers) is watched too.
     refine
         When only the driver's state (not its hook) caught the moment, rerun
         with line tracing inside the culprit module to find the exact line.
@@ -75,8 +82,10 @@ def scan(
     roots = validate_paths(path)
     if timeout <= 0:
         raise UsageError(f"--timeout must be positive, got {timeout}")
+    if not 0 <= settle < timeout:
+        raise UsageError(f"--settle must be at least 0 and below the timeout ({timeout} s), got {settle}")
     setup = resolve_driver(driver)
-    request = probe_request(names, roots, setup.env, timeout)
+    request = probe_request(names, roots, setup.env, timeout, settle)
     result = assemble(runner(request), names, setup.info)
     if refine and _needs_refinement(result.culprit):
         result = _refine(result, request, runner)
@@ -84,7 +93,11 @@ def scan(
 
 
 def probe_request(
-    targets: tuple[str, ...], roots: tuple[str, ...], env: dict[str, str], timeout: float
+    targets: tuple[str, ...],
+    roots: tuple[str, ...],
+    env: dict[str, str],
+    timeout: float,
+    settle: float = 0.0,
 ) -> SubkernelRequest:
     """A subkernel run of the import probe over ``targets``."""
     settings = {
@@ -92,6 +105,7 @@ def probe_request(
         protocol.SCAN_TARGETS: "\n".join(targets),
         protocol.SCAN_PATH: "\n".join(roots),
         protocol.SCAN_REFINE: "",
+        protocol.SCAN_SETTLE: repr(float(settle)),
     }
     return SubkernelRequest(SCAN_PROBE, settings, env, timeout, flags=("-S",))
 

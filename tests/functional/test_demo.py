@@ -12,7 +12,8 @@ from tests.conftest import cli
 def test_demo_cli_writes_the_specimen_report(tmp_path):
     done = cli("demo", "--out", str(tmp_path / "report"), "--driver", "simulated", "--no-notebooks")
     assert done.returncode == 0, done.stderr
-    assert "[ok ] common_ops/before: initializes CUDA: vmodels.platforms" in done.stdout
+    assert "[ok ] common_ops/before: initializes-cuda: vmodels.platforms at " in done.stdout
+    assert "[ok ] lazy_clean/after: clean: CUDA not initialized" in done.stdout
     assert f"report written to {tmp_path / 'report' / 'index.html'}" in done.stdout
     scans = json.loads((tmp_path / "report" / "specimens.json").read_text())
     assert scans["common_ops/before"]["culprits"][0]["module"] == "vmodels.platforms"

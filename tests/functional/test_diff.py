@@ -19,10 +19,10 @@ def test_diff_marks_the_removed_edge_and_the_verdict(sim_scan):
     assert diff.broken_edge == ("vmodels.common.ops", "vmodels.common.ops.fused_allreduce_rms_norm")
     assert ("vmodels.common.ops", "vmodels.common.ops.fused_allreduce_rms_norm") in diff.removed_edges
     assert {"vmodels.platforms", "vmodels.config", "cuda.bindings.driver"} <= set(diff.removed_modules)
-    assert diff.verdict().startswith("no longer initializes CUDA: the chain is broken at vmodels.common.ops")
+    assert diff.summary().startswith("no longer initializes CUDA: the chain is broken at vmodels.common.ops")
     assert "<del>vmodels.platforms</del>" in diff_html(diff)
     reverse = diff_scans(after, before)
-    assert "a regression" in reverse.verdict()
+    assert "a regression" in reverse.summary()
 
 
 def test_cli_diff_from_two_json_files(make_tree, tmp_path):

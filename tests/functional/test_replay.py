@@ -8,6 +8,7 @@ import pytest
 
 from diagtools.errors import UsageError
 from diagtools.model.replay import ReplayComparison, ReplayResult
+from diagtools.model.verdict import Verdict
 from diagtools.render.html import comparison_html, replay_html
 from diagtools.render.text import render_comparison, render_replay
 from diagtools.specimens import all_specimens
@@ -122,10 +123,12 @@ def test_compare_before_after_fork_spawn(runner):
     assert comparison.run("before", "fork").reproduced
     assert not comparison.run("before", "spawn").reproduced
     assert not comparison.run("after", "fork").reproduced
-    verdict = comparison.verdict()
-    assert "before/fork failed" in verdict
-    assert "before: the parent initialized CUDA" in verdict
-    assert "after: the parent did not initialize CUDA" in verdict
+    assert comparison.verdict == Verdict.CLEAN
+    assert comparison.variant_verdicts() == {"before": Verdict.INITIALIZES_CUDA, "after": Verdict.CLEAN}
+    explanation = comparison.explanation()
+    assert explanation[0] == "before/fork failed"
+    assert "before: the parent initialized CUDA before starting the child" in explanation
+    assert "after: the parent did not initialize CUDA before starting the child" in explanation
     document = json.loads(json.dumps(comparison.to_json()))
     assert ReplayComparison.from_json(document).to_json() == document
     text = render_comparison(comparison)
@@ -179,7 +182,8 @@ def test_cli_replay_and_compare(make_tree):
         "simulated",
     )
     assert done.returncode == 0, done.stderr
-    assert "verdict: before/fork failed" in done.stdout
+    assert "verdict (after the fix): clean" in done.stdout
+    assert "  - before/fork failed" in done.stdout
     bad = cli("replay", "x", "--child", "??")
     assert bad.returncode == 2
     assert bad.stderr.startswith("diagtools: error: unknown child action")

@@ -1,0 +1,51 @@
+"""The three verdicts every result carries, and the statuses a run can end in.
+
+A verdict never says ``clean`` unless the run could see: an import error, a
+crash, a timeout, an early exit, a lost channel, a child that never ran or a
+library that failed under the simulated driver all give ``unknown``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from enum import Enum
+
+__all__ = ["ScanStatus", "Verdict", "combine"]
+
+
+class Verdict(str, Enum):
+    """What a run established about CUDA initialization."""
+
+    INITIALIZES_CUDA = "initializes-cuda"
+    CLEAN = "clean"
+    UNKNOWN = "unknown"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class ScanStatus(str, Enum):
+    """How a scan's subkernel ended."""
+
+    OK = "ok"
+    IMPORT_ERROR = "import-error"
+    CRASHED = "crashed"
+    TIMEOUT = "timeout"
+    EXITED = "exited"
+    CHANNEL_LOST = "channel-lost"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+def combine(verdicts: Iterable[Verdict]) -> Verdict:
+    """One verdict for several runs: any initialization wins, then any doubt; ``clean`` only when all are.
+
+    No runs at all is ``unknown``: nothing was seen.
+    """
+    seen = set(verdicts)
+    if Verdict.INITIALIZES_CUDA in seen:
+        return Verdict.INITIALIZES_CUDA
+    if not seen or Verdict.UNKNOWN in seen:
+        return Verdict.UNKNOWN
+    return Verdict.CLEAN
