@@ -378,6 +378,15 @@ def _import_targets(targets, extra_path):
             _report_error(target, exc)
 
 
+def _simulation_refusals():
+    """What the simulated driver and NVML refused (see _driver/simcuda.c), or None elsewhere."""
+    found = _cuprobe.simulation_refusals()
+    if found is None:
+        return None
+    driver, first, nvml, nvml_first = found
+    return {"driver": driver, "first": first, "nvml": nvml, "nvml_first": nvml_first}
+
+
 def _torch_cuda_initialized():
     module = sys.modules.get("torch.cuda")
     if module is None:
@@ -406,7 +415,12 @@ def main():
     _import_targets(targets, extra_path)
     _check_state(_MAIN_THREAD, None, "import-end")
     _State.phase = "shutdown"
-    _channel.emit("final", initialized=_driver_initialized(), torch=_torch_cuda_initialized())
+    _channel.emit(
+        "final",
+        initialized=_driver_initialized(),
+        torch=_torch_cuda_initialized(),
+        refusals=_simulation_refusals(),
+    )
     _channel.emit("done")
 
 
