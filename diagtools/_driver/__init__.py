@@ -8,7 +8,9 @@ The simulated world is one directory put first on the subkernel's
 ``LD_LIBRARY_PATH``: a CUDA driver (``libcuda.so.1``, also as ``libcuda.so``)
 and an NVML (``libnvidia-ml.so.1``, also as ``libnvidia-ml.so``) describing the
 same GPU.  Their export lists are generated at build time from the installed
-declarations (see ``_generate``), and that generated C is part of the key.
+declarations (see ``_generate``), and that generated C is part of the key; a
+process reads those declarations once (tens of milliseconds), then only
+``stat``s them.
 """
 
 from __future__ import annotations
@@ -28,7 +30,9 @@ from diagtools._model import DriverInfo
 
 __all__ = [
     "DRIVER_CHOICES",
+    "SIMULATED_LIBRARIES",
     "DriverSetup",
+    "SimulatedWorld",
     "build_injection_library",
     "build_probe_extension",
     "build_simulated_driver",
@@ -36,7 +40,6 @@ __all__ = [
     "cache_dir",
     "real_driver_path",
     "resolve_driver",
-    "SimulatedWorld",
 ]
 
 DRIVER_CHOICES = ("auto", "real", "simulated", "none")

@@ -148,7 +148,9 @@ def _table_source(
         lines.append(f"{hidden} const struct sim_entry diagtools_sim_entries[] = {{")
         lines.extend(f"    {{{_c_string(name)}, (void *){name}}}," for name in exported)
         lines += ["};", f"{hidden} const size_t diagtools_sim_entry_count = {len(exported)};", ""]
-        lines.append("struct sim_version { const char *base; const char *legacy_stream; const char *per_thread_stream; };")
+        lines.append(
+            "struct sim_version { const char *base; const char *legacy_stream; const char *per_thread_stream; };"
+        )
         lines.append(f"{hidden} const struct sim_version diagtools_sim_versions[] = {{")
         for base in sorted(versions):
             legacy, per_thread = versions[base]

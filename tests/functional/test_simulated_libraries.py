@@ -78,6 +78,28 @@ def test_both_sonames_are_one_driver_and_unmodelled_entry_points_answer_801():
     assert lines == ["0 0 1", "0 801", "2 cuMemCreate"]
 
 
+def test_binding_unmodelled_functions_by_name_does_not_hide_a_later_init(sim_scan, make_tree):
+    """vLLM's pattern: bind the VMM and checkpoint API through ctypes at import, then initialize."""
+    root = make_tree(
+        {
+            "vmm.py": f"""
+                import ctypes
+
+                LIB = ctypes.CDLL("libcuda.so.1")
+                BOUND = {{name: getattr(LIB, name) for name in (
+                    "cuMemCreate", "cuMemAddressReserve", "cuMemMap", "cuMemSetAccess",
+                    "cuCheckpointProcessLock", "cuCheckpointProcessGetState",
+                )}}
+                STATUS = LIB.cuInit(0)  {MARK}
+                CREATE = BOUND["cuMemCreate"](None, 0, None, 0)
+            """
+        }
+    )
+    result = sim_scan("vmm", path=[root])
+    assert result.status == "ok", result.error
+    assert_attributed(result, "vmm", root / "vmm.py", exact_site=True)
+
+
 def test_every_declared_entry_point_is_exported():
     needs("cuda.bindings")
     lines = run_simulated(
