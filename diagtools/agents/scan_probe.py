@@ -382,6 +382,15 @@ def _at_exit():
     _channel.emit("shutdown", initialized=_driver_initialized())
 
 
+def _simulation_refusals():
+    """What the simulated driver and NVML refused (see driver/simcuda.c), or None elsewhere."""
+    found = _cuprobe.simulation_refusals()
+    if found is None:
+        return None
+    driver, first, nvml, nvml_first = found
+    return {"driver": driver, "first": first, "nvml": nvml, "nvml_first": nvml_first}
+
+
 def _torch_cuda_initialized():
     module = sys.modules.get("torch.cuda")
     if module is None:
@@ -414,7 +423,12 @@ def main():
     _check_state(_MAIN_THREAD, None, "import-end")
     _settle(float(_ENV.get(protocol.SCAN_SETTLE, "0") or 0))
     _State.phase = "shutdown"
-    _channel.emit("final", initialized=_driver_initialized(), torch=_torch_cuda_initialized())
+    _channel.emit(
+        "final",
+        initialized=_driver_initialized(),
+        torch=_torch_cuda_initialized(),
+        refusals=_simulation_refusals(),
+    )
     _channel.emit("done")
 
 

@@ -1,8 +1,16 @@
-"""Build the simulated CUDA driver and the probe extension, and pick a driver.
+"""Build the simulated GPU world and the probe extension, and pick a driver.
 
 The C sources ship inside the package and are compiled on first use into a
 cache directory, keyed by a hash of their source, the compiler and (for the
 probe extension) the interpreter, so a second run costs one ``stat``.
+
+The simulated world is one directory put first on the subkernel's
+``LD_LIBRARY_PATH``: a CUDA driver (``libcuda.so.1``, also as ``libcuda.so``)
+and an NVML (``libnvidia-ml.so.1``, also as ``libnvidia-ml.so``) describing the
+same GPU.  Their export lists are generated at build time from the installed
+declarations (see ``_generate``), and that generated C is part of the key; a
+process reads those declarations once (tens of milliseconds), then only
+``stat``s them.
 """
 
 from __future__ import annotations
@@ -16,15 +24,19 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from diagtools.driver import _generate
 from diagtools.errors import DriverBuildError, DriverUnavailableError, UsageError
 from diagtools.model.scan import DriverInfo
 
 __all__ = [
     "DRIVER_CHOICES",
+    "SIMULATED_LIBRARIES",
     "DriverSetup",
+    "SimulatedWorld",
     "build_injection_library",
     "build_probe_extension",
     "build_simulated_driver",
+    "build_simulated_world",
     "cache_dir",
     "real_driver_path",
     "resolve_driver",
@@ -33,14 +45,37 @@ __all__ = [
 DRIVER_CHOICES = ("auto", "real", "simulated", "none")
 _SOURCES = Path(__file__).resolve().parent
 _real_driver_cache: dict[str, str | None] = {}
+# The simulated libraries, by soname, and the other names that resolve to each.
+SIMULATED_LIBRARIES = ("libcuda.so.1", "libnvidia-ml.so.1")
+_ALIASES = {"libcuda.so": "libcuda.so.1", "libnvidia-ml.so": "libnvidia-ml.so.1"}
 
 
 @dataclass(frozen=True)
 class DriverSetup:
-    """The driver a subkernel gets: what to report, and the environment to give it."""
+    """The driver a subkernel gets: what to report, and the environment to give it.
+
+    ``libraries`` names the simulated libraries the environment puts in front
+    (empty for the real driver and for none); ``notes`` says where the
+    simulated libraries' export lists came from, or that they fell back to the
+    hand-modelled functions.
+    """
 
     info: DriverInfo
     env: dict[str, str]
+    libraries: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class SimulatedWorld:
+    """A built simulated world: the directory holding its libraries, and how their exports were found."""
+
+    directory: Path
+    libraries: tuple[str, ...]
+    notes: tuple[str, ...]
+
+
+_world_cache: dict[tuple[object, ...], SimulatedWorld] = {}
 
 
 def cache_dir() -> Path:
@@ -64,16 +99,17 @@ def _build_key(*parts: str | bytes) -> str:
     return digest.hexdigest()[:16]
 
 
-def _compile(what: str, source: Path, output: Path, extra: list[str]) -> Path:
-    """Compile ``source`` into the shared object ``output`` unless it already exists."""
+def _compile(what: str, source: Path | list[Path], output: Path, extra: list[str]) -> Path:
+    """Compile ``source`` (one file or several) into the shared object ``output`` unless it already exists."""
     if output.exists():
         return output
     import tempfile  # only needed to compile
 
+    sources = source if isinstance(source, list) else [source]
     output.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=output.parent, suffix=".so.tmp")
     os.close(fd)
-    command = [*_compiler(), "-shared", "-fPIC", "-O2", "-o", tmp, str(source), *extra]
+    command = [*_compiler(), "-shared", "-fPIC", "-O2", "-o", tmp, *map(str, sources), *extra]
     try:
         done = subprocess.run(command, capture_output=True, text=True, check=False)
     except OSError as exc:
@@ -87,18 +123,78 @@ def _compile(what: str, source: Path, output: Path, extra: list[str]) -> Path:
 
 
 def build_simulated_driver() -> Path:
-    """The directory holding the simulated ``libcuda.so.1``, built if needed."""
-    source = _SOURCES / "simcuda.c"
-    key = _build_key(source.read_bytes(), *_compiler())
-    library = cache_dir() / "simdriver" / key / "libcuda.so.1"
-    _compile("the simulated CUDA driver", source, library, ["-Wl,-soname,libcuda.so.1", "-ldl"])
-    return library.parent
+    """The directory holding the simulated ``libcuda.so.1`` (and NVML beside it), built if needed."""
+    return build_simulated_world().directory
+
+
+def _input_stamp() -> tuple[object, ...]:
+    """Cheap identity of everything the build reads: stats, not contents."""
+    stamps: list[object] = [str(cache_dir()), *_compiler()]
+    for path in (*(_SOURCES / name for name in ("simcuda.c", "simnvml.c", "simworld.h")), *_generate.input_files()):
+        try:
+            info = path.stat()
+        except OSError:
+            continue
+        stamps.append((str(path), info.st_mtime_ns, info.st_size))
+    return tuple(stamps)
+
+
+def _write_if_changed(path: Path, text: str) -> Path:
+    if not path.exists() or path.read_text() != text:
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    return path
+
+
+def _link_alias(directory: Path, alias: str, target: str) -> None:
+    link = directory / alias
+    if link.is_symlink() and os.readlink(link) == target:
+        return
+    tmp = directory / f".{alias}.{os.getpid()}.tmp"
+    tmp.unlink(missing_ok=True)
+    os.symlink(target, tmp)
+    os.replace(tmp, link)
+
+
+def build_simulated_world() -> SimulatedWorld:
+    """Build (once) the simulated driver and NVML, with stubs for every entry point known here.
+
+    Both libraries are linked ``-z nodelete``: a caller that ``dlclose``s the
+    driver and opens it again finds the init state it left, as with the real one.
+    """
+    stamp = _input_stamp()
+    cached = _world_cache.get(stamp)
+    if cached is not None and all((cached.directory / name).exists() for name in (*SIMULATED_LIBRARIES, *_ALIASES)):
+        return cached
+    simcuda = (_SOURCES / "simcuda.c").read_text()
+    simnvml = (_SOURCES / "simnvml.c").read_text()
+    world_header = (_SOURCES / "simworld.h").read_text()
+    driver_stubs = _generate.driver_stubs(simcuda)
+    nvml_stubs = _generate.nvml_stubs(simnvml)
+    key = _build_key(simcuda, simnvml, world_header, driver_stubs.text, nvml_stubs.text, *_compiler())
+    directory = cache_dir() / "simdriver" / key
+    if not all((directory / name).exists() for name in SIMULATED_LIBRARIES):
+        directory.mkdir(parents=True, exist_ok=True)
+        include = f"-I{_SOURCES}"
+        for what, soname, source, stubs, name in (
+            ("the simulated CUDA driver", "libcuda.so.1", "simcuda.c", driver_stubs, "simcuda_stubs.c"),
+            ("the simulated NVML", "libnvidia-ml.so.1", "simnvml.c", nvml_stubs, "simnvml_stubs.c"),
+        ):
+            generated = _write_if_changed(directory / name, stubs.text)
+            extra = [include, f"-Wl,-soname,{soname}", "-Wl,-z,nodelete", "-ldl"]
+            _compile(what, [_SOURCES / source, generated], directory / soname, extra)
+    for alias, target in _ALIASES.items():
+        _link_alias(directory, alias, target)
+    world = SimulatedWorld(directory, SIMULATED_LIBRARIES, (driver_stubs.note, nvml_stubs.note))
+    _world_cache[stamp] = world
+    return world
 
 
 def build_injection_library() -> Path:
     """A ``CUDA_INJECTION64_PATH`` library that reports a real cuInit to the probe."""
     source = _SOURCES / "simcuda.c"
-    key = _build_key(source.read_bytes(), *_compiler(), "injection")
+    key = _build_key(source.read_bytes(), (_SOURCES / "simworld.h").read_bytes(), *_compiler(), "injection")
     library = cache_dir() / "injection" / key / "libdiagtools_injection.so"
     return _compile("the CUDA injection hook", source, library, ["-DDIAGTOOLS_INJECTION_ONLY", "-ldl"])
 
@@ -180,11 +276,13 @@ def resolve_driver(requested: str = "auto") -> DriverSetup:
 
 
 def _simulated_setup(requested: str) -> DriverSetup:
-    directory = build_simulated_driver()
+    world = build_simulated_world()
+    directory = world.directory
     current = _without_simulated_paths(dict(os.environ)).get("LD_LIBRARY_PATH", "")
     env = {
         "LD_LIBRARY_PATH": ":".join(p for p in (str(directory), current) if p),
         "TRITON_LIBCUDA_PATH": str(directory),
         "DIAGTOOLS_DRIVER": "simulated",
     }
-    return DriverSetup(DriverInfo("simulated", requested, str(directory / "libcuda.so.1")), env)
+    info = DriverInfo("simulated", requested, str(directory / "libcuda.so.1"), world.libraries)
+    return DriverSetup(info, env, libraries=world.libraries, notes=world.notes)

@@ -5,12 +5,14 @@
  * cuDeviceGetCount: CUDA_ERROR_NOT_INITIALIZED (3) means nobody called cuInit
  * yet.  Doing that from C keeps the probe free of imports (no ctypes), so the
  * import tree being measured stays exactly the target's.  It also asks the
- * kernel to kill the subkernel if the process that started it dies.
+ * kernel to kill the subkernel if the process that started it dies, and asks
+ * the simulated driver and NVML what they refused (simulation_refusals).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <dlfcn.h>
 #include <signal.h>
+#include <string.h>
 #include <sys/prctl.h>
 
 typedef int (*device_get_count_fn)(int *);
@@ -54,6 +56,54 @@ static PyObject *driver_path(PyObject *self, PyObject *args)
     return PyUnicode_DecodeFSDefault(info.dli_fname);
 }
 
+typedef unsigned int (*refusals_fn)(void);
+typedef const char *(*first_refusal_fn)(void);
+
+static PyObject *text_or_none(const char *text)
+{
+    if (text == NULL)
+        Py_RETURN_NONE;
+    return PyUnicode_DecodeUTF8(text, (Py_ssize_t)strlen(text), "replace");
+}
+
+/*
+ * What the simulated libraries refused so far: (driver bitmask, first refused
+ * driver call, NVML bitmask, first refused NVML call), or None when the loaded
+ * driver is not the simulated one.  NVML is only asked if something loaded it.
+ */
+static PyObject *simulation_refusals(PyObject *self, PyObject *args)
+{
+    (void)self;
+    (void)args;
+    load_driver();
+    if (libcuda == NULL)
+        Py_RETURN_NONE;
+    refusals_fn driver_refusals = (refusals_fn)dlsym(libcuda, "diagtools_sim_refusals");
+    first_refusal_fn driver_first = (first_refusal_fn)dlsym(libcuda, "diagtools_sim_first_refusal");
+    if (driver_refusals == NULL || driver_first == NULL)
+        Py_RETURN_NONE;
+    unsigned int nvml_mask = 0;
+    const char *nvml_first = NULL;
+    void *nvml = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_NOLOAD);
+    if (nvml != NULL) {
+        refusals_fn nvml_refusals = (refusals_fn)dlsym(nvml, "diagtools_simnvml_refusals");
+        first_refusal_fn nvml_first_fn = (first_refusal_fn)dlsym(nvml, "diagtools_simnvml_first_refusal");
+        if (nvml_refusals != NULL && nvml_first_fn != NULL) {
+            nvml_mask = nvml_refusals();
+            nvml_first = nvml_first_fn();
+        }
+        dlclose(nvml);
+    }
+    PyObject *first = text_or_none(driver_first());
+    PyObject *second = text_or_none(nvml_first);
+    if (first == NULL || second == NULL) {
+        Py_XDECREF(first);
+        Py_XDECREF(second);
+        return NULL;
+    }
+    return Py_BuildValue("(ININ)", driver_refusals(), first, nvml_mask, second);
+}
+
 static PyObject *die_with_parent(PyObject *self, PyObject *args)
 {
     (void)self;
@@ -66,6 +116,8 @@ static PyObject *die_with_parent(PyObject *self, PyObject *args)
 static PyMethodDef methods[] = {
     {"driver_state", driver_state, METH_NOARGS, "cuDeviceGetCount's result code, -1 without a driver."},
     {"driver_path", driver_path, METH_NOARGS, "Path of the loaded libcuda.so.1, or None."},
+    {"simulation_refusals", simulation_refusals, METH_NOARGS,
+     "(driver bitmask, first refused driver call, NVML bitmask, first refused NVML call), or None."},
     {"die_with_parent", die_with_parent, METH_NOARGS, "Ask for SIGKILL when the parent process exits."},
     {NULL, NULL, 0, NULL},
 };

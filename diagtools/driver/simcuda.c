@@ -2,11 +2,20 @@
  * A stand-in for the CUDA driver library (libcuda.so.1) with no GPU behind it.
  *
  * It models what matters for import-time CUDA bugs: the driver's init state
- * and its fork semantics.  Before cuInit every call answers
- * CUDA_ERROR_NOT_INITIALIZED; after cuInit there is one simulated device of
- * compute capability 9.0; in a process forked after the parent's cuInit, every
- * call (cuInit included) answers CUDA_ERROR_NOT_INITIALIZED again, as the real
- * driver does.  Entry points it does not model answer CUDA_ERROR_NOT_SUPPORTED.
+ * and its fork semantics.  Before cuInit every modelled call answers
+ * CUDA_ERROR_NOT_INITIALIZED; after cuInit there is one simulated device (see
+ * simworld.h: compute capability 9.0, H100-class attributes); in a process
+ * forked after the parent's cuInit, every call (cuInit included) answers
+ * CUDA_ERROR_NOT_INITIALIZED again, as the real driver does.
+ *
+ * Every other driver API entry point exists too: the build generates a stub
+ * for each name the installed cuda-bindings declares (simcuda_stubs.c in the
+ * build directory), which answers CUDA_ERROR_NOT_SUPPORTED and is recorded as
+ * a refusal.  cuGetExportTable, the undocumented door the CUDA runtime uses,
+ * is refused and recorded the same way, and counts as the runtime's cuInit.
+ * diagtools_sim_refusals() and
+ * diagtools_sim_first_refusal() let a host ask afterwards whether the code it
+ * ran hit the edge of the simulation.
  *
  * When the process hosting it is a Python interpreter that installed a hook as
  * sys._diagtools_on_cuinit, the first successful cuInit calls that hook while
@@ -14,13 +23,20 @@
  * can be recorded whoever made the call (ctypes, cuda-python, C extensions).
  * The same hook is called from InitializeInjection, the entry point the real
  * driver calls in a library named by CUDA_INJECTION64_PATH.
+ *
+ * DIAGTOOLS_SIMCUDA_TRACE=1 prints every entry-point lookup and refusal to
+ * stderr, to see what a library asks of the driver.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <unistd.h>
+
+#include "simworld.h"
 
 typedef int CUresult;
 typedef int CUdevice;
@@ -35,16 +51,6 @@ enum {
     CUDA_ERROR_NOT_FOUND = 500,
     CUDA_ERROR_NOT_SUPPORTED = 801,
 };
-
-#define SIM_DRIVER_VERSION 13000
-#define SIM_DEVICE_NAME "diagtools simulated GPU (no hardware)"
-#define SIM_TOTAL_MEM ((size_t)80 << 30)
-
-static pid_t init_pid = 0;          /* process that called cuInit, 0 if none */
-static int primary_refcount = 0;
-static int sim_context_token = 0;   /* address used as the primary context */
-static CUcontext current_context = NULL;
-static unsigned int primary_flags = 0;
 
 /* ---- Python hook: report the first cuInit to an interested interpreter ---- */
 
@@ -90,6 +96,22 @@ int InitializeInjection(void)
 
 #ifndef DIAGTOOLS_INJECTION_ONLY
 
+static pid_t init_pid = 0;          /* process that called cuInit, 0 if none */
+static int primary_refcount = 0;
+static int sim_context_token = 0;   /* address used as the primary context */
+static CUcontext current_context = NULL;
+static unsigned int primary_flags = 0;
+
+static int tracing(void)
+{
+    static int state = -1;
+    if (state < 0) {
+        const char *value = getenv("DIAGTOOLS_SIMCUDA_TRACE");
+        state = value != NULL && value[0] != '\0' && strcmp(value, "0") != 0;
+    }
+    return state;
+}
+
 /* ---- init and fork semantics ---- */
 
 static int initialized_here(void) { return init_pid != 0 && init_pid == getpid(); }
@@ -118,14 +140,92 @@ CUresult cuDriverGetVersion(int *version)
 {
     if (version == NULL)
         return CUDA_ERROR_INVALID_VALUE;
-    const char *override = getenv("DIAGTOOLS_SIMCUDA_VERSION");
-    *version = override ? atoi(override) : SIM_DRIVER_VERSION;
+    *version = sim_cuda_version();
     return CUDA_SUCCESS;
+}
+
+/* ---- refusals: where the simulation ends ---- */
+
+#define DIAGTOOLS_SIM_REFUSED_EXPORT_TABLE 1u
+#define DIAGTOOLS_SIM_REFUSED_ENTRY_POINT 2u
+#define DIAGTOOLS_SIM_INIT_FOR_RUNTIME 4u
+
+static unsigned int refusals = 0;
+static const char *first_refusal = NULL;
+static char export_table_refusal[64];
+
+static void record_refusal(unsigned int kind, const char *what)
+{
+    const char *expected = NULL;
+    __atomic_fetch_or(&refusals, kind, __ATOMIC_SEQ_CST);
+    __atomic_compare_exchange_n(&first_refusal, &expected, what, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+    if (tracing())
+        fprintf(stderr, "diagtools simcuda: refused %s\n", what);
+}
+
+/*
+ * What this process ran into at the edge of the simulation, as a bitmask:
+ * 1 an export table was refused, 2 an unmodelled entry point was called,
+ * 4 the driver was initialized on the runtime's behalf at an export-table
+ * request (see cuGetExportTable) rather than by a cuInit call.
+ */
+unsigned int diagtools_sim_refusals(void) { return __atomic_load_n(&refusals, __ATOMIC_SEQ_CST); }
+
+/* The first refused call ("cuMemCreate", "cuGetExportTable"), or NULL. */
+const char *diagtools_sim_first_refusal(void) { return __atomic_load_n(&first_refusal, __ATOMIC_SEQ_CST); }
+
+/* Every generated stub lands here: a clean, documented refusal. */
+CUresult diagtools_sim_unmodelled(const char *name)
+{
+    /* Before cuInit (and in a poisoned child) the real driver answers every call this way. */
+    if (!initialized_here())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    record_refusal(DIAGTOOLS_SIM_REFUSED_ENTRY_POINT, name);
+    return CUDA_ERROR_NOT_SUPPORTED;
+}
+
+/*
+ * cuGetExportTable is the CUDA runtime's private door into the driver, asked
+ * while the runtime initializes, before the cuInit it then makes.  Its tables
+ * have no public contract to simulate, so the request is refused; but on a
+ * real driver that runtime goes on to initialize CUDA, so the simulated driver
+ * initializes on its behalf right here (same caller, same Python frames, the
+ * same hook as cuInit) and records both facts.  The runtime call then fails,
+ * after the moment that matters has been seen.
+ */
+CUresult cuGetExportTable(const void **table, const void *id)
+{
+    if (table != NULL)
+        *table = NULL;
+    if (table == NULL || id == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (poisoned_by_fork())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (export_table_refusal[0] == '\0') {
+        const unsigned char *bytes = (const unsigned char *)id;
+        int at = snprintf(export_table_refusal, sizeof(export_table_refusal), "cuGetExportTable(");
+        for (int i = 0; i < 16 && at < (int)sizeof(export_table_refusal) - 3; i++)
+            at += snprintf(export_table_refusal + at, sizeof(export_table_refusal) - (size_t)at, "%02x", bytes[i]);
+        snprintf(export_table_refusal + at, sizeof(export_table_refusal) - (size_t)at, ")");
+    }
+    record_refusal(DIAGTOOLS_SIM_REFUSED_EXPORT_TABLE, export_table_refusal);
+    if (init_pid == 0) {
+        init_pid = getpid();
+        __atomic_fetch_or(&refusals, DIAGTOOLS_SIM_INIT_FOR_RUNTIME, __ATOMIC_SEQ_CST);
+        notify_python("cuInit");
+    }
+    return CUDA_ERROR_NOT_SUPPORTED;
 }
 
 /* ---- devices ---- */
 
 static CUresult check_device(CUdevice dev) { return dev == 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_DEVICE; }
+
+#define REQUIRE_DEVICE(dev)                         \
+    do {                                            \
+        if (check_device(dev) != CUDA_SUCCESS)      \
+            return CUDA_ERROR_INVALID_DEVICE;       \
+    } while (0)
 
 CUresult cuDeviceGetCount(int *count)
 {
@@ -152,52 +252,192 @@ CUresult cuDeviceGetName(char *name, int len, CUdevice dev)
     REQUIRE_INIT();
     if (name == NULL || len <= 0)
         return CUDA_ERROR_INVALID_VALUE;
-    if (check_device(dev) != CUDA_SUCCESS)
-        return CUDA_ERROR_INVALID_DEVICE;
+    REQUIRE_DEVICE(dev);
     strncpy(name, SIM_DEVICE_NAME, (size_t)len - 1);
     name[len - 1] = '\0';
     return CUDA_SUCCESS;
 }
 
-/* Attribute numbers from the CUdevice_attribute enum. */
-static int attribute_value(int attrib, int *known)
-{
-    *known = 1;
-    switch (attrib) {
-    case 1: return 1024;      /* MAX_THREADS_PER_BLOCK */
-    case 2: case 3: return 1024; /* MAX_BLOCK_DIM_X/Y */
-    case 4: return 64;        /* MAX_BLOCK_DIM_Z */
-    case 5: return 2147483647; /* MAX_GRID_DIM_X */
-    case 6: case 7: return 65535; /* MAX_GRID_DIM_Y/Z */
-    case 8: return 49152;     /* MAX_SHARED_MEMORY_PER_BLOCK */
-    case 10: return 32;       /* WARP_SIZE */
-    case 12: return 65536;    /* MAX_REGISTERS_PER_BLOCK */
-    case 13: return 1980000;  /* CLOCK_RATE (kHz) */
-    case 16: return 132;      /* MULTIPROCESSOR_COUNT */
-    case 36: return 2619000;  /* MEMORY_CLOCK_RATE */
-    case 37: return 6144;     /* GLOBAL_MEMORY_BUS_WIDTH */
-    case 38: return 52428800; /* L2_CACHE_SIZE */
-    case 39: return 2048;     /* MAX_THREADS_PER_MULTIPROCESSOR */
-    case 75: return 9;        /* COMPUTE_CAPABILITY_MAJOR */
-    case 76: return 0;        /* COMPUTE_CAPABILITY_MINOR */
-    case 81: return 233472;   /* MAX_SHARED_MEMORY_PER_MULTIPROCESSOR */
-    case 97: return 232448;   /* MAX_SHARED_MEMORY_PER_BLOCK_OPTIN */
-    default:
-        *known = 0;
-        return 0;
-    }
-}
+/*
+ * Every CUdevice_attribute of an H100 SXM-class board, by number (cuda.h's
+ * CUdevice_attribute enum, through CUDA 13).  Numbers past the table are
+ * attributes this driver is too old to know: CUDA_ERROR_INVALID_VALUE, as a
+ * real older driver answers.
+ */
+static const int attribute_values[] = {
+    [1] = 1024,          /* MAX_THREADS_PER_BLOCK */
+    [2] = 1024,          /* MAX_BLOCK_DIM_X */
+    [3] = 1024,          /* MAX_BLOCK_DIM_Y */
+    [4] = 64,            /* MAX_BLOCK_DIM_Z */
+    [5] = 2147483647,    /* MAX_GRID_DIM_X */
+    [6] = 65535,         /* MAX_GRID_DIM_Y */
+    [7] = 65535,         /* MAX_GRID_DIM_Z */
+    [8] = 49152,         /* MAX_SHARED_MEMORY_PER_BLOCK */
+    [9] = 65536,         /* TOTAL_CONSTANT_MEMORY */
+    [10] = 32,           /* WARP_SIZE */
+    [11] = 2147483647,   /* MAX_PITCH */
+    [12] = 65536,        /* MAX_REGISTERS_PER_BLOCK */
+    [13] = 1980000,      /* CLOCK_RATE, kHz */
+    [14] = 512,          /* TEXTURE_ALIGNMENT */
+    [15] = 1,            /* GPU_OVERLAP */
+    [16] = SIM_MULTIPROCESSORS, /* MULTIPROCESSOR_COUNT */
+    [17] = 0,            /* KERNEL_EXEC_TIMEOUT */
+    [18] = 0,            /* INTEGRATED */
+    [19] = 1,            /* CAN_MAP_HOST_MEMORY */
+    [20] = 0,            /* COMPUTE_MODE: default */
+    [21] = 131072,       /* MAXIMUM_TEXTURE1D_WIDTH */
+    [22] = 131072,       /* MAXIMUM_TEXTURE2D_WIDTH */
+    [23] = 65536,        /* MAXIMUM_TEXTURE2D_HEIGHT */
+    [24] = 16384,        /* MAXIMUM_TEXTURE3D_WIDTH */
+    [25] = 16384,        /* MAXIMUM_TEXTURE3D_HEIGHT */
+    [26] = 16384,        /* MAXIMUM_TEXTURE3D_DEPTH */
+    [27] = 32768,        /* MAXIMUM_TEXTURE2D_LAYERED_WIDTH */
+    [28] = 32768,        /* MAXIMUM_TEXTURE2D_LAYERED_HEIGHT */
+    [29] = 2048,         /* MAXIMUM_TEXTURE2D_LAYERED_LAYERS */
+    [30] = 512,          /* SURFACE_ALIGNMENT */
+    [31] = 1,            /* CONCURRENT_KERNELS */
+    [32] = 1,            /* ECC_ENABLED */
+    [33] = SIM_PCI_BUS,  /* PCI_BUS_ID */
+    [34] = SIM_PCI_DEVICE, /* PCI_DEVICE_ID */
+    [35] = 0,            /* TCC_DRIVER */
+    [36] = 2619000,      /* MEMORY_CLOCK_RATE, kHz */
+    [37] = 5120,         /* GLOBAL_MEMORY_BUS_WIDTH, bits */
+    [38] = 52428800,     /* L2_CACHE_SIZE */
+    [39] = 2048,         /* MAX_THREADS_PER_MULTIPROCESSOR */
+    [40] = 3,            /* ASYNC_ENGINE_COUNT */
+    [41] = 1,            /* UNIFIED_ADDRESSING */
+    [42] = 32768,        /* MAXIMUM_TEXTURE1D_LAYERED_WIDTH */
+    [43] = 2048,         /* MAXIMUM_TEXTURE1D_LAYERED_LAYERS */
+    [44] = 1,            /* CAN_TEX2D_GATHER */
+    [45] = 32768,        /* MAXIMUM_TEXTURE2D_GATHER_WIDTH */
+    [46] = 32768,        /* MAXIMUM_TEXTURE2D_GATHER_HEIGHT */
+    [47] = 8192,         /* MAXIMUM_TEXTURE3D_WIDTH_ALTERNATE */
+    [48] = 8192,         /* MAXIMUM_TEXTURE3D_HEIGHT_ALTERNATE */
+    [49] = 32768,        /* MAXIMUM_TEXTURE3D_DEPTH_ALTERNATE */
+    [50] = SIM_PCI_DOMAIN, /* PCI_DOMAIN_ID */
+    [51] = 32,           /* TEXTURE_PITCH_ALIGNMENT */
+    [52] = 32768,        /* MAXIMUM_TEXTURECUBEMAP_WIDTH */
+    [53] = 32768,        /* MAXIMUM_TEXTURECUBEMAP_LAYERED_WIDTH */
+    [54] = 2046,         /* MAXIMUM_TEXTURECUBEMAP_LAYERED_LAYERS */
+    [55] = 32768,        /* MAXIMUM_SURFACE1D_WIDTH */
+    [56] = 131072,       /* MAXIMUM_SURFACE2D_WIDTH */
+    [57] = 65536,        /* MAXIMUM_SURFACE2D_HEIGHT */
+    [58] = 16384,        /* MAXIMUM_SURFACE3D_WIDTH */
+    [59] = 16384,        /* MAXIMUM_SURFACE3D_HEIGHT */
+    [60] = 16384,        /* MAXIMUM_SURFACE3D_DEPTH */
+    [61] = 32768,        /* MAXIMUM_SURFACE1D_LAYERED_WIDTH */
+    [62] = 2048,         /* MAXIMUM_SURFACE1D_LAYERED_LAYERS */
+    [63] = 32768,        /* MAXIMUM_SURFACE2D_LAYERED_WIDTH */
+    [64] = 32768,        /* MAXIMUM_SURFACE2D_LAYERED_HEIGHT */
+    [65] = 2048,         /* MAXIMUM_SURFACE2D_LAYERED_LAYERS */
+    [66] = 32768,        /* MAXIMUM_SURFACECUBEMAP_WIDTH */
+    [67] = 32768,        /* MAXIMUM_SURFACECUBEMAP_LAYERED_WIDTH */
+    [68] = 2046,         /* MAXIMUM_SURFACECUBEMAP_LAYERED_LAYERS */
+    [69] = 268435456,    /* MAXIMUM_TEXTURE1D_LINEAR_WIDTH */
+    [70] = 131072,       /* MAXIMUM_TEXTURE2D_LINEAR_WIDTH */
+    [71] = 65000,        /* MAXIMUM_TEXTURE2D_LINEAR_HEIGHT */
+    [72] = 2097120,      /* MAXIMUM_TEXTURE2D_LINEAR_PITCH */
+    [73] = 32768,        /* MAXIMUM_TEXTURE2D_MIPMAPPED_WIDTH */
+    [74] = 32768,        /* MAXIMUM_TEXTURE2D_MIPMAPPED_HEIGHT */
+    [75] = SIM_CC_MAJOR, /* COMPUTE_CAPABILITY_MAJOR */
+    [76] = SIM_CC_MINOR, /* COMPUTE_CAPABILITY_MINOR */
+    [77] = 32768,        /* MAXIMUM_TEXTURE1D_MIPMAPPED_WIDTH */
+    [78] = 1,            /* STREAM_PRIORITIES_SUPPORTED */
+    [79] = 1,            /* GLOBAL_L1_CACHE_SUPPORTED */
+    [80] = 1,            /* LOCAL_L1_CACHE_SUPPORTED */
+    [81] = 233472,       /* MAX_SHARED_MEMORY_PER_MULTIPROCESSOR */
+    [82] = 65536,        /* MAX_REGISTERS_PER_MULTIPROCESSOR */
+    [83] = 1,            /* MANAGED_MEMORY */
+    [84] = 0,            /* MULTI_GPU_BOARD */
+    [85] = 0,            /* MULTI_GPU_BOARD_GROUP_ID */
+    [86] = 0,            /* HOST_NATIVE_ATOMIC_SUPPORTED */
+    [87] = 2,            /* SINGLE_TO_DOUBLE_PRECISION_PERF_RATIO */
+    [88] = 0,            /* PAGEABLE_MEMORY_ACCESS */
+    [89] = 1,            /* CONCURRENT_MANAGED_ACCESS */
+    [90] = 1,            /* COMPUTE_PREEMPTION_SUPPORTED */
+    [91] = 0,            /* CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM */
+    [92] = 0,            /* CAN_USE_STREAM_MEM_OPS_V1 */
+    [93] = 0,            /* CAN_USE_64_BIT_STREAM_MEM_OPS_V1 */
+    [94] = 0,            /* CAN_USE_STREAM_WAIT_VALUE_NOR_V1 */
+    [95] = 1,            /* COOPERATIVE_LAUNCH */
+    [96] = 0,            /* COOPERATIVE_MULTI_DEVICE_LAUNCH */
+    [97] = 232448,       /* MAX_SHARED_MEMORY_PER_BLOCK_OPTIN */
+    [98] = 0,            /* CAN_FLUSH_REMOTE_WRITES */
+    [99] = 1,            /* HOST_REGISTER_SUPPORTED */
+    [100] = 0,           /* PAGEABLE_MEMORY_ACCESS_USES_HOST_PAGE_TABLES */
+    [101] = 0,           /* DIRECT_MANAGED_MEM_ACCESS_FROM_HOST */
+    [102] = 1,           /* VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED */
+    [103] = 1,           /* HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED */
+    [104] = 0,           /* HANDLE_TYPE_WIN32_HANDLE_SUPPORTED */
+    [105] = 0,           /* HANDLE_TYPE_WIN32_KMT_HANDLE_SUPPORTED */
+    [106] = 32,          /* MAX_BLOCKS_PER_MULTIPROCESSOR */
+    [107] = 1,           /* GENERIC_COMPRESSION_SUPPORTED */
+    [108] = 39321600,    /* MAX_PERSISTING_L2_CACHE_SIZE */
+    [109] = 134213632,   /* MAX_ACCESS_POLICY_WINDOW_SIZE */
+    [110] = 1,           /* GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED */
+    [111] = 1024,        /* RESERVED_SHARED_MEMORY_PER_BLOCK */
+    [112] = 1,           /* SPARSE_CUDA_ARRAY_SUPPORTED */
+    [113] = 1,           /* READ_ONLY_HOST_REGISTER_SUPPORTED */
+    [114] = 1,           /* TIMELINE_SEMAPHORE_INTEROP_SUPPORTED */
+    [115] = 1,           /* MEMORY_POOLS_SUPPORTED */
+    [116] = 1,           /* GPU_DIRECT_RDMA_SUPPORTED */
+    [117] = 1,           /* GPU_DIRECT_RDMA_FLUSH_WRITES_OPTIONS: host */
+    [118] = 0,           /* GPU_DIRECT_RDMA_WRITES_ORDERING: none */
+    [119] = 1,           /* MEMPOOL_SUPPORTED_HANDLE_TYPES: POSIX fd */
+    [120] = 1,           /* CLUSTER_LAUNCH */
+    [121] = 1,           /* DEFERRED_MAPPING_CUDA_ARRAY_SUPPORTED */
+    [122] = 1,           /* CAN_USE_64_BIT_STREAM_MEM_OPS */
+    [123] = 1,           /* CAN_USE_STREAM_WAIT_VALUE_NOR */
+    [124] = 1,           /* DMA_BUF_SUPPORTED */
+    [125] = 1,           /* IPC_EVENT_SUPPORTED */
+    [126] = 4,           /* MEM_SYNC_DOMAIN_COUNT */
+    [127] = 1,           /* TENSOR_MAP_ACCESS_SUPPORTED */
+    [128] = 0,           /* HANDLE_TYPE_FABRIC_SUPPORTED */
+    [129] = 1,           /* UNIFIED_FUNCTION_POINTERS */
+    [130] = 0,           /* NUMA_CONFIG: none */
+    [131] = -1,          /* NUMA_ID */
+    [132] = 0,           /* MULTICAST_SUPPORTED */
+    [133] = 0,           /* MPS_ENABLED */
+    [134] = 0,           /* HOST_NUMA_ID */
+    [135] = 0,           /* D3D12_CIG_SUPPORTED */
+    [136] = 0,           /* MEM_DECOMPRESS_ALGORITHM_MASK */
+    [137] = 0,           /* MEM_DECOMPRESS_MAXIMUM_LENGTH */
+    [138] = 0,           /* VULKAN_CIG_SUPPORTED */
+    [139] = (int)SIM_PCI_DEVICE_ID, /* GPU_PCI_DEVICE_ID: device << 16 | vendor */
+    [140] = (int)SIM_PCI_SUBSYSTEM_ID, /* GPU_PCI_SUBSYSTEM_ID */
+    [141] = 0,           /* HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED */
+    [142] = 0,           /* HOST_NUMA_MEMORY_POOLS_SUPPORTED */
+    [143] = 0,           /* HOST_NUMA_MULTINODE_IPC_SUPPORTED */
+    [144] = 0,           /* HOST_MEMORY_POOLS_SUPPORTED */
+    [145] = 0,           /* HOST_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED */
+    [146] = 0,           /* HOST_ALLOC_DMA_BUF_SUPPORTED */
+    [147] = 0,           /* ONLY_PARTIAL_HOST_NATIVE_ATOMIC_SUPPORTED */
+    [148] = 0,           /* ATOMIC_REDUCTION_SUPPORTED */
+    [149] = 1,           /* LOCALITY_DOMAIN_COUNT */
+    [150] = 0,           /* MAX_OVERSIZED_SHARED_MEMORY_PER_BLOCK */
+    [151] = 0,           /* D3D12_CIG_STREAMS_SUPPORTED */
+    [152] = 0,           /* DMA_BUF_MMAP_SUPPORTED */
+    [153] = 0,           /* LOGICAL_ENDPOINT_UNICAST_SUPPORTED */
+    [154] = 0,           /* LOGICAL_ENDPOINT_MULTICAST_SUPPORTED */
+    [155] = 0,           /* LOGICAL_ENDPOINT_COUNTED_OPS_SUPPORTED */
+    [156] = 0,           /* LOGICAL_ENDPOINT_UNICAST_ACCESS_ON_OWNER_DEVICE_SUPPORTED */
+    [157] = SIM_MULTIPROCESSORS, /* LOCALITY_DOMAIN_MULTIPROCESSOR_COUNT */
+    [158] = 0,           /* LOGICAL_ENDPOINT_SUPPORTED_HANDLE_TYPES */
+    [159] = 0,           /* VULKAN_CIG_STREAMS_SUPPORTED */
+    [160] = 0,           /* TENSOR_MAP_LARGE_TENSOR_MIN_SIZE */
+    [161] = 0,           /* GPU_DIRECT_RDMA_WITH_LOCALIZED_MEMORY_SUPPORTED */
+};
+
+#define ATTRIBUTE_COUNT ((int)(sizeof(attribute_values) / sizeof(attribute_values[0])))
 
 CUresult cuDeviceGetAttribute(int *value, int attrib, CUdevice dev)
 {
     REQUIRE_INIT();
-    if (value == NULL)
+    if (value == NULL || attrib <= 0 || attrib >= ATTRIBUTE_COUNT)
         return CUDA_ERROR_INVALID_VALUE;
-    if (check_device(dev) != CUDA_SUCCESS)
-        return CUDA_ERROR_INVALID_DEVICE;
-    int known;
-    *value = attribute_value(attrib, &known);
-    return known ? CUDA_SUCCESS : CUDA_ERROR_NOT_SUPPORTED;
+    REQUIRE_DEVICE(dev);
+    *value = attribute_values[attrib];
+    return CUDA_SUCCESS;
 }
 
 CUresult cuDeviceComputeCapability(int *major, int *minor, CUdevice dev)
@@ -205,10 +445,9 @@ CUresult cuDeviceComputeCapability(int *major, int *minor, CUdevice dev)
     REQUIRE_INIT();
     if (major == NULL || minor == NULL)
         return CUDA_ERROR_INVALID_VALUE;
-    if (check_device(dev) != CUDA_SUCCESS)
-        return CUDA_ERROR_INVALID_DEVICE;
-    *major = 9;
-    *minor = 0;
+    REQUIRE_DEVICE(dev);
+    *major = SIM_CC_MAJOR;
+    *minor = SIM_CC_MINOR;
     return CUDA_SUCCESS;
 }
 
@@ -217,27 +456,66 @@ CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
     REQUIRE_INIT();
     if (bytes == NULL)
         return CUDA_ERROR_INVALID_VALUE;
-    if (check_device(dev) != CUDA_SUCCESS)
-        return CUDA_ERROR_INVALID_DEVICE;
-    *bytes = SIM_TOTAL_MEM;
+    REQUIRE_DEVICE(dev);
+    *bytes = (size_t)SIM_TOTAL_MEM;
     return CUDA_SUCCESS;
 }
 
-CUresult cuDeviceTotalMem(size_t *bytes, CUdevice dev) { return cuDeviceTotalMem_v2(bytes, dev); }
+/* The pre-3.2 entry point reports a 32-bit size. */
+CUresult cuDeviceTotalMem(unsigned int *bytes, CUdevice dev)
+{
+    size_t total = 0;
+    CUresult result = cuDeviceTotalMem_v2(bytes ? &total : NULL, dev);
+    if (result == CUDA_SUCCESS)
+        *bytes = total > 0xffffffffu ? 0xffffffffu : (unsigned int)total;
+    return result;
+}
 
 CUresult cuDeviceGetUuid_v2(unsigned char *uuid, CUdevice dev)
 {
     REQUIRE_INIT();
     if (uuid == NULL)
         return CUDA_ERROR_INVALID_VALUE;
-    if (check_device(dev) != CUDA_SUCCESS)
-        return CUDA_ERROR_INVALID_DEVICE;
+    REQUIRE_DEVICE(dev);
     for (int i = 0; i < 16; i++)
-        uuid[i] = (unsigned char)(0xd1 + i);
+        uuid[i] = SIM_UUID_BYTE(i);
     return CUDA_SUCCESS;
 }
 
 CUresult cuDeviceGetUuid(unsigned char *uuid, CUdevice dev) { return cuDeviceGetUuid_v2(uuid, dev); }
+
+CUresult cuDeviceGetPCIBusId(char *bus_id, int len, CUdevice dev)
+{
+    REQUIRE_INIT();
+    if (bus_id == NULL || len <= 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    REQUIRE_DEVICE(dev);
+    strncpy(bus_id, SIM_PCI_BUS_ID_LEGACY, (size_t)len - 1);
+    bus_id[len - 1] = '\0';
+    return CUDA_SUCCESS;
+}
+
+CUresult cuDeviceGetByPCIBusId(CUdevice *dev, const char *bus_id)
+{
+    REQUIRE_INIT();
+    if (dev == NULL || bus_id == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (strcasecmp(bus_id, SIM_PCI_BUS_ID_LEGACY) != 0 && strcasecmp(bus_id, SIM_PCI_BUS_ID) != 0)
+        return CUDA_ERROR_INVALID_DEVICE;
+    *dev = 0;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuDeviceCanAccessPeer(int *can_access, CUdevice dev, CUdevice peer)
+{
+    REQUIRE_INIT();
+    if (can_access == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    REQUIRE_DEVICE(dev);
+    REQUIRE_DEVICE(peer);
+    *can_access = 0;
+    return CUDA_SUCCESS;
+}
 
 /* ---- primary context and current context ---- */
 
@@ -248,8 +526,7 @@ CUresult cuDevicePrimaryCtxRetain(CUcontext *ctx, CUdevice dev)
     REQUIRE_INIT();
     if (ctx == NULL)
         return CUDA_ERROR_INVALID_VALUE;
-    if (check_device(dev) != CUDA_SUCCESS)
-        return CUDA_ERROR_INVALID_DEVICE;
+    REQUIRE_DEVICE(dev);
     primary_refcount++;
     *ctx = primary_context();
     return CUDA_SUCCESS;
@@ -258,8 +535,7 @@ CUresult cuDevicePrimaryCtxRetain(CUcontext *ctx, CUdevice dev)
 CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
 {
     REQUIRE_INIT();
-    if (check_device(dev) != CUDA_SUCCESS)
-        return CUDA_ERROR_INVALID_DEVICE;
+    REQUIRE_DEVICE(dev);
     if (primary_refcount == 0)
         return CUDA_ERROR_INVALID_CONTEXT;
     primary_refcount--;
@@ -273,8 +549,7 @@ CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int *flags, int *acti
     REQUIRE_INIT();
     if (flags == NULL || active == NULL)
         return CUDA_ERROR_INVALID_VALUE;
-    if (check_device(dev) != CUDA_SUCCESS)
-        return CUDA_ERROR_INVALID_DEVICE;
+    REQUIRE_DEVICE(dev);
     *flags = primary_flags;
     *active = primary_refcount > 0;
     return CUDA_SUCCESS;
@@ -283,22 +558,24 @@ CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int *flags, int *acti
 CUresult cuDevicePrimaryCtxSetFlags_v2(CUdevice dev, unsigned int flags)
 {
     REQUIRE_INIT();
-    if (check_device(dev) != CUDA_SUCCESS)
-        return CUDA_ERROR_INVALID_DEVICE;
+    REQUIRE_DEVICE(dev);
     primary_flags = flags;
     return CUDA_SUCCESS;
 }
 
+CUresult cuDevicePrimaryCtxSetFlags(CUdevice dev, unsigned int flags) { return cuDevicePrimaryCtxSetFlags_v2(dev, flags); }
+
 CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
 {
     REQUIRE_INIT();
-    if (check_device(dev) != CUDA_SUCCESS)
-        return CUDA_ERROR_INVALID_DEVICE;
+    REQUIRE_DEVICE(dev);
     primary_refcount = 0;
     if (current_context == primary_context())
         current_context = NULL;
     return CUDA_SUCCESS;
 }
+
+CUresult cuDevicePrimaryCtxReset(CUdevice dev) { return cuDevicePrimaryCtxReset_v2(dev); }
 
 CUresult cuCtxGetCurrent(CUcontext *ctx)
 {
@@ -318,6 +595,30 @@ CUresult cuCtxSetCurrent(CUcontext ctx)
     return CUDA_SUCCESS;
 }
 
+/* One context, so the stack is one deep: push makes it current, pop clears it. */
+CUresult cuCtxPushCurrent_v2(CUcontext ctx)
+{
+    REQUIRE_INIT();
+    if (ctx != primary_context())
+        return CUDA_ERROR_INVALID_CONTEXT;
+    current_context = ctx;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuCtxPopCurrent_v2(CUcontext *ctx)
+{
+    REQUIRE_INIT();
+    if (current_context == NULL)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    if (ctx != NULL)
+        *ctx = current_context;
+    current_context = NULL;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuCtxPushCurrent(CUcontext ctx) { return cuCtxPushCurrent_v2(ctx); }
+CUresult cuCtxPopCurrent(CUcontext *ctx) { return cuCtxPopCurrent_v2(ctx); }
+
 CUresult cuCtxGetDevice(CUdevice *dev)
 {
     REQUIRE_INIT();
@@ -326,6 +627,64 @@ CUresult cuCtxGetDevice(CUdevice *dev)
     if (current_context == NULL)
         return CUDA_ERROR_INVALID_CONTEXT;
     *dev = 0;
+    return CUDA_SUCCESS;
+}
+
+static CUresult context_or_current(CUcontext *ctx)
+{
+    if (*ctx == NULL)
+        *ctx = current_context;
+    return *ctx == primary_context() ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT;
+}
+
+CUresult cuCtxGetDevice_v2(CUdevice *dev, CUcontext ctx)
+{
+    REQUIRE_INIT();
+    if (dev == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (context_or_current(&ctx) != CUDA_SUCCESS)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    *dev = 0;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuCtxSynchronize_v2(CUcontext ctx)
+{
+    REQUIRE_INIT();
+    return context_or_current(&ctx);
+}
+
+CUresult cuCtxGetApiVersion(CUcontext ctx, unsigned int *version)
+{
+    REQUIRE_INIT();
+    if (version == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (context_or_current(&ctx) != CUDA_SUCCESS)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    *version = 3020;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuCtxGetFlags(unsigned int *flags)
+{
+    REQUIRE_INIT();
+    if (flags == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (current_context == NULL)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    *flags = primary_flags;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuCtxGetStreamPriorityRange(int *least, int *greatest)
+{
+    REQUIRE_INIT();
+    if (current_context == NULL)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    if (least != NULL)
+        *least = 0;
+    if (greatest != NULL)
+        *greatest = -5;
     return CUDA_SUCCESS;
 }
 
@@ -342,9 +701,21 @@ CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes)
         return CUDA_ERROR_INVALID_VALUE;
     if (current_context == NULL)
         return CUDA_ERROR_INVALID_CONTEXT;
-    *total_bytes = SIM_TOTAL_MEM;
-    *free_bytes = SIM_TOTAL_MEM;
+    *total_bytes = (size_t)SIM_TOTAL_MEM;
+    *free_bytes = (size_t)SIM_TOTAL_MEM;
     return CUDA_SUCCESS;
+}
+
+/* The pre-3.2 entry point reports 32-bit sizes. */
+CUresult cuMemGetInfo(unsigned int *free_bytes, unsigned int *total_bytes)
+{
+    size_t free_wide = 0, total_wide = 0;
+    CUresult result = cuMemGetInfo_v2(free_bytes ? &free_wide : NULL, total_bytes ? &total_wide : NULL);
+    if (result == CUDA_SUCCESS) {
+        *free_bytes = free_wide > 0xffffffffu ? 0xffffffffu : (unsigned int)free_wide;
+        *total_bytes = total_wide > 0xffffffffu ? 0xffffffffu : (unsigned int)total_wide;
+    }
+    return result;
 }
 
 /* ---- errors ---- */
@@ -393,62 +764,106 @@ CUresult cuGetErrorString(CUresult error, const char **out)
     return *out ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 
-/* Any entry point this stand-in does not model: a clean, documented refusal. */
-static CUresult unsupported_entry_point(void) { return CUDA_ERROR_NOT_SUPPORTED; }
+/* ---- entry-point lookup (cuGetProcAddress), over the generated tables ---- */
 
-CUresult cuGetExportTable(const void **table, const void *id)
-{
-    (void)id;
-    if (table != NULL)
-        *table = NULL;
-    return CUDA_ERROR_NOT_SUPPORTED;
-}
-
-/* ---- entry-point lookup, as cuda-python resolves every driver API ---- */
-
-struct entry_point {
+/* Every exported entry point by symbol name, sorted (simcuda_stubs.c). */
+struct sim_entry {
     const char *name;
     void *fn;
 };
 
-#define ENTRY(fn) { #fn, (void *)fn }
-static const struct entry_point entry_points[] = {
-    ENTRY(cuInit), ENTRY(cuDriverGetVersion), ENTRY(cuDeviceGetCount), ENTRY(cuDeviceGet),
-    ENTRY(cuDeviceGetName), ENTRY(cuDeviceGetAttribute), ENTRY(cuDeviceComputeCapability),
-    ENTRY(cuDeviceTotalMem), ENTRY(cuDeviceGetUuid), ENTRY(cuDevicePrimaryCtxRetain),
-    ENTRY(cuDevicePrimaryCtxRelease), ENTRY(cuDevicePrimaryCtxGetState),
-    {"cuDevicePrimaryCtxSetFlags", (void *)cuDevicePrimaryCtxSetFlags_v2},
-    {"cuDevicePrimaryCtxReset", (void *)cuDevicePrimaryCtxReset_v2},
-    ENTRY(cuCtxGetCurrent), ENTRY(cuCtxSetCurrent), ENTRY(cuCtxGetDevice), ENTRY(cuCtxSynchronize),
-    {"cuMemGetInfo", (void *)cuMemGetInfo_v2},
-    ENTRY(cuGetErrorName), ENTRY(cuGetErrorString), ENTRY(cuGetExportTable),
+/* What a base name resolves to: the newest versioned symbol, and its per-thread-stream form. */
+struct sim_version {
+    const char *base;
+    const char *legacy_stream;
+    const char *per_thread_stream;
 };
-#undef ENTRY
 
-/* Versioned names (cuFoo_v2, cuFoo_ptds) resolve to the modelled base entry point. */
-static void *lookup_entry_point(const char *symbol)
+extern const struct sim_entry diagtools_sim_entries[];
+extern const size_t diagtools_sim_entry_count;
+extern const struct sim_version diagtools_sim_versions[];
+extern const size_t diagtools_sim_version_count;
+
+enum {
+    CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM = 2,
+    CU_GET_PROC_ADDRESS_SUCCESS = 0,
+    CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND = 1,
+};
+
+static int compare_entry(const void *key, const void *element)
 {
-    size_t n = strcspn(symbol, "_");
-    for (size_t i = 0; i < sizeof(entry_points) / sizeof(entry_points[0]); i++) {
-        const char *name = entry_points[i].name;
-        if (strlen(name) == n && strncmp(name, symbol, n) == 0)
-            return entry_points[i].fn;
+    return strcmp((const char *)key, ((const struct sim_entry *)element)->name);
+}
+
+static int compare_version(const void *key, const void *element)
+{
+    return strcmp((const char *)key, ((const struct sim_version *)element)->base);
+}
+
+static void *exported(const char *name)
+{
+    const struct sim_entry *found =
+        bsearch(name, diagtools_sim_entries, diagtools_sim_entry_count, sizeof(struct sim_entry), compare_entry);
+    return found ? found->fn : NULL;
+}
+
+/* The symbol a base name means: its newest version, per-thread-stream when asked and one exists. */
+static void *resolve_base(const char *base, uint64_t flags)
+{
+    const struct sim_version *version = bsearch(base, diagtools_sim_versions, diagtools_sim_version_count,
+                                                sizeof(struct sim_version), compare_version);
+    if (version != NULL) {
+        if ((flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) && version->per_thread_stream != NULL)
+            return exported(version->per_thread_stream);
+        return exported(version->legacy_stream);
     }
-    return NULL;
+    return exported(base);
+}
+
+/* Strip one _ptds/_ptsz and then one _vN suffix: "cuMemcpyHtoD_v2_ptds" -> "cuMemcpyHtoD". */
+static size_t base_length(const char *symbol)
+{
+    size_t n = strlen(symbol);
+    if (n > 5 && (strcmp(symbol + n - 5, "_ptds") == 0 || strcmp(symbol + n - 5, "_ptsz") == 0))
+        n -= 5;
+    size_t digits = 0;
+    while (digits < n && symbol[n - 1 - digits] >= '0' && symbol[n - 1 - digits] <= '9')
+        digits++;
+    if (digits > 0 && n > digits + 2 && symbol[n - digits - 1] == 'v' && symbol[n - digits - 2] == '_')
+        n -= digits + 2;
+    return n;
+}
+
+static void *lookup_entry_point(const char *symbol, uint64_t flags)
+{
+    void *fn = resolve_base(symbol, flags);
+    if (fn != NULL)
+        return fn;
+    fn = exported(symbol);
+    if (fn != NULL)
+        return fn;
+    char base[256];
+    size_t n = base_length(symbol);
+    if (n == strlen(symbol) || n >= sizeof(base))
+        return NULL;
+    memcpy(base, symbol, n);
+    base[n] = '\0';
+    return resolve_base(base, flags);
 }
 
 CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cuda_version, uint64_t flags,
                              int *symbol_status)
 {
-    (void)cuda_version;
-    (void)flags;
+    (void)cuda_version; /* every version of a modelled entry point behaves the same here */
     if (symbol == NULL || pfn == NULL)
         return CUDA_ERROR_INVALID_VALUE;
-    void *fn = lookup_entry_point(symbol);
-    *pfn = fn ? fn : (void *)unsupported_entry_point;
+    *pfn = lookup_entry_point(symbol, flags);
+    if (tracing())
+        fprintf(stderr, "diagtools simcuda: cuGetProcAddress(%s, %d, %llu) -> %s\n", symbol, cuda_version,
+                (unsigned long long)flags, *pfn ? "found" : "not found");
     if (symbol_status != NULL)
-        *symbol_status = 0; /* CU_GET_PROC_ADDRESS_SUCCESS */
-    return CUDA_SUCCESS;
+        *symbol_status = *pfn ? CU_GET_PROC_ADDRESS_SUCCESS : CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+    return *pfn ? CUDA_SUCCESS : CUDA_ERROR_NOT_FOUND;
 }
 
 CUresult cuGetProcAddress(const char *symbol, void **pfn, int cuda_version, uint64_t flags)

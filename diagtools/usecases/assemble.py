@@ -293,8 +293,30 @@ def assemble(raw: RawRun, targets: Sequence[str], driver: DriverInfo) -> ScanRes
         python=(str(hello.get("python") or "").split() or [""])[0],
         started_at=iso_time(raw.started_at),
         threads_alive=_alive_threads(events),
+        simulation_gaps=simulation_gaps(final.get("refusals") if final else None),
         skipped_events=raw.skipped_events,
     )
+
+
+_EXPORT_TABLE_REFUSED, _UNMODELLED_CALLED, _INIT_INFERRED = 1, 2, 4
+
+
+def simulation_gaps(refusals: object) -> tuple[str, ...]:
+    """Where the simulated driver or NVML could not play along, in words (see ``driver/simcuda.c``)."""
+    if not isinstance(refusals, dict):
+        return ()
+    driver, nvml = refusals.get("driver"), refusals.get("nvml")
+    first, nvml_first = refusals.get("first") or "?", refusals.get("nvml_first") or "?"
+    gaps = []
+    if isinstance(driver, int) and driver & _EXPORT_TABLE_REFUSED:
+        gaps.append(f"the CUDA runtime asked for an undocumented export table ({first}); its calls fail after it")
+    if isinstance(driver, int) and driver & _UNMODELLED_CALLED and not driver & _EXPORT_TABLE_REFUSED:
+        gaps.append(f"an unmodelled driver function was called ({first}) and answered CUDA_ERROR_NOT_SUPPORTED")
+    if isinstance(nvml, int) and nvml & _UNMODELLED_CALLED:
+        gaps.append(f"an unmodelled NVML function was called ({nvml_first}) and answered NVML_ERROR_NOT_SUPPORTED")
+    if isinstance(driver, int) and driver & _INIT_INFERRED:
+        gaps.append("cuInit was inferred from the runtime's export-table request, not called by name")
+    return tuple(gaps)
 
 
 def _alive_threads(events: Sequence[dict[str, Any]]) -> tuple[AliveThread, ...]:

@@ -6,10 +6,12 @@ import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
 from diagtools.driver import build_simulated_driver, resolve_driver
+from tests.conftest import MARK, marked_line
 
 
 def run_with_driver(code: str) -> subprocess.CompletedProcess[str]:
@@ -116,9 +118,12 @@ def test_unknown_entry_points_never_crash():
         print(lib.cuGetProcAddress_v2(name, ctypes.byref(fn), 12000, 0, ctypes.byref(status)))
         proto = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_int)
         print(proto(fn.value)(None, 5))
+        lib.cuInit(0)
+        print(proto(fn.value)(None, 5))
         """
     )
-    assert done.stdout.split() == ["0", "801"]
+    # before cuInit every call answers CUDA_ERROR_NOT_INITIALIZED, as the real driver does; after it, 801
+    assert done.stdout.split() == ["0", "3", "801"]
 
 
 def test_driver_is_built_once_and_cached(tmp_path, monkeypatch):
@@ -176,3 +181,77 @@ def test_scan_with_no_driver_sees_no_driver(sim_scan, make_tree):
     assert result.status == "ok"
     if result.driver.library is None:
         assert not result.cuda_initialized
+
+
+def test_resolve_driver_reports_the_simulated_libraries_and_puts_them_first(tmp_path, monkeypatch):
+    monkeypatch.setenv("LD_LIBRARY_PATH", str(tmp_path))
+    setup = resolve_driver("simulated")
+    assert setup.libraries == ("libcuda.so.1", "libnvidia-ml.so.1")
+    assert setup.notes
+    first, *rest = setup.env["LD_LIBRARY_PATH"].split(":")
+    assert rest == [str(tmp_path)]
+    for name in ("libcuda.so.1", "libcuda.so", "libnvidia-ml.so.1", "libnvidia-ml.so"):
+        assert (Path(first) / name).exists(), name
+    assert setup.info.library == str(Path(first) / "libcuda.so.1")
+    assert resolve_driver("none").libraries == ()
+
+
+def test_a_libcuda_so_elsewhere_does_not_bypass_the_simulation(tmp_path, monkeypatch):
+    impostor = tmp_path / "impostor.c"
+    impostor.write_text("int cuInit(unsigned int flags) { (void)flags; return 999; }\n")
+    subprocess.run(["cc", "-shared", "-fPIC", "-o", str(tmp_path / "libcuda.so"), str(impostor)], check=True)
+    (tmp_path / "libcuda.so.1").symlink_to("libcuda.so")
+    monkeypatch.setenv("LD_LIBRARY_PATH", str(tmp_path))
+    done = run_with_driver(
+        """
+        import ctypes
+        print(ctypes.CDLL("libcuda.so").cuInit(0), ctypes.CDLL("libcuda.so.1").cuInit(0))
+        """
+    )
+    assert done.stdout.split() == ["0", "0"]
+
+
+def test_generated_stubs_are_part_of_the_build(tmp_path, monkeypatch):
+    monkeypatch.setenv("DIAGTOOLS_CACHE_DIR", str(tmp_path))
+    directory = build_simulated_driver()
+    stubs = (directory / "simcuda_stubs.c").read_text()
+    assert "cuMemCreate" in stubs
+    assert "nvmlDeviceGetSerial" in (directory / "simnvml_stubs.c").read_text()
+
+
+def test_without_cuda_bindings_the_hand_modelled_set_is_exported_with_a_note(monkeypatch):
+    from diagtools.driver import _generate
+
+    monkeypatch.setattr(_generate, "_first_in_site", lambda relative: None)
+    monkeypatch.setattr(_generate, "_newest_cuda_header", lambda: None)
+    driver = _generate.driver_stubs((Path(_generate.__file__).parent / "simcuda.c").read_text())
+    assert "cuda-bindings is not installed" in driver.note
+    assert "cuInit" in driver.exported
+    assert "cuMemCreate" not in driver.exported
+    assert '{"cuMemGetInfo", "cuMemGetInfo_v2", NULL}' in driver.text  # hand-modelled versions still map
+    nvml = _generate.nvml_stubs((Path(_generate.__file__).parent / "simnvml.c").read_text())
+    assert "hand-modelled NVML functions" in nvml.note
+    assert "nvmlInit_v2" in nvml.exported
+
+
+DLCLOSER = f"""
+    import ctypes, _ctypes
+
+    lib = ctypes.CDLL("libcuda.so")
+    STATUS = lib.cuInit(0)  {MARK}
+    _ctypes.dlclose(lib._handle)
+"""
+
+
+def test_scan_and_replay_agree_on_a_caller_that_dlcloses_the_driver(sim_scan, runner, make_tree):
+    from diagtools.usecases.replay import replay_fork
+
+    root = make_tree({"closer.py": DLCLOSER})
+    scanned = sim_scan("closer", path=[root])
+    assert scanned.status == "ok", scanned.error
+    assert scanned.cuda_initialized
+    assert scanned.culprit.site.line == marked_line(root / "closer.py")
+    replayed = replay_fork("closer", path=[root], driver="simulated", child="ctypes", runner=runner, timeout=60.0)
+    assert replayed.parent.cuda_initialized == scanned.cuda_initialized
+    assert replayed.status == "failed"
+    assert replayed.child.driver_state_at_start == 3
