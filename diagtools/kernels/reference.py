@@ -103,12 +103,21 @@ class Inputs:
         )
 
     def min_bytes(self) -> int:
-        """Fewest bytes the operation must move: every input read once, every kept row written once."""
-        groups, head_dim = self.positions.shape[0], self.kv.shape[1]
-        reads = self.kv.numel() * 2 + self.score.numel() * 4 + self.weight.numel() * self.weight.element_size()
-        reads += groups * (ROPE_DIM * 4 + self.positions.element_size() + self.slot_mapping.element_size())
-        writes = int((self.slot_mapping >= 0).sum()) * head_dim * 2
-        return reads + writes
+        """Fewest bytes the operation must move: what a kernel that skips padded groups reads and writes.
+
+        Every group's slot is read; a kept group (slot >= 0) also reads its ``ratio`` kv rows and
+        logits and its position, and writes one row; each distinct position of a kept group reads one
+        cos/sin row; the weight is read once.  Padded groups read nothing else.
+        """
+        head_dim = self.kv.shape[1]
+        keep = self.slot_mapping >= 0
+        kept = int(keep.sum())
+        distinct_positions = int(torch.unique(self.positions[keep]).numel())
+        reads = self.slot_mapping.numel() * self.slot_mapping.element_size()
+        reads += kept * (self.ratio * (head_dim * self.kv.element_size() + 4) + self.positions.element_size())
+        reads += distinct_positions * ROPE_DIM * self.cos_sin_cache.element_size()
+        reads += self.weight.numel() * self.weight.element_size()
+        return reads + kept * head_dim * self.kv_cache.element_size()
 
 
 def rope_cache(max_pos: int, *, base: float = 10000.0, device: str | torch.device = "cpu") -> torch.Tensor:
@@ -130,18 +139,17 @@ def make_inputs(
     seed: int | None = None,
     device: str | torch.device = "cpu",
 ) -> Inputs:
-    """Fresh random inputs; about ``padding`` of the groups get slot -1; slots are a random permutation."""
-    generator = torch.Generator().manual_seed(seed if seed is not None else torch.seed() % (2**31))
+    """Fresh random inputs, drawn on ``device``; about ``padding`` of the groups get slot -1; slots are a
+    random permutation of the cache's rows; the output cache is poisoned with NaN."""
+    device = torch.device(device)
+    generator = torch.Generator(device=device).manual_seed(seed if seed is not None else torch.seed() % (2**31))
     rows = groups * ratio
-    kv = torch.randn(rows, head_dim, generator=generator).to(torch.bfloat16)
-    score = torch.randn(rows, generator=generator) * 2
-    weight = 1 + 0.1 * torch.randn(head_dim, generator=generator)
-    positions = torch.randint(0, max_pos, (groups,), generator=generator)
+    kv = torch.randn(rows, head_dim, generator=generator, device=device).to(torch.bfloat16)
+    score = torch.randn(rows, generator=generator, device=device) * 2
+    weight = 1 + 0.1 * torch.randn(head_dim, generator=generator, device=device)
+    positions = torch.randint(0, max_pos, (groups,), generator=generator, device=device)
     blocks = math.ceil(groups * 1.25 / block_size) + 1
-    slots = torch.randperm(blocks * block_size, generator=generator)[:groups]
-    slots[torch.rand(groups, generator=generator) < padding] = -1
-    cache = torch.full((blocks, block_size, head_dim), float("nan"), dtype=torch.bfloat16)
-    kv, score, weight, table, positions, slots, cache = (
-        t.to(device) for t in (kv, score, weight, rope_cache(max_pos), positions, slots, cache)
-    )
-    return Inputs(kv, score, weight, table, positions, slots, cache, ratio=ratio)
+    slots = torch.randperm(blocks * block_size, generator=generator, device=device)[:groups]
+    slots[torch.rand(groups, generator=generator, device=device) < padding] = -1
+    cache = torch.full((blocks, block_size, head_dim), float("nan"), dtype=torch.bfloat16, device=device)
+    return Inputs(kv, score, weight, rope_cache(max_pos, device=device), positions, slots, cache, ratio=ratio)
