@@ -2,9 +2,11 @@
 
 :func:`compare` runs the measurements in a fresh subkernel, so the caller
 (a notebook's kernel) never initializes CUDA.  Each row reports the median
-time, the achieved bandwidth over the fewest bytes the operation must move,
-that bandwidth as a fraction of the measured device-to-device copy, and the
-relative error against a float64 reference on fresh inputs.  On a CPU the
+time (the slower of two timed runs, and their spread), the achieved bandwidth
+over the fewest bytes the operation must move, that bandwidth as a fraction of
+the measured device-to-device copy, and the relative error against a float64
+reference on fresh inputs.  A backend whose error is over the tolerance (or
+NaN), or that fails, gets no time and a note saying why.  On a CPU the
 sizes shrink to what the Triton interpreter can run, and the rows say the
 times mean nothing.
 """
@@ -28,7 +30,7 @@ __all__ = ["GPU_SIZES", "BenchReport", "compare"]
 PROGRAM = Path(__file__).resolve().parent / "program.py"
 GPU_SIZES = tuple((groups, head_dim) for head_dim in (512, 128) for groups in (64, 4096, 65536, 262144))
 CPU_SIZES = ((64, 512), (64, 128))
-COLUMNS = ["size", "backend", "median_ms", "GB/s", "copy_fraction", "max_rel_error", "note"]
+COLUMNS = ["size", "backend", "median_ms", "spread", "GB/s", "copy_fraction", "max_rel_error", "note"]
 
 
 @dataclass(frozen=True)
@@ -45,16 +47,25 @@ class BenchReport:
         return bool(self.meta.get("timing_meaningful"))
 
     def faster_by_size(self) -> dict[str, str]:
-        """For each size, the backend with the lowest median time (torch excluded); empty off a GPU."""
+        """For each size, the backend with the lowest time (torch excluded), or ``"tie"`` when the gap
+        is within the spread of the two timed runs; empty off a GPU."""
         if not self.timing_meaningful:
             return {}
-        best: dict[str, tuple[float, str]] = {}
+        timed: dict[str, list[dict[str, Any]]] = {}
         for row in self.rows:
             if row["backend"] != "torch" and row.get("median_ms"):
-                current = best.get(row["size"])
-                if current is None or row["median_ms"] < current[0]:
-                    best[row["size"]] = (row["median_ms"], row["backend"])
-        return {size: backend for size, (_, backend) in best.items()}
+                timed.setdefault(row["size"], []).append(row)
+        faster = {}
+        for size, rows in timed.items():
+            ranked = sorted(rows, key=lambda r: r["median_ms"])
+            best = ranked[0]
+            if len(ranked) > 1:
+                noise = max(r.get("spread") or 0.0 for r in ranked[:2])
+                if ranked[1]["median_ms"] / best["median_ms"] - 1 <= noise:
+                    faster[size] = "tie (within the run-to-run spread)"
+                    continue
+            faster[size] = best["backend"]
+        return faster
 
     def to_json(self) -> dict[str, Any]:
         note = "" if self.timing_meaningful else "measured on a CPU: times are not meaningful"

@@ -2,12 +2,18 @@
 
 Run by the runner in a fresh process (never in a notebook's kernel: on a GPU,
 asking torch whether CUDA is there already initializes the driver).  On a GPU
-it times every backend with ``triton.testing.do_bench`` over rotating input
-sets and measures the device-to-device copy bandwidth; on a CPU it runs the
-torch reference and the Triton interpreter at the requested (tiny) sizes and
-says the times mean nothing.
+it checks every backend against the float64 reference on fresh inputs first
+(synchronizing, so a launch error surfaces there), reports no time for a
+backend whose error is over the tolerance or NaN, and times the others twice
+with ``triton.testing.do_bench`` over input sets drawn on the GPU and rotated
+so that together they are at least three times the L2 cache; the two medians
+and their spread are reported.  Bandwidth is over the fewest bytes the
+operation must move (``Inputs.min_bytes``).  On a CPU it runs the torch
+reference and the Triton interpreter at the requested (tiny) sizes and says
+the times mean nothing.
 """
 
+import math
 import os
 import sys
 import time
@@ -29,6 +35,10 @@ def _settings():
     return sizes, os.environ[protocol.BENCH_BACKENDS].split(","), int(os.environ[protocol.BENCH_RATIO])
 
 
+MAX_RELATIVE_ERROR = 8e-3  # the tests' bound for a bf16 output (tests/kernels/tolerances.py)
+TIMED_RUNS = 2
+
+
 def _relative_error(inputs, kernel_output):
     import torch
 
@@ -40,6 +50,10 @@ def _relative_error(inputs, kernel_output):
     return float((rows - expected).norm() / expected.norm())
 
 
+def _error_is_acceptable(error):
+    return error is not None and not math.isnan(error) and error <= MAX_RELATIVE_ERROR
+
+
 def _copy_bandwidth(torch, do_bench):
     source = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
     target = torch.empty_like(source)
@@ -48,6 +62,9 @@ def _copy_bandwidth(torch, do_bench):
 
 
 def _measure_gpu(run, sets, do_bench):
+    """Median milliseconds of ``TIMED_RUNS`` separate timings, rotating over ``sets``."""
+    import torch
+
     counter = [0]
 
     def call():
@@ -55,7 +72,15 @@ def _measure_gpu(run, sets, do_bench):
         counter[0] += 1
         run(*inputs.args(), ratio=inputs.ratio)
 
-    return do_bench(call, warmup=25, rep=100, return_mode="median")
+    runs = [do_bench(call, warmup=25, rep=100, return_mode="median") for _ in range(TIMED_RUNS)]
+    torch.cuda.synchronize()  # a launch error during timing surfaces here
+    return runs
+
+
+def _set_count(inputs, l2_bytes):
+    """Input sets to rotate so that together they are at least three times the L2 cache."""
+    per_set = sum(t.numel() * t.element_size() for t in inputs.args())
+    return max(2, min(256, -(-3 * l2_bytes // per_set)))
 
 
 def _measure_cpu(run, inputs, repeats=3):
@@ -73,7 +98,8 @@ def _backend(name):
     return lambda *args, **kwargs: compress_norm_rope_store(*args, backend=name, **kwargs)
 
 
-def _row(size, backend, milliseconds, inputs, error, copy_gbps, note):  # noqa: PLR0917 - one flat record
+def _row(size, backend, runs, inputs, error, copy_gbps, note):  # noqa: PLR0917 - one flat record
+    milliseconds = max(runs) if runs else None  # the slower of the runs' medians; the spread says how far apart
     gbps = inputs.min_bytes() / (milliseconds * 1e-3) / 1e9 if milliseconds else None
     return {
         "size": f"G={size[0]} D={size[1]}",
@@ -81,6 +107,8 @@ def _row(size, backend, milliseconds, inputs, error, copy_gbps, note):  # noqa: 
         "D": size[1],
         "backend": backend,
         "median_ms": milliseconds,
+        "runs_ms": runs,
+        "spread": (max(runs) - min(runs)) / min(runs) if runs and len(runs) > 1 else None,
         "GB/s": gbps,
         "copy_fraction": gbps / copy_gbps if gbps and copy_gbps else None,
         "max_rel_error": error,
@@ -93,30 +121,52 @@ def _bench_size(size, backends, ratio, on_gpu, tools):
     from diagtools.kernels.reference import make_inputs
 
     device = "cuda" if on_gpu else "cpu"
-    sets = [make_inputs(size[0], size[1], ratio=ratio, device=device) for _ in range(4 if on_gpu else 1)]
+    first = make_inputs(size[0], size[1], ratio=ratio, device=device)
+    count = _set_count(first, tools["l2_bytes"]) if on_gpu else 1
+    sets = [first, *(make_inputs(size[0], size[1], ratio=ratio, device=device) for _ in range(count - 1))]
     for backend in backends:
         if backend == "cutedsl" and not on_gpu:
             _emit("row", **_cutedsl_compile_only(size, ratio, sets[0]))
             continue
-        run = _backend(backend)
-        check = make_inputs(size[0], size[1], ratio=ratio, device=device)
+        _emit("row", **_bench_backend(size, backend, ratio, on_gpu, tools, sets))
+
+
+def _bench_backend(size, backend, ratio, on_gpu, tools, sets):  # noqa: PLR0917 - one row's inputs
+    from diagtools.kernels.reference import make_inputs
+
+    run = _backend(backend)
+    check = make_inputs(size[0], size[1], ratio=ratio, device="cuda" if on_gpu else "cpu")
+    try:
         run(*check.args(), ratio=ratio)
-        error = _relative_error(check, check.kv_cache)
         if on_gpu:
-            milliseconds = _measure_gpu(run, sets, tools["do_bench"])
-            note = ""
-        else:
-            milliseconds = _measure_cpu(run, sets[0])
-            note = "CPU: time not meaningful" + (" (Triton interpreter)" if backend == "triton" else "")
-        _emit("row", **_row(size, backend, milliseconds, sets[0], error, tools.get("copy_gbps"), note))
+            import torch
+
+            torch.cuda.synchronize()  # a launch or run-time error surfaces here, not later
+        error = _relative_error(check, check.kv_cache)
+    except Exception as exc:
+        return _row(size, backend, None, sets[0], None, tools.get("copy_gbps"), f"failed: {type(exc).__name__}: {exc}")
+    if not _error_is_acceptable(error):
+        note = f"not timed: error {error:.3g} over {MAX_RELATIVE_ERROR:g} or NaN"
+        return _row(size, backend, None, sets[0], error, tools.get("copy_gbps"), note)
+    if on_gpu:
+        try:
+            runs = _measure_gpu(run, sets, tools["do_bench"])
+        except Exception as exc:
+            note = f"timing failed: {type(exc).__name__}: {exc}"
+            return _row(size, backend, None, sets[0], error, tools.get("copy_gbps"), note)
+        note = f"{len(sets)} input sets rotated"
+    else:
+        runs = [_measure_cpu(run, sets[0])]
+        note = "CPU: time not meaningful" + (" (Triton interpreter)" if backend == "triton" else "")
+    return _row(size, backend, runs, sets[0], error, tools.get("copy_gbps"), note)
 
 
 def _cutedsl_compile_only(size, ratio, inputs):
     started = time.perf_counter()
     try:
-        from diagtools.kernels.cutedsl_impl import compile_for
+        from diagtools.kernels.cutedsl_impl import kernel_ptx
 
-        compile_for(size[1], ratio)
+        kernel_ptx(size[1], ratio)
         arch = os.environ.get("CUTE_DSL_ARCH", "sm_90a")
         note = f"CPU: compiled only (PTX for {arch}) in {time.perf_counter() - started:.2f} s"
     except Exception as exc:
@@ -137,6 +187,7 @@ def main():
 
         tools["do_bench"] = do_bench
         tools["copy_gbps"] = _copy_bandwidth(torch, do_bench)
+        tools["l2_bytes"] = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 60 << 20)
     for module in ("diagtools.kernels.triton_impl", "diagtools.kernels.cutedsl_impl"):
         try:
             import_costs[module] = _timed_import(module)
@@ -147,6 +198,8 @@ def main():
         device=torch.cuda.get_device_name(0) if on_gpu else "cpu",
         timing_meaningful=on_gpu,
         copy_gbps=tools.get("copy_gbps"),
+        l2_bytes=tools.get("l2_bytes"),
+        max_rel_error=MAX_RELATIVE_ERROR,
         import_s=import_costs,
         versions={"python": sys.version.split()[0], "torch": torch.__version__},
     )

@@ -1,187 +1,531 @@
-"""compress_norm_rope_store in the CuTe DSL (nvidia-cutlass-dsl): one CTA of 64 threads per group.
+"""compress_norm_rope_store in the CuTe DSL (nvidia-cutlass-dsl), launched through the CUDA driver API.
 
-Each of the 64 lanes owns ``D / 64`` contiguous channels (8 at D=512, 2 at
-D=128), so an interleaved RoPE pair never straddles two lanes.  The gate
-softmax over the ``ratio`` logits is computed by every lane (it is a handful
-of values), the sum of squares is reduced with a butterfly shuffle inside each
-warp and shared memory across the two warps.  The compile is cached per
-(head dim, ratio) and built from fake tensors with symbolic sizes, so it needs
-no GPU: with ``CUTE_DSL_ARCH=sm_90a`` it produces PTX on any machine.
+Layout of the work.  A *team* of ``D / E`` lanes handles one group: each lane
+owns ``E`` contiguous channels (16 at D=512, 8 at D=128), so every kv row,
+the weight, the cos/sin pairs and the output row move as 128-bit vectors.  At
+D=512 a team is a whole warp; at D=128 a warp holds two teams.  The sum of
+squares is a butterfly shuffle inside the team: no shared memory, no barrier.
+Only the last ``64 / E`` lanes of a team (the last 64 channels) load cos/sin
+and rotate.
+
+Several groups per CTA.  The grid is persistent (at most ``CTAS_PER_SM`` CTAs
+of ``THREADS`` threads per multiprocessor); each warp walks the groups with a
+grid stride and keeps two loads ahead: while it computes group ``g`` it has
+already issued the kv rows, logits and cos/sin of the next group and the slot
+and position of the one after.  Padded groups (slot < 0) read nothing but
+their slot.  The weight is loaded once per warp.  All offsets are 64-bit.
+
+The launch.  The kernel takes raw global pointers plus explicit 64-bit sizes,
+so nothing about the tensors is baked into the compiled code: the grid is
+computed here from the real sizes (:meth:`LaunchConfig.grid`) and the kernel
+is launched with ``cuLaunchKernel`` (the driver API through ctypes) on torch's
+current stream.
+The compiled PTX for sm_90a at the benchmark's sizes ships beside this file
+(``ptx/``), so a GPU machine without nvidia-cutlass-dsl still runs this exact
+kernel; with nvidia-cutlass-dsl installed other (head dim, ratio) pairs are
+compiled on first use.  Compiling needs no GPU: set ``CUTE_DSL_ARCH=sm_90a``.
 """
 
-from __future__ import annotations
-
+import ctypes
 import functools
+import math
+import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-import cutlass
 import torch
-from cutlass import cute
-from cutlass.cute.runtime import from_dlpack, make_fake_compact_tensor
-from cutlass.memory import SmemAllocator
 
 from diagtools.kernels import ROPE_DIM
 from diagtools.kernels.reference import check_inputs
 
-__all__ = ["LaunchConfig", "compile_for", "compress_norm_rope_store_cutedsl", "ptx_for"]
+__all__ = [
+    "PREBUILT",
+    "Launch",
+    "LaunchConfig",
+    "LoadedKernel",
+    "compile_ptx",
+    "compress_norm_rope_store_cutedsl",
+    "kernel_ptx",
+    "launch_kernel",
+    "plan_launch",
+    "prebuilt_path",
+]
 
-THREADS = 64
+THREADS = 128
 WARPS = THREADS // 32
+CTAS_PER_SM = 8
+VECTOR_BYTES = 16
+PTX_DIR = Path(__file__).resolve().parent / "ptx"
+PREBUILT = ((512, 4), (128, 4))  # the (head dim, ratio) pairs whose PTX ships in ptx/
+ARCH = "sm_90a"
+
+
+# ----------------------------------------------------------------------------- launch config
 
 
 @dataclass(frozen=True)
 class LaunchConfig:
-    """One CTA of 64 threads per group; each lane owns ``elements`` contiguous channels."""
+    """Per (head dim, ratio): channels per lane, lanes per group, groups per warp."""
 
     head_dim: int
     ratio: int
 
     @property
     def elements(self) -> int:
-        return self.head_dim // THREADS
+        """Channels per lane: two 128-bit vectors of bf16 at D=512, one at D=128."""
+        return 16 if self.head_dim >= 512 else 8
+
+    @property
+    def lanes(self) -> int:
+        return self.head_dim // self.elements
+
+    @property
+    def groups_per_warp(self) -> int:
+        return 32 // self.lanes
+
+    @property
+    def groups_per_cta(self) -> int:
+        """Groups one CTA handles per step of its loop."""
+        return WARPS * self.groups_per_warp
 
     @property
     def rope_first_lane(self) -> int:
         return (self.head_dim - ROPE_DIM) // self.elements
 
+    def grid(self, groups: int, multiprocessors: int, ctas_per_sm: int = CTAS_PER_SM) -> int:
+        """CTAs to launch: one per ``groups_per_cta`` groups, capped at the CTAs resident at once."""
+        return max(1, min(math.ceil(groups / self.groups_per_cta), multiprocessors * ctas_per_sm))
 
-@cute.kernel
-def _kernel(
-    kv: cute.Tensor,
-    score: cute.Tensor,
-    weight: cute.Tensor,
-    cos_sin: cute.Tensor,
-    positions: cute.Tensor,
-    slots: cute.Tensor,
-    out: cute.Tensor,
-    eps: cutlass.Float32,
-    head_dim: cutlass.Constexpr,
-    ratio: cutlass.Constexpr,
-    elements: cutlass.Constexpr,
-    rope_first_lane: cutlass.Constexpr,
-):
-    lane, _, _ = cute.arch.thread_idx()
-    group, _, _ = cute.arch.block_idx()
-    smem = SmemAllocator()
-    partial = smem.allocate_tensor(cutlass.Float32, cute.make_layout(WARPS), byte_alignment=16)
-    slot = slots[group]
-    if slot >= 0:
-        first_row = group * ratio
-        top = score[first_row]
-        for j in cutlass.range_constexpr(1, ratio):
-            top = cute.math.max(top, score[first_row + j])
-        acc = [cutlass.Float32(0.0)] * elements
-        denom = cutlass.Float32(0.0)
-        for j in cutlass.range_constexpr(ratio):
-            gate = cute.math.exp(score[first_row + j] - top)
-            denom = denom + gate
-            for e in cutlass.range_constexpr(elements):
-                acc[e] = acc[e] + gate * kv[first_row + j, lane * elements + e].to(cutlass.Float32)
-        squares = cutlass.Float32(0.0)
-        for e in cutlass.range_constexpr(elements):
-            acc[e] = acc[e] / denom
-            squares = squares + acc[e] * acc[e]
-        for offset in (16, 8, 4, 2, 1):
-            squares = squares + cute.arch.shuffle_sync_bfly(squares, offset=offset)
-        if lane % 32 == 0:
-            partial[lane // 32] = squares
-        cute.arch.sync_threads()
-        total = partial[0]
-        for w in cutlass.range_constexpr(1, WARPS):
-            total = total + partial[w]
-        inv_rms = cute.math.rsqrt(total / head_dim + eps)
-        position = positions[group]
-        for e in cutlass.range_constexpr(0, elements, 2):
-            column = lane * elements + e
-            x0 = acc[e] * inv_rms * weight[column]
-            x1 = acc[e + 1] * inv_rms * weight[column + 1]
-            if lane >= rope_first_lane:
-                pair = (column - (head_dim - ROPE_DIM)) // 2
-                cos = cos_sin[position, pair]
-                sin = cos_sin[position, ROPE_DIM // 2 + pair]
-                out[slot, column] = (x0 * cos - x1 * sin).to(cutlass.BFloat16)
-                out[slot, column + 1] = (x0 * sin + x1 * cos).to(cutlass.BFloat16)
-            else:
-                out[slot, column] = x0.to(cutlass.BFloat16)
-                out[slot, column + 1] = x1.to(cutlass.BFloat16)
+    def validate(self) -> None:
+        if self.head_dim % self.elements or 32 % self.lanes or self.head_dim < ROPE_DIM:
+            raise ValueError(f"head dim {self.head_dim} does not tile into 128-bit lanes")
+        if ROPE_DIM % self.elements:
+            raise ValueError(f"RoPE dims {ROPE_DIM} do not split over lanes of {self.elements}")
 
 
-@cute.jit
-def _host(
-    kv: cute.Tensor,
-    score: cute.Tensor,
-    weight: cute.Tensor,
-    cos_sin: cute.Tensor,
-    positions: cute.Tensor,
-    slots: cute.Tensor,
-    out: cute.Tensor,
-    eps: cutlass.Float32,
-    head_dim: cutlass.Constexpr,
-    ratio: cutlass.Constexpr,
-    elements: cutlass.Constexpr,
-    rope_first_lane: cutlass.Constexpr,
-):
-    groups = cute.size(positions)
-    _kernel(kv, score, weight, cos_sin, positions, slots, out, eps, head_dim, ratio, elements, rope_first_lane).launch(
-        grid=[groups, 1, 1], block=[THREADS, 1, 1]
-    )
-
-
-def _fake_arguments(config: LaunchConfig) -> tuple:
-    rows, groups, slots, positions = (cute.sym_int32() for _ in range(4))
-    return (
-        make_fake_compact_tensor(cutlass.BFloat16, (rows, config.head_dim), stride_order=(1, 0), assumed_align=16),
-        make_fake_compact_tensor(cutlass.Float32, (rows,)),
-        make_fake_compact_tensor(cutlass.Float32, (config.head_dim,)),
-        make_fake_compact_tensor(cutlass.Float32, (positions, ROPE_DIM), stride_order=(1, 0)),
-        make_fake_compact_tensor(cutlass.Int64, (groups,)),
-        make_fake_compact_tensor(cutlass.Int64, (groups,)),
-        make_fake_compact_tensor(cutlass.BFloat16, (slots, config.head_dim), stride_order=(1, 0), assumed_align=16),
-        cutlass.Float32(1e-6),
-    )
-
-
-def _compile(head_dim: int, ratio: int, **options: str):
-    config = LaunchConfig(head_dim, ratio)
-    arguments = (*_fake_arguments(config), head_dim, ratio, config.elements, config.rope_first_lane)
-    return cute.compile(_host, *arguments, **options)
+# ----------------------------------------------------------------------------- the kernel
 
 
 @functools.cache
-def compile_for(head_dim: int, ratio: int):
-    """The compiled kernel for one (head dim, ratio), from fake tensors: no GPU needed to build it."""
-    return _compile(head_dim, ratio)
+def _define_kernel():  # noqa: PLR0915 - the device code is defined inside, where cutlass is imported
+    """The device code and its host function (needs nvidia-cutlass-dsl, imported only here)."""
+    import cutlass
+    from cutlass import cute
+
+    @cute.kernel
+    def kernel(  # noqa: PLR0912, PLR0915 - the whole device function, unrolled at compile time
+        kv_ptr: cute.Pointer,
+        score_ptr: cute.Pointer,
+        weight_ptr: cute.Pointer,
+        cos_sin_ptr: cute.Pointer,
+        positions_ptr: cute.Pointer,
+        slots_ptr: cute.Pointer,
+        out_ptr: cute.Pointer,
+        groups: cutlass.Int64,
+        cache_rows: cutlass.Int64,
+        max_pos: cutlass.Int64,
+        eps: cutlass.Float32,
+        head_dim: cutlass.Constexpr,
+        ratio: cutlass.Constexpr,
+        elements: cutlass.Constexpr,
+        lanes: cutlass.Constexpr,
+        rope_first_lane: cutlass.Constexpr,
+    ):
+        half = elements // 2
+        lane = cute.arch.lane_idx()
+        team = lane // lanes
+        t = lane % lanes
+        per_warp = 32 // lanes
+        warp = cutlass.Int64(cute.arch.block_idx()[0]) * WARPS + cutlass.Int64(cute.arch.warp_idx())
+        warp_stride = cutlass.Int64(cute.arch.grid_dim()[0]) * WARPS
+        group_stride = warp_stride * per_warp
+        units = (groups + per_warp - 1) // per_warp
+
+        kv = cute.make_tensor(kv_ptr, cute.make_layout((groups * ratio, head_dim), stride=(head_dim, 1)))
+        score = cute.make_tensor(score_ptr, cute.make_layout(groups * ratio))
+        weight = cute.make_tensor(weight_ptr, cute.make_layout(head_dim))
+        cos_sin = cute.make_tensor(cos_sin_ptr, cute.make_layout((max_pos, ROPE_DIM), stride=(ROPE_DIM, 1)))
+        positions = cute.make_tensor(positions_ptr, cute.make_layout(groups))
+        slots = cute.make_tensor(slots_ptr, cute.make_layout(groups))
+        out = cute.make_tensor(out_ptr, cute.make_layout((cache_rows, head_dim), stride=(head_dim, 1)))
+
+        w = cute.make_rmem_tensor((elements,), cutlass.Float32)
+        cute.autovec_copy(cute.local_tile(weight, (elements,), (t,)), w)
+
+        row_layout = cute.make_layout((ratio, elements), stride=(elements, 1))
+        rows_now = cute.make_rmem_tensor(row_layout, cutlass.BFloat16)
+        rows_next = cute.make_rmem_tensor(row_layout, cutlass.BFloat16)
+        logits_now = cute.make_rmem_tensor((ratio,), cutlass.Float32)
+        logits_next = cute.make_rmem_tensor((ratio,), cutlass.Float32)
+        pair_layout = cute.make_layout((2, half), stride=(half, 1))
+        table_now = cute.make_rmem_tensor(pair_layout, cutlass.Float32)
+        table_next = cute.make_rmem_tensor(pair_layout, cutlass.Float32)
+        y = cute.make_rmem_tensor((elements,), cutlass.Float32)
+        packed = cute.make_rmem_tensor((elements,), cutlass.BFloat16)
+        rope_lane = t >= rope_first_lane
+        cos_tile = t - rope_first_lane
+        sin_tile = t - rope_first_lane + (ROPE_DIM // 2) // half
+
+        # the slot and position of this warp's first two groups (two loads ahead)
+        g = warp * per_warp + team
+        slot = cutlass.Int64(-1)
+        position = cutlass.Int64(0)
+        if g < groups:
+            slot = slots[g]
+            position = positions[g]
+        # the rows, logits and cos/sin of the first group (one load ahead)
+        if slot >= 0:
+            for j in cutlass.range_constexpr(ratio):
+                source = cute.local_tile(kv[g * ratio + j, None], (elements,), (t,))
+                cute.autovec_copy(source, rows_next[j, None])
+            cute.autovec_copy(cute.local_tile(score, (ratio,), (g,)), logits_next)
+            if rope_lane:
+                cute.autovec_copy(cute.local_tile(cos_sin[position, None], (half,), (cos_tile,)), table_next[0, None])
+                cute.autovec_copy(cute.local_tile(cos_sin[position, None], (half,), (sin_tile,)), table_next[1, None])
+        g_next = g + group_stride
+        slot_next = cutlass.Int64(-1)
+        position_next = cutlass.Int64(0)
+        if g_next < groups:
+            slot_next = slots[g_next]
+            position_next = positions[g_next]
+
+        trips = (units - warp + warp_stride - 1) // warp_stride  # this warp's share of the groups
+        for _trip in cutlass.range(trips):
+            rows_now.store(rows_next.load())
+            logits_now.store(logits_next.load())
+            table_now.store(table_next.load())
+            slot_now = slot
+            # issue the next group's loads before computing this one
+            if slot_next >= 0:
+                for j in cutlass.range_constexpr(ratio):
+                    source = cute.local_tile(kv[g_next * ratio + j, None], (elements,), (t,))
+                    cute.autovec_copy(source, rows_next[j, None])
+                cute.autovec_copy(cute.local_tile(score, (ratio,), (g_next,)), logits_next)
+                if rope_lane:
+                    row = cos_sin[position_next, None]
+                    cute.autovec_copy(cute.local_tile(row, (half,), (cos_tile,)), table_next[0, None])
+                    cute.autovec_copy(cute.local_tile(row, (half,), (sin_tile,)), table_next[1, None])
+            slot = slot_next
+            g_next = g_next + group_stride
+            slot_next = cutlass.Int64(-1)
+            position_next = cutlass.Int64(0)
+            if g_next < groups:
+                slot_next = slots[g_next]
+                position_next = positions[g_next]
+
+            # gate softmax over the ratio logits, folded into one reciprocal
+            top = logits_now[0]
+            for j in cutlass.range_constexpr(1, ratio):
+                top = cute.arch.fmax(top, logits_now[j])
+            gates = [cute.math.exp(logits_now[j] - top, fastmath=True) for j in range(ratio)]
+            denom = gates[0]
+            for j in cutlass.range_constexpr(1, ratio):
+                denom = denom + gates[j]
+            inverse = cute.arch.rcp_approx(denom)
+            squares = cutlass.Float32(0.0)
+            for e in cutlass.range_constexpr(elements):
+                total = cutlass.Float32(0.0)
+                for j in cutlass.range_constexpr(ratio):
+                    total = total + gates[j] * rows_now[j, e].to(cutlass.Float32)
+                y[e] = total * inverse
+                squares = squares + y[e] * y[e]
+            offset = lanes // 2
+            while offset >= 1:  # unrolled at compile time: lanes is a constant
+                squares = squares + cute.arch.shuffle_sync_bfly(squares, offset=offset)
+                offset //= 2
+            scale = cute.math.rsqrt(squares * (1.0 / head_dim) + eps, fastmath=True)
+            for e in cutlass.range_constexpr(elements):
+                y[e] = y[e] * scale * w[e]
+            if rope_lane:
+                for i in cutlass.range_constexpr(half):
+                    even, odd = y[2 * i], y[2 * i + 1]
+                    cos, sin = table_now[0, i], table_now[1, i]
+                    y[2 * i] = even * cos - odd * sin
+                    y[2 * i + 1] = even * sin + odd * cos
+            packed.store(y.load().to(cutlass.BFloat16))
+            if slot_now >= 0:
+                cute.autovec_copy(packed, cute.local_tile(out[slot_now, None], (elements,), (t,)))
+
+    @cute.jit
+    def host(
+        kv_ptr: cute.Pointer,
+        score_ptr: cute.Pointer,
+        weight_ptr: cute.Pointer,
+        cos_sin_ptr: cute.Pointer,
+        positions_ptr: cute.Pointer,
+        slots_ptr: cute.Pointer,
+        out_ptr: cute.Pointer,
+        groups: cutlass.Int64,
+        cache_rows: cutlass.Int64,
+        max_pos: cutlass.Int64,
+        eps: cutlass.Float32,
+        ctas: cutlass.Int32,
+        head_dim: cutlass.Constexpr,
+        ratio: cutlass.Constexpr,
+        elements: cutlass.Constexpr,
+        lanes: cutlass.Constexpr,
+        rope_first_lane: cutlass.Constexpr,
+    ):
+        kernel(
+            kv_ptr,
+            score_ptr,
+            weight_ptr,
+            cos_sin_ptr,
+            positions_ptr,
+            slots_ptr,
+            out_ptr,
+            groups,
+            cache_rows,
+            max_pos,
+            eps,
+            head_dim,
+            ratio,
+            elements,
+            lanes,
+            rope_first_lane,
+        ).launch(grid=[ctas, 1, 1], block=[THREADS, 1, 1])
+
+    return host
 
 
-def ptx_for(head_dim: int, ratio: int, dump_dir: str | Path, *, arch: str = "") -> str:
-    """Compile keeping the PTX under ``dump_dir`` and return it (``arch`` defaults to ``CUTE_DSL_ARCH``)."""
+# ----------------------------------------------------------------------------- compile
+
+
+def compile_ptx(head_dim: int, ratio: int, dump_dir: str | Path, *, arch: str = ARCH) -> str:
+    """Compile with nvidia-cutlass-dsl for ``arch`` (no GPU needed) and return the PTX text."""
+    import cutlass
+    from cutlass import cute
+    from cutlass.cute.runtime import make_ptr
+
+    config = LaunchConfig(head_dim, ratio)
+    config.validate()
     Path(dump_dir).mkdir(parents=True, exist_ok=True)
-    options = f"--keep-ptx --dump-dir={dump_dir}" + (f" --gpu-arch {arch}" if arch else "")
-    ptx = _compile(head_dim, ratio, options=options).artifacts.PTX
-    return Path(ptx).read_text() if "\n" not in ptx and Path(ptx).is_file() else ptx  # a path or the text
+
+    def pointer(dtype):
+        return make_ptr(dtype, 0, cute.AddressSpace.gmem, assumed_align=VECTOR_BYTES)
+
+    arguments = (
+        pointer(cutlass.BFloat16),
+        pointer(cutlass.Float32),
+        pointer(cutlass.Float32),
+        pointer(cutlass.Float32),
+        pointer(cutlass.Int64),
+        pointer(cutlass.Int64),
+        pointer(cutlass.BFloat16),
+        cutlass.Int64(1),
+        cutlass.Int64(1),
+        cutlass.Int64(1),
+        cutlass.Float32(1e-6),
+        cutlass.Int32(1),
+        head_dim,
+        ratio,
+        config.elements,
+        config.lanes,
+        config.rope_first_lane,
+    )
+    options = f"--keep-ptx --dump-dir={dump_dir} --gpu-arch {arch}"
+    ptx = cute.compile(_define_kernel(), *arguments, options=options).artifacts.PTX
+    return Path(ptx).read_text() if "\n" not in ptx and Path(ptx).is_file() else ptx
+
+
+def prebuilt_path(head_dim: int, ratio: int) -> Path:
+    return PTX_DIR / f"compress_norm_rope_store_d{head_dim}_r{ratio}.{ARCH}.ptx"
+
+
+@functools.cache
+def kernel_ptx(head_dim: int, ratio: int) -> str:
+    """The PTX to load: compiled here when nvidia-cutlass-dsl is importable, else the shipped copy."""
+    try:
+        import cutlass  # noqa: F401
+    except ImportError:
+        path = prebuilt_path(head_dim, ratio)
+        if not path.is_file():
+            raise ValueError(
+                f"no compiled kernel for head dim {head_dim}, ratio {ratio}: install nvidia-cutlass-dsl "
+                f"to compile it, or use one of the shipped pairs {PREBUILT}"
+            ) from None
+        return path.read_text()
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as folder:
+        return compile_ptx(head_dim, ratio, folder, arch=os.environ.get("CUTE_DSL_ARCH", ARCH))
+
+
+def entry_of(ptx: str) -> tuple[str, list[str]]:
+    """The kernel's entry name and its parameter types, read off the PTX."""
+    match = re.search(r"\.visible \.entry (\w+)\(([^)]*)\)", ptx)
+    if match is None:
+        raise ValueError("no kernel entry in the PTX")
+    params = re.findall(r"\.param \.(\w+)", match.group(2))
+    return match.group(1), params
+
+
+# ----------------------------------------------------------------------------- launch
+
+# What the kernel's parameters are, in order, as PTX types and as ctypes for the launch.
+PARAM_TYPES = ("u64",) * 7 + ("u64", "u64", "u64", "f32")
+_CTYPES = (ctypes.c_void_p,) * 7 + (ctypes.c_int64,) * 3 + (ctypes.c_float,)
+
+
+@dataclass(frozen=True)
+class Launch:
+    """Everything one launch needs, computed from the real tensors (testable without a GPU)."""
+
+    config: LaunchConfig
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    arguments: tuple[int | float, ...]
+    keep_alive: tuple[torch.Tensor, ...]  # converted copies that must outlive the launch
+
+    def packed(self) -> tuple[Any, Any]:
+        """The ``void**`` the driver reads, and the ctypes values it points to."""
+        values = [kind(value) for kind, value in zip(_CTYPES, self.arguments, strict=True)]
+        array = (ctypes.c_void_p * len(values))(*(ctypes.addressof(v) for v in values))
+        return array, values
+
+
+def _aligned(name: str, tensor: torch.Tensor) -> torch.Tensor:
+    if tensor.data_ptr() % VECTOR_BYTES:
+        if name == "kv_cache":
+            raise ValueError("kv_cache must start on a 16-byte boundary (it is written in place)")
+        return tensor.clone()
+    return tensor
+
+
+def plan_launch(
+    kv,
+    score,
+    weight,
+    cos_sin_cache,
+    positions,
+    slot_mapping,
+    kv_cache,
+    ratio: int,
+    eps: float,
+    *,
+    multiprocessors: int,
+    ctas_per_sm: int = CTAS_PER_SM,
+) -> Launch | None:
+    """Validate and convert the inputs, and compute the grid and arguments (``None``: nothing to do)."""
+    groups, head_dim = check_inputs(kv, score, weight, cos_sin_cache, positions, slot_mapping, kv_cache, ratio)
+    config = LaunchConfig(head_dim, ratio)
+    config.validate()
+    if groups == 0:
+        return None
+    tensors = {
+        "kv": kv.contiguous(),
+        "score": score.contiguous(),
+        "weight": weight.float().contiguous(),
+        "cos_sin_cache": cos_sin_cache.float().contiguous(),
+        "positions": positions.long().contiguous(),
+        "slot_mapping": slot_mapping.long().contiguous(),
+        "kv_cache": kv_cache,
+    }
+    tensors = {name: _aligned(name, t) for name, t in tensors.items()}
+    pointers = tuple(t.data_ptr() for t in tensors.values())
+    sizes = (groups, kv_cache.numel() // head_dim, cos_sin_cache.shape[0])
+    return Launch(
+        config=config,
+        grid=(config.grid(groups, multiprocessors, ctas_per_sm), 1, 1),
+        block=(THREADS, 1, 1),
+        arguments=(*pointers, *sizes, float(eps)),
+        keep_alive=tuple(tensors.values()),
+    )
+
+
+class _CudaDriver:
+    """The few CUDA driver calls the launch needs, through ctypes on ``libcuda.so.1`` (torch has it loaded)."""
+
+    def __init__(self) -> None:
+        self.lib = ctypes.CDLL("libcuda.so.1")
+        void_p, uint = ctypes.c_void_p, ctypes.c_uint
+        self.lib.cuLaunchKernel.argtypes = [void_p, *[uint] * 7, void_p, void_p, void_p]
+        self.lib.cuModuleGetFunction.argtypes = [void_p, void_p, ctypes.c_char_p]
+        self.lib.cuOccupancyMaxActiveBlocksPerMultiprocessor.argtypes = [void_p, void_p, ctypes.c_int, ctypes.c_size_t]
+        self.lib.cuCtxSetCurrent.argtypes = [void_p]
+
+    def check(self, name: str, *arguments: Any) -> None:
+        result = getattr(self.lib, name)(*arguments)
+        if result != 0:
+            text = ctypes.c_char_p()
+            self.lib.cuGetErrorName(result, ctypes.byref(text))
+            raise RuntimeError(f"{name} failed: {(text.value or b'?').decode()} ({result})")
+
+    def load(self, device: int, ptx: str, name: str) -> tuple[int, int]:
+        """Load ``ptx`` into the current context (the device's primary one if none); return the
+        kernel's handle and how many of its CTAs fit on one multiprocessor."""
+        context = ctypes.c_void_p()
+        self.check("cuCtxGetCurrent", ctypes.byref(context))
+        if not context.value:
+            handle = ctypes.c_int()
+            self.check("cuDeviceGet", ctypes.byref(handle), device)
+            self.check("cuDevicePrimaryCtxRetain", ctypes.byref(context), handle)
+            self.check("cuCtxSetCurrent", context)
+        module, function, fitting = ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_int()
+        self.check("cuModuleLoadData", ctypes.byref(module), ctypes.c_char_p(ptx.encode()))
+        self.check("cuModuleGetFunction", ctypes.byref(function), module, name.encode())
+        self.check("cuOccupancyMaxActiveBlocksPerMultiprocessor", ctypes.byref(fitting), function, THREADS, 0)
+        return int(function.value or 0), fitting.value
+
+    def launch(self, function: int, grid: tuple, block: tuple, stream: int, params: int) -> None:
+        self.check("cuLaunchKernel", function, *grid, *block, 0, stream, params, None)
+
+
+@functools.cache
+def _driver() -> _CudaDriver:
+    return _CudaDriver()
+
+
+@dataclass(frozen=True)
+class LoadedKernel:
+    """The kernel's handle in one device's context, and how many of its CTAs fit on a multiprocessor."""
+
+    function: int
+    ctas_per_sm: int
+
+
+@functools.cache
+def _load(device: int, head_dim: int, ratio: int) -> LoadedKernel:
+    """Load the module into the device's context (torch's primary one) and look up the kernel."""
+    ptx = kernel_ptx(head_dim, ratio)
+    name, params = entry_of(ptx)
+    if tuple(params) != PARAM_TYPES:
+        raise RuntimeError(f"the kernel's parameters {params} are not the {PARAM_TYPES} this launcher packs")
+    function, fitting = _driver().load(device, ptx, name)
+    return LoadedKernel(function, max(1, min(fitting, CTAS_PER_SM)))
+
+
+def launch_kernel(kernel: LoadedKernel, launch: Launch, stream: int) -> None:
+    """Launch on ``stream`` (a raw ``cudaStream_t``); a launch error raises ``RuntimeError``."""
+    array, _values = launch.packed()  # _values keeps the pointed-to scalars alive through the call
+    _driver().launch(kernel.function, launch.grid, launch.block, stream, ctypes.addressof(array))
 
 
 def _launch(kv, score, weight, cos_sin_cache, positions, slot_mapping, kv_cache, ratio: int, eps: float) -> None:
-    groups, head_dim = check_inputs(kv, score, weight, cos_sin_cache, positions, slot_mapping, kv_cache, ratio)
     if not kv.is_cuda:
         raise ValueError("the CuTe DSL backend runs on CUDA tensors only; use backend='torch' or 'triton' here")
-    if groups == 0:
-        return
-    compiled = compile_for(head_dim, ratio)
-    tensors = (
-        kv.contiguous(),
-        score.contiguous(),
-        weight.float().contiguous(),
-        cos_sin_cache.float().contiguous(),
-        positions.long().contiguous(),
-        slot_mapping.long().contiguous(),
-        kv_cache.view(-1, head_dim),
-    )
-    compiled(
-        *(from_dlpack(t, assumed_align=16 if t.dtype == torch.bfloat16 else None) for t in tensors),
-        cutlass.Float32(eps),
-    )
+    _, head_dim = check_inputs(kv, score, weight, cos_sin_cache, positions, slot_mapping, kv_cache, ratio)
+    device = kv.device.index if kv.device.index is not None else torch.cuda.current_device()
+    with torch.cuda.device(device):
+        kernel = _load(device, head_dim, ratio)
+        multiprocessors = torch.cuda.get_device_properties(device).multi_processor_count
+        launch = plan_launch(
+            kv,
+            score,
+            weight,
+            cos_sin_cache,
+            positions,
+            slot_mapping,
+            kv_cache,
+            ratio,
+            eps,
+            multiprocessors=multiprocessors,
+            ctas_per_sm=kernel.ctas_per_sm,
+        )
+        if launch is not None:
+            launch_kernel(kernel, launch, torch.cuda.current_stream(device).cuda_stream)
 
 
 def compress_norm_rope_store_cutedsl(

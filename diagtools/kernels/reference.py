@@ -14,7 +14,16 @@ import torch
 
 from diagtools.kernels import ROPE_DIM, SUPPORTED_HEAD_DIMS
 
-__all__ = ["Inputs", "check_inputs", "compress_norm_rope_store_reference", "compressed_rows", "make_inputs"]
+__all__ = [
+    "FP8_ROW_BYTES",
+    "Inputs",
+    "check_inputs",
+    "compress_norm_rope_store_reference",
+    "compressed_rows",
+    "dequantize_fp8_ds_mla",
+    "make_inputs",
+    "quantize_fp8_ds_mla",
+]
 
 
 def check_inputs(kv, score, weight, cos_sin_cache, positions, slot_mapping, kv_cache, ratio: int) -> tuple[int, int]:
@@ -103,12 +112,21 @@ class Inputs:
         )
 
     def min_bytes(self) -> int:
-        """Fewest bytes the operation must move: every input read once, every kept row written once."""
-        groups, head_dim = self.positions.shape[0], self.kv.shape[1]
-        reads = self.kv.numel() * 2 + self.score.numel() * 4 + self.weight.numel() * self.weight.element_size()
-        reads += groups * (ROPE_DIM * 4 + self.positions.element_size() + self.slot_mapping.element_size())
-        writes = int((self.slot_mapping >= 0).sum()) * head_dim * 2
-        return reads + writes
+        """Fewest bytes the operation must move: what a kernel that skips padded groups reads and writes.
+
+        Every group's slot is read; a kept group (slot >= 0) also reads its ``ratio`` kv rows and
+        logits and its position, and writes one row; each distinct position of a kept group reads one
+        cos/sin row; the weight is read once.  Padded groups read nothing else.
+        """
+        head_dim = self.kv.shape[1]
+        keep = self.slot_mapping >= 0
+        kept = int(keep.sum())
+        distinct_positions = int(torch.unique(self.positions[keep]).numel())
+        reads = self.slot_mapping.numel() * self.slot_mapping.element_size()
+        reads += kept * (self.ratio * (head_dim * self.kv.element_size() + 4) + self.positions.element_size())
+        reads += distinct_positions * ROPE_DIM * self.cos_sin_cache.element_size()
+        reads += self.weight.numel() * self.weight.element_size()
+        return reads + kept * head_dim * self.kv_cache.element_size()
 
 
 def rope_cache(max_pos: int, *, base: float = 10000.0, device: str | torch.device = "cpu") -> torch.Tensor:
@@ -130,18 +148,63 @@ def make_inputs(
     seed: int | None = None,
     device: str | torch.device = "cpu",
 ) -> Inputs:
-    """Fresh random inputs; about ``padding`` of the groups get slot -1; slots are a random permutation."""
-    generator = torch.Generator().manual_seed(seed if seed is not None else torch.seed() % (2**31))
+    """Fresh random inputs, drawn on ``device``; about ``padding`` of the groups get slot -1; slots are a
+    random permutation of the cache's rows; the output cache is poisoned with NaN."""
+    device = torch.device(device)
+    generator = torch.Generator(device=device).manual_seed(seed if seed is not None else torch.seed() % (2**31))
     rows = groups * ratio
-    kv = torch.randn(rows, head_dim, generator=generator).to(torch.bfloat16)
-    score = torch.randn(rows, generator=generator) * 2
-    weight = 1 + 0.1 * torch.randn(head_dim, generator=generator)
-    positions = torch.randint(0, max_pos, (groups,), generator=generator)
+    kv = torch.randn(rows, head_dim, generator=generator, device=device).to(torch.bfloat16)
+    score = torch.randn(rows, generator=generator, device=device) * 2
+    weight = 1 + 0.1 * torch.randn(head_dim, generator=generator, device=device)
+    positions = torch.randint(0, max_pos, (groups,), generator=generator, device=device)
     blocks = math.ceil(groups * 1.25 / block_size) + 1
-    slots = torch.randperm(blocks * block_size, generator=generator)[:groups]
-    slots[torch.rand(groups, generator=generator) < padding] = -1
-    cache = torch.full((blocks, block_size, head_dim), float("nan"), dtype=torch.bfloat16)
-    kv, score, weight, table, positions, slots, cache = (
-        t.to(device) for t in (kv, score, weight, rope_cache(max_pos), positions, slots, cache)
-    )
-    return Inputs(kv, score, weight, table, positions, slots, cache, ratio=ratio)
+    slots = torch.randperm(blocks * block_size, generator=generator, device=device)[:groups]
+    slots[torch.rand(groups, generator=generator, device=device) < padding] = -1
+    cache = torch.full((blocks, block_size, head_dim), float("nan"), dtype=torch.bfloat16, device=device)
+    return Inputs(kv, score, weight, rope_cache(max_pos, device=device), positions, slots, cache, ratio=ratio)
+
+
+# ----------------------------------------------------------------------------- fp8_ds_mla rows
+# The ``fp8_ds_mla`` row format of the faithful variant, in torch: a reference for later kernels.
+#
+# One stored row of D = 512 values:
+#
+# - the first 448 values as FP8 e4m3, in 7 tiles of 64, each tile with one power-of-two scale
+#   stored as UE8M0 (a biased exponent byte: ``scale = 2 ** (byte - 127)``);
+# - the last 64 values (the rotated RoPE part) as bf16.
+#
+# That is 448 + 128 = 576 data bytes per row, plus 7 scale bytes.  In the paged cache a block's
+# scale bytes follow all its rows' data; this module works on rows and leaves the block layout to
+# the kernels.  The scale of a tile is the smallest power of two with ``amax / scale <= 448``
+# (e4m3's largest finite value), so no value saturates.
+
+FP8_DIMS = 448
+TILE = 64
+TILES = FP8_DIMS // TILE
+BF16_DIMS = 64
+FP8_ROW_BYTES = FP8_DIMS + 2 * BF16_DIMS  # 576
+E4M3_MAX = 448.0
+
+
+def quantize_fp8_ds_mla(values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``[T, 512]`` float values to ``(data uint8 [T, 576], scales uint8 [T, 7])``."""
+    if values.dim() != 2 or values.shape[1] != FP8_DIMS + BF16_DIMS:
+        raise ValueError(f"expected [T, {FP8_DIMS + BF16_DIMS}] values, got {tuple(values.shape)}")
+    rows = values.shape[0]
+    tiles = values[:, :FP8_DIMS].float().reshape(rows, TILES, TILE)
+    amax = tiles.abs().amax(dim=-1).clamp_min(torch.finfo(torch.float32).tiny)
+    exponent = torch.ceil(torch.log2(amax / E4M3_MAX)).clamp(-127, 127)
+    scaled = tiles / torch.exp2(exponent)[..., None]
+    fp8 = scaled.to(torch.float8_e4m3fn).view(torch.uint8).reshape(rows, FP8_DIMS)
+    tail = values[:, FP8_DIMS:].to(torch.bfloat16).contiguous().view(torch.uint8).reshape(rows, 2 * BF16_DIMS)
+    scales = (exponent + 127).to(torch.uint8)
+    return torch.cat((fp8, tail), dim=1), scales
+
+
+def dequantize_fp8_ds_mla(data: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """``(data uint8 [T, 576], scales uint8 [T, 7])`` back to ``[T, 512]`` float32 values."""
+    rows = data.shape[0]
+    fp8 = data[:, :FP8_DIMS].contiguous().view(torch.float8_e4m3fn).float().reshape(rows, TILES, TILE)
+    head = (fp8 * torch.exp2(scales.float() - 127)[..., None]).reshape(rows, FP8_DIMS)
+    tail = data[:, FP8_DIMS:].contiguous().view(torch.bfloat16).float()
+    return torch.cat((head, tail), dim=1)

@@ -1,8 +1,17 @@
-"""The CuTe DSL kernel compiled for sm_90a on this CPU, with its PTX checked."""
+"""The CuTe DSL kernel without a GPU: its PTX for sm_90a, and the host side of its launch.
+
+The PTX checks compile the kernel here (nvidia-cutlass-dsl, ``CUTE_DSL_ARCH=sm_90a``).  The
+launch checks run the real host code on CPU tensors: the grid and the arguments come from the
+tensors' real sizes, and the driver call is intercepted and decoded.  A launch whose sizes were
+baked in at compile time (the old bug: a grid of ``cute.size`` over a layout that read 0) fails
+``test_every_group_is_visited_exactly_once`` and ``test_the_driver_receives_the_real_sizes``.
+"""
 
 from __future__ import annotations
 
+import ctypes
 import json
+import math
 import os
 import re
 import subprocess
@@ -10,18 +19,35 @@ import sys
 
 import pytest
 
-pytest.importorskip("cutlass")
+torch = pytest.importorskip("torch")
+
+from diagtools.kernels import cutedsl_impl  # noqa: E402
+from diagtools.kernels.cutedsl_impl import (  # noqa: E402
+    PARAM_TYPES,
+    PREBUILT,
+    THREADS,
+    WARPS,
+    LaunchConfig,
+    LoadedKernel,
+    entry_of,
+    launch_kernel,
+    plan_launch,
+    prebuilt_path,
+)
+from diagtools.kernels.reference import make_inputs  # noqa: E402
 
 COMPILE = """
 import json, sys
-from diagtools.kernels.cutedsl_impl import ptx_for
-print(json.dumps({d: ptx_for(d, 4, sys.argv[1]) for d in (128, 512)}))
+from diagtools.kernels.cutedsl_impl import compile_ptx
+print(json.dumps({f"{d}x{r}": compile_ptx(d, r, sys.argv[1]) for d, r in ((512, 4), (128, 4), (512, 8))}))
 """
+H200_MULTIPROCESSORS = 132
 
 
 @pytest.fixture(scope="module")
 def ptx(tmp_path_factory):
-    """PTX per head dim, compiled in a fresh interpreter (CUTE_DSL_ARCH is read at import)."""
+    """PTX per (head dim, ratio), compiled in a fresh interpreter (CUTE_DSL_ARCH is read at import)."""
+    pytest.importorskip("cutlass")
     env = dict(os.environ, CUTE_DSL_ARCH="sm_90a")
     done = subprocess.run(
         [sys.executable, "-c", COMPILE, str(tmp_path_factory.mktemp("ptx"))],
@@ -32,38 +58,164 @@ def ptx(tmp_path_factory):
         check=False,
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    return {int(k): v for k, v in json.loads(done.stdout.strip().splitlines()[-1]).items()}
+    return {tuple(map(int, k.split("x"))): v for k, v in json.loads(done.stdout.strip().splitlines()[-1]).items()}
 
 
-@pytest.mark.parametrize("head_dim", [128, 512])
-def test_ptx_is_the_expected_kernel_for_sm_90a(ptx, head_dim):
-    text = ptx[head_dim]
+def _code(text: str) -> list[str]:
+    return [line for line in text.splitlines() if not line.lstrip().startswith("//")]
+
+
+# The grid: both head dims at the shipped ratio 4, and ratio 8 at D=512 (more rows per group).
+@pytest.mark.parametrize(("head_dim", "ratio"), [(512, 4), (128, 4), (512, 8)])
+def test_ptx_moves_128_bit_vectors(ptx, head_dim, ratio):
+    text = ptx[head_dim, ratio]
+    config = LaunchConfig(head_dim, ratio)
+    vectors_per_lane = config.elements // 8  # bf16 vectors of 16 bytes
     assert ".target sm_90a" in text
-    entries = re.findall(r"\.visible \.entry (\S+)\(", text)
-    assert len(entries) == 1
-    assert entries[0].startswith("kernel_cutlass__kernel_")
-    assert ".reqntid 64, 1, 1" in text  # one CTA of 64 threads per group
-    assert text.count("shfl.sync.bfly") == 5  # the butterfly sum of squares inside a warp
-    assert "bar.sync" in text  # and shared memory across the two warps
-    assert "rsqrt.approx.f32" in text
-    assert text.count("ex2.approx") == 4  # the gate softmax over ratio = 4 logits
-    elements = head_dim // 64
-    assert text.count("st.global.b16") == 2 * elements  # bf16 stores: rotated and plain branch per pair
-    assert text.count("cvt.rn.bf16.f32") == 2 * elements
+    assert f".reqntid {THREADS}, 1, 1" in text
+    # weight once per warp, then per group (in the prologue and in the loop): rows, logits, cos and sin
+    per_group = ratio * vectors_per_lane + math.ceil(ratio / 4) + 2 * (config.elements // 2 // 4)
+    assert len(re.findall(r"ld\.global\.v4\.(?:b32|f32|u32)", text)) == config.elements // 4 + 2 * per_group
+    assert not re.search(r"ld\.global(?:\.\w+)*\.(?:u16|b16|s16|f16|bf16)\b", text)  # no 16-bit scalar loads
+    assert len(re.findall(r"st\.global\.v4\.b32", text)) == vectors_per_lane
+    assert "st.global.b16" not in text
+    assert ".local" not in text  # nothing spilled to local memory
 
 
-@pytest.mark.parametrize("head_dim", [128, 512])
-def test_rope_lanes_start_where_the_last_64_channels_do(ptx, head_dim):
-    first_rope_lane = (head_dim - 64) // (head_dim // 64)
-    assert re.search(rf"setp\.lt\.u32\s+%p\d+, %r\d+, {first_rope_lane};", ptx[head_dim])
+@pytest.mark.parametrize(("head_dim", "ratio"), [(512, 4), (128, 4)])
+def test_ptx_reductions_and_special_functions(ptx, head_dim, ratio):
+    text = ptx[head_dim, ratio]
+    lanes = LaunchConfig(head_dim, ratio).lanes
+    assert text.count("shfl.sync.bfly") == int(math.log2(lanes))  # sum of squares inside one team
+    assert "bar.sync" not in text  # a team never spans warps: no shared memory, no barrier
+    assert text.count("ex2.approx") == ratio  # the gate softmax
+    assert text.count("rcp.approx") == 1  # one reciprocal instead of a divide per channel
+    assert "div.rn.f32" not in text
+    assert text.count("rsqrt.approx") == 1
+
+
+def test_shipped_ptx_is_a_fresh_compile(ptx):
+    for head_dim, ratio in PREBUILT:
+        assert _code(prebuilt_path(head_dim, ratio).read_text()) == _code(ptx[head_dim, ratio]), (
+            "stale PTX: run CUTE_DSL_ARCH=sm_90a .venv/bin/python benchmarks/build_ptx.py"
+        )
+
+
+@pytest.mark.parametrize(("head_dim", "ratio"), PREBUILT)
+def test_entry_parameters_are_what_the_launcher_packs(head_dim, ratio):
+    name, params = entry_of(prebuilt_path(head_dim, ratio).read_text())
+    assert name.startswith("kernel_cutlass_kernel_")
+    assert tuple(params) == PARAM_TYPES
+
+
+def _walk(config: LaunchConfig, groups: int, grid: int) -> list[int]:
+    """The groups the kernel's warps visit, by the kernel's own index arithmetic."""
+    per_warp, warps = config.groups_per_warp, grid * WARPS
+    units = (groups + per_warp - 1) // per_warp
+    visited = []
+    for warp in range(warps):
+        trips = (units - warp + warps - 1) // warps
+        for trip in range(max(trips, 0)):
+            for team in range(per_warp):
+                group = (warp + trip * warps) * per_warp + team
+                if group < groups:
+                    visited.append(group)
+    return visited
+
+
+# The grid: one group, an odd count (D=128 packs two groups per warp), and sizes where the
+# persistent grid is capped so each warp walks many groups.
+@pytest.mark.parametrize(("groups", "head_dim"), [(1, 512), (7, 128), (4096, 512), (65537, 128), (262144, 512)])
+def test_every_group_is_visited_exactly_once(groups, head_dim):
+    config = LaunchConfig(head_dim, 4)
+    grid = config.grid(groups, H200_MULTIPROCESSORS, ctas_per_sm=3)
+    assert 1 <= grid <= H200_MULTIPROCESSORS * 3
+    assert sorted(_walk(config, groups, grid)) == list(range(groups))
+
+
+@pytest.mark.parametrize(("groups", "head_dim", "ratio"), [(37, 128, 4), (300, 512, 4), (9, 512, 8)])
+def test_the_plan_is_computed_from_the_real_tensors(groups, head_dim, ratio):
+    inputs = make_inputs(groups, head_dim, ratio=ratio)
+    inputs = type(inputs)(*(t.int() if t is inputs.positions else t for t in inputs.args()), ratio=ratio)
+    launch = plan_launch(*inputs.args(), ratio, 1e-5, multiprocessors=H200_MULTIPROCESSORS)
+    assert launch is not None
+    config = LaunchConfig(head_dim, ratio)
+    assert launch.grid == (config.grid(groups, H200_MULTIPROCESSORS), 1, 1)
+    assert launch.block == (THREADS, 1, 1)
+    pointers, sizes, eps = launch.arguments[:7], launch.arguments[7:10], launch.arguments[10]
+    assert sizes == (groups, inputs.kv_cache.numel() // head_dim, inputs.cos_sin_cache.shape[0])
+    assert eps == pytest.approx(1e-5)
+    assert pointers[0] == inputs.kv.data_ptr()
+    assert pointers[6] == inputs.kv_cache.data_ptr()  # written in place, never a copy
+    positions = launch.keep_alive[4]
+    assert positions.dtype == torch.int64  # int32 widened
+    assert pointers[4] == positions.data_ptr()
+    assert torch.equal(positions, inputs.positions.long())
+    assert all(p % 16 == 0 for p in pointers)
+
+
+def test_no_groups_means_no_launch():
+    inputs = make_inputs(0, 512)
+    assert plan_launch(*inputs.args(), 4, 1e-6, multiprocessors=H200_MULTIPROCESSORS) is None
+
+
+class _FakeDriver:
+    """Records the launch and decodes the ``void**`` parameter array as the driver would."""
+
+    def __init__(self):
+        self.calls = []
+
+    def launch(self, function, grid, block, stream, params):
+        slots = (ctypes.c_void_p * len(PARAM_TYPES)).from_address(params)
+        kinds = [ctypes.c_uint64 if t == "u64" else ctypes.c_float for t in PARAM_TYPES]
+        values = [kind.from_address(slot).value for kind, slot in zip(kinds, slots, strict=True)]
+        self.calls.append({"function": function, "grid": grid, "block": block, "stream": stream, "values": values})
+
+
+def test_the_driver_receives_the_real_sizes(monkeypatch):
+    fake = _FakeDriver()
+    monkeypatch.setattr(cutedsl_impl, "_driver", lambda: fake)
+    inputs = make_inputs(1000, 512, ratio=4)
+    launch = plan_launch(*inputs.args(), 4, 1e-6, multiprocessors=H200_MULTIPROCESSORS, ctas_per_sm=3)
+    launch_kernel(LoadedKernel(77, 3), launch, stream=1234)
+    (call,) = fake.calls
+    assert call["grid"] == (math.ceil(1000 / WARPS), 1, 1)  # 250 CTAs of 4 groups: under the cap of 396
+    assert call["block"] == (THREADS, 1, 1)
+    assert call["stream"] == 1234
+    assert call["function"] == 77
+    assert call["values"][:10] == list(launch.arguments[:10])
+    assert call["values"][7] == 1000
+    assert call["values"][10] == pytest.approx(1e-6)
+
+
+def test_without_cutlass_the_shipped_ptx_is_used(monkeypatch):
+    monkeypatch.setitem(sys.modules, "cutlass", None)  # import cutlass now raises ImportError
+    cutedsl_impl.kernel_ptx.cache_clear()
+    try:
+        assert cutedsl_impl.kernel_ptx(512, 4) == prebuilt_path(512, 4).read_text()
+        with pytest.raises(ValueError, match="no compiled kernel for head dim 128, ratio 2"):
+            cutedsl_impl.kernel_ptx(128, 2)
+    finally:
+        cutedsl_impl.kernel_ptx.cache_clear()
 
 
 def test_cpu_tensors_are_refused_with_a_clear_error():
-    torch = pytest.importorskip("torch")
     from diagtools.kernels import compress_norm_rope_store
-    from diagtools.kernels.reference import make_inputs
 
     inputs = make_inputs(4, 512)
     with pytest.raises(ValueError, match="runs on CUDA tensors only"):
         compress_norm_rope_store(*inputs.args(), backend="cutedsl")
-    del torch
+
+
+def test_the_ctypes_launch_passes_the_driver_signature_in_order():
+    recorded = []
+
+    class Lib:
+        def cuLaunchKernel(self, *arguments):  # noqa: N802 - the driver's name
+            recorded.append(arguments)
+            return 0
+
+    driver = cutedsl_impl._CudaDriver.__new__(cutedsl_impl._CudaDriver)
+    driver.lib = Lib()
+    driver.launch(77, (250, 1, 1), (THREADS, 1, 1), 1234, 5678)
+    assert recorded == [(77, 250, 1, 1, THREADS, 1, 1, 0, 1234, 5678, None)]

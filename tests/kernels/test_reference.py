@@ -49,3 +49,12 @@ def test_bad_inputs_raise_value_error(change, message):
     change(args)
     with pytest.raises(ValueError, match=message):
         compress_norm_rope_store_reference(*args.values(), ratio=4)
+
+
+def test_min_bytes_counts_only_what_a_kernel_must_move():
+    inputs = make_inputs(8, 128, ratio=4, seed=5, padding=0.0)
+    inputs.positions[:] = 7  # one distinct position: one cos/sin row
+    kept_group = 4 * (128 * 2 + 4) + 8 + 128 * 2  # kv rows and logits, position, output row
+    assert inputs.min_bytes() == 8 * 8 + 8 * kept_group + 64 * 4 + 128 * 4
+    inputs.slot_mapping.fill_(-1)  # padded groups read their slot and nothing else
+    assert inputs.min_bytes() == 8 * 8 + 128 * 4
