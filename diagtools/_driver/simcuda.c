@@ -90,6 +90,36 @@ int InitializeInjection(void)
 
 #ifndef DIAGTOOLS_INJECTION_ONLY
 
+/* In a process forked after its parent's cuInit, tell an interested interpreter which
+ * call the driver refused (sys._diagtools_on_cuda_refused(name)), so the child's
+ * failing line can be shown beside the fork that caused it. */
+typedef void *(*call_function_fn)(void *, const char *, ...);
+
+static void notify_refusal(const char *call)
+{
+    is_initialized_fn is_initialized = (is_initialized_fn)dlsym(RTLD_DEFAULT, "Py_IsInitialized");
+    gil_ensure_fn gil_ensure = (gil_ensure_fn)dlsym(RTLD_DEFAULT, "PyGILState_Ensure");
+    gil_release_fn gil_release = (gil_release_fn)dlsym(RTLD_DEFAULT, "PyGILState_Release");
+    sys_getobject_fn sys_getobject = (sys_getobject_fn)dlsym(RTLD_DEFAULT, "PySys_GetObject");
+    call_function_fn call_function = (call_function_fn)dlsym(RTLD_DEFAULT, "PyObject_CallFunction");
+    decref_fn decref = (decref_fn)dlsym(RTLD_DEFAULT, "Py_DecRef");
+    err_clear_fn err_clear = (err_clear_fn)dlsym(RTLD_DEFAULT, "PyErr_Clear");
+    if (!is_initialized || !gil_ensure || !gil_release || !sys_getobject || !call_function ||
+        !decref || !err_clear || !is_initialized())
+        return;
+    int state = gil_ensure();
+    void *hook = sys_getobject("_diagtools_on_cuda_refused");
+    if (hook != NULL) {
+        void *result = call_function(hook, "s", call);
+        if (result != NULL)
+            decref(result);
+        else
+            err_clear();
+    }
+    gil_release(state);
+}
+
+
 /* ---- init and fork semantics ---- */
 
 static int initialized_here(void) { return init_pid != 0 && init_pid == getpid(); }
@@ -97,16 +127,21 @@ static int poisoned_by_fork(void) { return init_pid != 0 && init_pid != getpid()
 
 #define REQUIRE_INIT()                         \
     do {                                       \
-        if (!initialized_here())               \
+        if (!initialized_here()) {             \
+            if (poisoned_by_fork())            \
+                notify_refusal(__func__);      \
             return CUDA_ERROR_NOT_INITIALIZED; \
+        }                                      \
     } while (0)
 
 CUresult cuInit(unsigned int flags)
 {
     if (flags != 0)
         return CUDA_ERROR_INVALID_VALUE;
-    if (poisoned_by_fork())
+    if (poisoned_by_fork()) {
+        notify_refusal("cuInit");
         return CUDA_ERROR_NOT_INITIALIZED;
+    }
     if (init_pid == 0) {
         init_pid = getpid();
         notify_python("cuInit");

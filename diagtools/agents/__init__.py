@@ -1,0 +1,1 @@
+"""Programs that run inside the processes diagtools watches: standard library only."""

@@ -1,0 +1,1 @@
+"""Front ends: the command line, the pytest plugin, widgets and IPython magics."""

@@ -1,0 +1,1 @@
+"""The domain: frozen dataclasses with JSON in and out, nothing else."""

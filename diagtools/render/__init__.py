@@ -1,0 +1,1 @@
+"""Renderers: results to text and HTML."""
