@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from diagtools._model import Site
 from diagtools.model.run import CudaInit, Finding, RunResult
 
-__all__ = ["describe_exit", "render_run", "side_by_side", "user_site"]
+__all__ = ["describe_exit", "render_run", "render_watch", "side_by_side", "user_site"]
 
 _STDLIB = os.path.dirname(os.path.abspath(os.__file__))
 _COLUMN = 58
@@ -105,4 +105,13 @@ def render_run(result: RunResult) -> str:
     for number, finding in enumerate(result.findings, start=1):
         lines += _finding_lines(number, finding)
     lines += [f"  note: {note}" for note in result.notes]
+    return "\n".join(lines)
+
+
+def render_watch(result: RunResult) -> str:
+    """The ``pytest --cuda-watch`` summary: who initialized CUDA during which node, and forks after it."""
+    lines = [f"verdict: {_VERDICTS.get(result.verdict, result.verdict)}"]
+    for number, finding in enumerate(result.findings, start=1):
+        lines += _finding_lines(number, finding)
+    lines += [f"note: {note}" for note in result.notes]
     return "\n".join(lines)

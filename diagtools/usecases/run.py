@@ -29,7 +29,7 @@ from diagtools._driver import DriverSetup, build_probe_extension, resolve_driver
 from diagtools._errors import DiagtoolsError, UsageError
 from diagtools._model import DriverInfo, Site
 from diagtools._runner import SUBKERNEL_MARKER, _kill_group, _kill_marked
-from diagtools.agents.run_hook import AGENT_FILE, HOOK_DIR
+from diagtools.agents.run_hook import AGENT_FILE, AGENT_MODULE, HOOK_DIR
 from diagtools.model.run import (
     ChildSaw,
     CudaInit,
@@ -40,7 +40,16 @@ from diagtools.model.run import (
     RunResult,
 )
 
-__all__ = ["OUTPUT_MODES", "RunRecords", "agent_environment", "assemble_run", "read_records", "run"]
+__all__ = [
+    "OUTPUT_MODES",
+    "RunRecords",
+    "agent_environment",
+    "assemble_run",
+    "load_agent",
+    "read_records",
+    "run",
+    "watch_result",
+]
 
 OUTPUT_MODES = ("inherit", "stderr", "capture")
 DIR_ENV = "DIAGTOOLS_RUN_DIR"
@@ -490,6 +499,55 @@ def _run_in(
     )
 
 
-def agent_file() -> Path:
-    """The agent's source, for in-process watchers (the pytest plugin) to load."""
-    return AGENT_FILE
+# ---- watching the current process (pytest --cuda-watch) ------------------------------
+
+
+def load_agent(directory: str) -> Any:
+    """The agent of this very process, recording into ``directory`` unless one already records.
+
+    Loaded from its file under the same module name the ``sitecustomize``
+    uses, so a process never holds two agents.
+    """
+    module = sys.modules.get(AGENT_MODULE)
+    if module is None:
+        import importlib.util
+
+        spec = importlib.util.spec_from_file_location(AGENT_MODULE, AGENT_FILE)
+        assert spec is not None  # a .py path always gives a spec with a loader
+        assert spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[AGENT_MODULE] = module
+        spec.loader.exec_module(module)
+    agent = module.install(directory, _cuprobe_path())
+    if not agent.directory:
+        agent.directory = directory
+        agent.open()
+        agent.hello("exec")
+    agent.startup_done()
+    return agent
+
+
+def _lineage(records: RunRecords, pid: int) -> RunRecords:
+    """The files of ``pid`` and of the processes forked from it, directly or not."""
+    pids = {pid}
+    kept = []
+    for image in _images(records):
+        if image.pid in pids and image.hello.get("via") == "exec" and image.pid != pid:
+            continue
+        if image.pid == pid or (image.hello.get("via") == "fork" and image.hello.get("parent") in pids):
+            pids.add(image.pid)
+            kept.append(image.events)
+    return RunRecords(tuple(kept))
+
+
+def _watch_driver(agent_state: int | None) -> DriverInfo:
+    kind = os.environ.get("DIAGTOOLS_DRIVER", "")
+    if kind not in ("real", "simulated", "none"):
+        kind = "none" if agent_state in (None, -1) else "real"
+    return DriverInfo(kind, "inherited")
+
+
+def watch_result(directory: str, pid: int, argv: Sequence[str], driver_state: int | None = None) -> RunResult:
+    """What the agent recorded in process ``pid`` and its forked children, as a run result."""
+    records = _lineage(read_records(directory), pid)
+    return assemble_run(records, argv, _watch_driver(driver_state), _Outcome(pid=None, exitcode=0))

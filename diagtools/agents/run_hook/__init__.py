@@ -10,3 +10,4 @@ from pathlib import Path
 
 HOOK_DIR = Path(__file__).resolve().parent
 AGENT_FILE = HOOK_DIR / "_diagtools_run_agent.py"
+AGENT_MODULE = "_diagtools_run_agent"
