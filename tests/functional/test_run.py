@@ -225,7 +225,7 @@ def test_an_existing_sitecustomize_still_runs(make_tree):
     root = make_tree(
         {
             "custom/sitecustomize.py": "import os\nos.environ['FROM_USER_SITECUSTOMIZE'] = '1'\n",
-            "show.py": "import os, sys\nprint(os.environ.get('FROM_USER_SITECUSTOMIZE'), 'run_hook' in str(sys.path))\n",
+            "show.py": "import os, sys\nprint(os.getenv('FROM_USER_SITECUSTOMIZE'), 'run_hook' in str(sys.path))\n",
         }
     )
     env_path = os.environ.get("PYTHONPATH")
@@ -244,8 +244,9 @@ def test_an_existing_sitecustomize_still_runs(make_tree):
 def test_cli_keeps_the_exit_code_and_writes_json(app, tmp_path):
     (app / "exit4.py").write_text("import runpy, sys\nsys.argv = ['app.py', 'fork']\nimport registry\nsys.exit(4)\n")
     out = tmp_path / "run.json"
+    command = [sys.executable, str(app / "app.py"), "fork"]
     done = subprocess.run(
-        [DIAGTOOLS, "run", "--driver", "simulated", "--json", str(out), "--", sys.executable, str(app / "app.py"), "fork"],
+        [DIAGTOOLS, "run", "--driver", "simulated", "--json", str(out), "--", *command],
         capture_output=True,
         text=True,
         timeout=120,
