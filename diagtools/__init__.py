@@ -20,16 +20,19 @@ __all__ = [
     "ReplayComparison",
     "ReplayResult",
     "RunError",
+    "RunResult",
     "ScanResult",
     "Site",
     "StartupInfo",
     "UsageError",
     "compare_replays",
     "diff_scans",
+    "load_ipython_extension",
     "notebook_progress",
     "process_cuda_state",
     "render_scan",
     "replay_fork",
+    "run",
     "scan",
     "specimens",
     "sweep",
@@ -58,6 +61,9 @@ _LOCATIONS = {
     "notebook_progress": "diagtools._progress",
     "process_cuda_state": "diagtools._selfcheck",
     "sweep": "diagtools._sweep",
+    "RunResult": "diagtools.model.run",
+    "run": "diagtools.usecases.run",
+    "load_ipython_extension": "diagtools.frontends.magics",
 }
 
 if TYPE_CHECKING:
@@ -72,6 +78,9 @@ if TYPE_CHECKING:
     from diagtools._scan import scan
     from diagtools._selfcheck import process_cuda_state
     from diagtools._sweep import sweep
+    from diagtools.frontends.magics import load_ipython_extension
+    from diagtools.model.run import RunResult
+    from diagtools.usecases.run import run
 
 
 def __getattr__(name: str) -> Any:

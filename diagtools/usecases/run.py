@@ -63,10 +63,12 @@ Popen = Callable[..., "subprocess.Popen[bytes]"]
 # ---- the environment every process of the tree inherits ------------------------
 
 
-def agent_environment(directory: str, driver: DriverSetup, marker: str) -> dict[str, str]:
+def agent_environment(
+    directory: str, driver: DriverSetup, marker: str, base: Mapping[str, str] | None = None
+) -> dict[str, str]:
     """The variables that put the agent into every Python process of the tree."""
     env = dict(driver.env)
-    existing = os.environ.get("PYTHONPATH", "")
+    existing = (os.environ if base is None else base).get("PYTHONPATH", "")
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(HOOK_DIR), existing) if p)
     env[DIR_ENV] = directory
     env[SUBKERNEL_MARKER] = marker
@@ -422,6 +424,7 @@ def run(
     timeout: float | None = None,
     cwd: str | os.PathLike[str] | None = None,
     output: str = "inherit",
+    env: Mapping[str, str] | None = None,
     popen: Popen = subprocess.Popen,
     clock: Callable[[], float] = time.monotonic,
 ) -> RunResult:
@@ -440,6 +443,9 @@ def run(
         ``inherit`` (the command writes to this process's stdout and stderr),
         ``stderr`` (its stdout goes to stderr, keeping stdout free for a
         report) or ``capture`` (kept in the result, up to 1 MiB each).
+    env
+        The command's environment (default: this process's); the agent's
+        variables are added to it.
     popen
         The seam that starts the command; tests pass a fake.
     """
@@ -447,29 +453,34 @@ def run(
     setup = resolve_driver(driver)
     directory = tempfile.mkdtemp(prefix="diagtools-run-")
     try:
-        outcome = _run_in(argv, setup, directory, timeout=timeout, cwd=cwd, output=output, popen=popen, clock=clock)
+        base = dict(os.environ if env is None else env)
+        outcome = _run_in(argv, setup, directory, base, _Launch(timeout, cwd, output, popen, clock))
         records = read_records(directory)
     finally:
         shutil.rmtree(directory, ignore_errors=True)
     return assemble_run(records, argv, setup.info, outcome)
 
 
+@dataclass(frozen=True)
+class _Launch:
+    """How to start and wait for the command: limits, output handling, and the two seams."""
+
+    timeout: float | None
+    cwd: str | os.PathLike[str] | None
+    output: str
+    popen: Popen
+    clock: Callable[[], float]
+
+
 def _run_in(
-    argv: tuple[str, ...],
-    setup: DriverSetup,
-    directory: str,
-    *,
-    timeout: float | None,
-    cwd: str | os.PathLike[str] | None,
-    output: str,
-    popen: Popen,
-    clock: Callable[[], float],
+    argv: tuple[str, ...], setup: DriverSetup, directory: str, base: dict[str, str], launch: _Launch
 ) -> _Outcome:
+    timeout, output, clock = launch.timeout, launch.output, launch.clock
     marker = os.urandom(16).hex()
-    env = {**os.environ, **agent_environment(directory, setup, marker)}
+    env = {**base, **agent_environment(directory, setup, marker, base)}
     started = clock()
     try:
-        process = popen(list(argv), env=env, cwd=cwd, start_new_session=True, **_streams(output))
+        process = launch.popen(list(argv), env=env, cwd=launch.cwd, start_new_session=True, **_streams(output))
     except OSError as exc:
         return _Outcome(None, None, notes=(f"the command could not be started: {exc.strerror or exc}",))
     capture = _Capture(process) if output == "capture" else None
