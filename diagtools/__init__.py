@@ -20,16 +20,19 @@ __all__ = [
     "ReplayComparison",
     "ReplayResult",
     "RunError",
+    "RunResult",
     "ScanResult",
     "Site",
     "StartupInfo",
     "UsageError",
     "compare_replays",
     "diff_scans",
+    "load_ipython_extension",
     "notebook_progress",
     "process_cuda_state",
     "render_scan",
     "replay_fork",
+    "run",
     "scan",
     "specimens",
     "sweep",
@@ -58,17 +61,23 @@ _LOCATIONS = {
     "notebook_progress": "diagtools.frontends.progress",
     "process_cuda_state": "diagtools.usecases.selfcheck",
     "sweep": "diagtools.usecases.sweep",
+    "RunResult": "diagtools.model.run",
+    "run": "diagtools.usecases.run",
+    "load_ipython_extension": "diagtools.frontends.magics",
 }
 
 if TYPE_CHECKING:
     from diagtools import specimens
     from diagtools.errors import DiagtoolsError, UsageError
+    from diagtools.frontends.magics import load_ipython_extension
     from diagtools.frontends.progress import notebook_progress
     from diagtools.model.diff import diff_scans
     from diagtools.model.replay import ChildOutcome, ParentState, ReplayComparison, ReplayResult
+    from diagtools.model.run import RunResult
     from diagtools.model.scan import Culprit, DriverInfo, ImportNode, RunError, ScanResult, Site, StartupInfo
     from diagtools.render.text import render_scan
     from diagtools.usecases.replay import compare_replays, replay_fork
+    from diagtools.usecases.run import run
     from diagtools.usecases.scan import scan
     from diagtools.usecases.selfcheck import process_cuda_state
     from diagtools.usecases.sweep import sweep

@@ -104,6 +104,22 @@ static PyObject *simulation_refusals(PyObject *self, PyObject *args)
     return Py_BuildValue("(ININ)", driver_refusals(), first, nvml_mask, second);
 }
 
+/* cuDeviceGetCount's answer from a libcuda.so.1 the process already loaded; -1 when none is.
+ * Never loads the library, so asking cannot change the process. */
+static PyObject *loaded_driver_state(PyObject *self, PyObject *args)
+{
+    (void)self;
+    (void)args;
+    void *handle = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+    if (handle == NULL)
+        return PyLong_FromLong(-1);
+    device_get_count_fn fn = (device_get_count_fn)dlsym(handle, "cuDeviceGetCount");
+    int count = 0;
+    int result = fn != NULL ? fn(&count) : -1;
+    dlclose(handle);
+    return PyLong_FromLong(result);
+}
+
 static PyObject *die_with_parent(PyObject *self, PyObject *args)
 {
     (void)self;
@@ -118,6 +134,8 @@ static PyMethodDef methods[] = {
     {"driver_path", driver_path, METH_NOARGS, "Path of the loaded libcuda.so.1, or None."},
     {"simulation_refusals", simulation_refusals, METH_NOARGS,
      "(driver bitmask, first refused driver call, NVML bitmask, first refused NVML call), or None."},
+    {"loaded_driver_state", loaded_driver_state, METH_NOARGS,
+     "cuDeviceGetCount's result code from an already-loaded driver, -1 when none is loaded."},
     {"die_with_parent", die_with_parent, METH_NOARGS, "Ask for SIGKILL when the parent process exits."},
     {NULL, NULL, 0, NULL},
 };

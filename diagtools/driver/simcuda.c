@@ -112,6 +112,35 @@ static int tracing(void)
     return state;
 }
 
+/* In a process forked after its parent's cuInit, tell an interested interpreter which
+ * call the driver refused (sys._diagtools_on_cuda_refused(name)), so the child's
+ * failing line can be shown beside the fork that caused it. */
+typedef void *(*call_function_fn)(void *, const char *, ...);
+
+static void notify_refusal(const char *call)
+{
+    is_initialized_fn is_initialized = (is_initialized_fn)dlsym(RTLD_DEFAULT, "Py_IsInitialized");
+    gil_ensure_fn gil_ensure = (gil_ensure_fn)dlsym(RTLD_DEFAULT, "PyGILState_Ensure");
+    gil_release_fn gil_release = (gil_release_fn)dlsym(RTLD_DEFAULT, "PyGILState_Release");
+    sys_getobject_fn sys_getobject = (sys_getobject_fn)dlsym(RTLD_DEFAULT, "PySys_GetObject");
+    call_function_fn call_function = (call_function_fn)dlsym(RTLD_DEFAULT, "PyObject_CallFunction");
+    decref_fn decref = (decref_fn)dlsym(RTLD_DEFAULT, "Py_DecRef");
+    err_clear_fn err_clear = (err_clear_fn)dlsym(RTLD_DEFAULT, "PyErr_Clear");
+    if (!is_initialized || !gil_ensure || !gil_release || !sys_getobject || !call_function ||
+        !decref || !err_clear || !is_initialized())
+        return;
+    int state = gil_ensure();
+    void *hook = sys_getobject("_diagtools_on_cuda_refused");
+    if (hook != NULL) {
+        void *result = call_function(hook, "s", call);
+        if (result != NULL)
+            decref(result);
+        else
+            err_clear();
+    }
+    gil_release(state);
+}
+
 /* ---- init and fork semantics ---- */
 
 static int initialized_here(void) { return init_pid != 0 && init_pid == getpid(); }
@@ -119,16 +148,21 @@ static int poisoned_by_fork(void) { return init_pid != 0 && init_pid != getpid()
 
 #define REQUIRE_INIT()                         \
     do {                                       \
-        if (!initialized_here())               \
+        if (!initialized_here()) {             \
+            if (poisoned_by_fork())            \
+                notify_refusal(__func__);      \
             return CUDA_ERROR_NOT_INITIALIZED; \
+        }                                      \
     } while (0)
 
 CUresult cuInit(unsigned int flags)
 {
     if (flags != 0)
         return CUDA_ERROR_INVALID_VALUE;
-    if (poisoned_by_fork())
+    if (poisoned_by_fork()) {
+        notify_refusal("cuInit");
         return CUDA_ERROR_NOT_INITIALIZED;
+    }
     if (init_pid == 0) {
         init_pid = getpid();
         notify_python("cuInit");
@@ -178,8 +212,11 @@ const char *diagtools_sim_first_refusal(void) { return __atomic_load_n(&first_re
 CUresult diagtools_sim_unmodelled(const char *name)
 {
     /* Before cuInit (and in a poisoned child) the real driver answers every call this way. */
-    if (!initialized_here())
+    if (!initialized_here()) {
+        if (poisoned_by_fork())
+            notify_refusal(name);
         return CUDA_ERROR_NOT_INITIALIZED;
+    }
     record_refusal(DIAGTOOLS_SIM_REFUSED_ENTRY_POINT, name);
     return CUDA_ERROR_NOT_SUPPORTED;
 }

@@ -37,6 +37,7 @@ def _build_parser() -> argparse.ArgumentParser:
     _add_diff(commands.add_parser("diff", help="what a fix changed between two scan JSON files"))
     _add_bench(commands.add_parser("bench", help="time the compress_norm_rope_store kernels side by side"))
     _add_demo(commands.add_parser("demo", help="scan the built-in specimens and write a report"))
+    _add_run(commands.add_parser("run", help="run a command and catch a fork after CUDA was initialized"))
     return parser
 
 
@@ -129,6 +130,18 @@ def _add_demo(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default="build/report", metavar="DIR", help="where the report goes")
     parser.add_argument("--no-notebooks", action="store_true", help="only scan the specimens")
     parser.add_argument("--driver", choices=DRIVER_CHOICES, default="auto")
+    _add_debug(parser)
+
+
+def _add_run(parser: argparse.ArgumentParser) -> None:
+    parser.usage = "diagtools run [--driver D] [--json FILE|-] [--html FILE] [--timeout S] -- COMMAND [ARGS...]"
+    parser.add_argument("--driver", choices=DRIVER_CHOICES, default="auto")
+    parser.add_argument(
+        "--json", metavar="FILE|-", help="write diagtools.run/1 ('-': stdout; the command's stdout then goes to stderr)"
+    )
+    parser.add_argument("--html", metavar="FILE", help="also write the report as an HTML page")
+    parser.add_argument("--timeout", type=float, default=None, metavar="S", help="kill the whole tree after S seconds")
+    parser.add_argument("argv", nargs=argparse.REMAINDER, metavar="COMMAND", help="the command, after --")
     _add_debug(parser)
 
 
@@ -263,6 +276,26 @@ def _run_demo(args: argparse.Namespace) -> int:
     return EXIT_OK if report.as_expected else EXIT_TARGET_FAILED
 
 
+def _run_run(args: argparse.Namespace) -> int:
+    from diagtools.render.run_html import run_page
+    from diagtools.render.run_text import render_run
+    from diagtools.usecases.run import run
+
+    command = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
+    if not command:
+        raise UsageError("no command given: diagtools run [OPTIONS] -- COMMAND [ARGS...]")
+    output = "stderr" if args.json == "-" else "inherit"
+    result = run(command, driver=args.driver, timeout=args.timeout, output=output)
+    if args.json:
+        _write_json(result.to_json(), args.json)
+    if args.html:
+        Path(args.html).write_text(run_page(result), encoding="utf-8")
+    print(render_run(result), file=sys.stderr)
+    if result.exitcode is None:
+        return 127
+    return result.exitcode if result.exitcode >= 0 else 128 - result.exitcode
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``diagtools`` command; returns the exit code."""
     args = _build_parser().parse_args(argv)
@@ -274,6 +307,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "diff": _run_diff,
         "bench": _run_bench,
         "demo": _run_demo,
+        "run": _run_run,
     }
     try:
         return handlers[args.command](args)

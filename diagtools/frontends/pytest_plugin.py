@@ -9,12 +9,17 @@ imports the module it checks):
 * ``cuda_free_modules`` in the ini file (one module per line, with optional
   ``cuda_free_path`` and ``cuda_free_driver``): one test item per module.
 
+``--cuda-watch`` watches the pytest process itself instead: it names the
+collection node or test during which CUDA got initialized, and any fork after
+it, with both stacks, in the terminal summary.
+
 Loaded through the ``pytest11`` entry point; disable with ``-p no:diagtools``.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Iterable
 from typing import Any
 
@@ -45,12 +50,20 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addini("cuda_free_modules", "modules that must import without initializing CUDA", type="linelist")
     parser.addini("cuda_free_path", "directories to put on sys.path for cuda_free_modules", type="linelist")
     parser.addini("cuda_free_driver", "driver for the cuda_free checks: auto, real, simulated, none", default="auto")
+    parser.getgroup("diagtools").addoption(
+        "--cuda-watch",
+        action="store_true",
+        default=False,
+        help="name the collection node or test that initialized CUDA, and any fork after it",
+    )
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "cuda_free(*modules, path=(), driver='auto'): the modules must import without initializing CUDA"
     )
+    if config.getoption("cuda_watch", default=False):
+        config.pluginmanager.register(CudaWatch(), "diagtools-cuda-watch")
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -94,3 +107,57 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
         items.append(
             CudaFreeItem.from_parent(session, name=f"cuda_free[{module}]", module=module, path=path, driver=driver)
         )
+
+
+class CudaWatch:
+    """``--cuda-watch``: the run agent inside the pytest process, told which node is running.
+
+    It never initializes CUDA itself: the driver's state is read only from a
+    libcuda the process already loaded.  On the simulated driver, start pytest
+    with it (``diagtools run --driver simulated -- pytest --cuda-watch``).
+    """
+
+    def __init__(self) -> None:
+        import shutil
+        import tempfile
+
+        from diagtools.usecases.run import load_agent
+
+        self.pid = os.getpid()
+        self.owned: str | None = tempfile.mkdtemp(prefix="diagtools-watch-")
+        self.agent = load_agent(self.owned)
+        if self.agent.directory != self.owned:  # already watched by diagtools run: share its records
+            shutil.rmtree(self.owned, ignore_errors=True)
+            self.owned = None
+
+    def _during(self, context: str) -> Any:
+        previous, self.agent.context = self.agent.context, context
+        return previous
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_make_collect_report(self, collector: pytest.Collector) -> Any:
+        previous = self._during(f"collecting {collector.nodeid or '<session>'}")
+        yield
+        self.agent.check_state("import")
+        self.agent.context = previous
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_protocol(self, item: pytest.Item) -> Any:
+        previous = self._during(item.nodeid)
+        yield
+        self.agent.check_state("main")
+        self.agent.context = previous
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        from diagtools.render.run_text import render_watch
+        from diagtools.usecases.run import watch_result
+
+        result = watch_result(self.agent.directory, self.pid, tuple(sys.argv), self.agent.driver_state())
+        terminalreporter.write_sep("=", "diagtools cuda watch")
+        terminalreporter.write_line(render_watch(result))
+
+    def pytest_unconfigure(self) -> None:
+        if self.owned and os.getpid() == self.pid:
+            import shutil
+
+            shutil.rmtree(self.owned, ignore_errors=True)

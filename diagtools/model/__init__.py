@@ -2,5 +2,5 @@
 
 Pure values: nothing here starts a process, reads a file or imports an
 optional package.  ``scan`` (the import tree and its culprits), ``replay``
-(fork replays), ``diff`` (what a fix changed), ``sweep`` and ``bisect``.
+(fork replays), ``diff`` (what a fix changed), ``sweep``, ``bisect`` and ``run`` (a watched command).
 """

@@ -23,6 +23,8 @@ _PRESENTATIONS = {
     "diff.graph": ("diagtools.render.graph", "diff_graph"),
     "replay.html": ("diagtools.render.html", "replay_html"),
     "comparison.html": ("diagtools.render.html", "comparison_html"),
+    "run.text": ("diagtools.render.run_text", "render_run"),
+    "run.html": ("diagtools.render.run_html", "run_html"),
 }
 
 

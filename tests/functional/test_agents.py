@@ -14,8 +14,8 @@ from diagtools.driver import build_probe_extension
 from diagtools.runner.subkernel import SubkernelRequest, run_subkernel
 from diagtools.usecases.scan import SCAN_PROBE
 
-AGENT_FILES = sorted(agents.AGENTS_DIR.glob("*.py"))
-OURS = {"diagtools", "diagtools.protocol", protocol.AGENT_MODULE}
+AGENT_FILES = sorted(agents.AGENTS_DIR.rglob("*.py"))
+OURS = {"diagtools", "diagtools.protocol", protocol.AGENT_MODULE, "_diagtools_run_agent"}
 
 
 def top_level_imports(path: Path) -> set[str]:

@@ -1,0 +1,79 @@
+"""``diagtools run`` results as self-contained HTML (notebooks and ``--html``); every label escaped."""
+
+from __future__ import annotations
+
+import html
+import shlex
+from collections.abc import Sequence
+
+from diagtools.model.run import CudaInit, Finding, RunResult
+from diagtools.model.scan import Site
+from diagtools.render.run_text import describe_exit, user_site
+
+__all__ = ["run_html", "run_page"]
+
+_COLORS = {"poisoned-fork": "#b00020", "initializes-cuda": "#b26a00", "clean": "#1b5e20", "unknown": "#555"}
+
+
+def _esc(value: object) -> str:
+    return html.escape(str(value), quote=True)
+
+
+def _stack_cell(stack: Sequence[Site]) -> str:
+    rows = "".join(
+        f"<div><code>{_esc(frame.file)}:{frame.line}</code> in <b>{_esc(frame.function)}</b>"
+        + (f"<br><code style='color:#444'>{_esc(frame.source)}</code>" if frame.source else "")
+        + "</div>"
+        for frame in stack
+    )
+    return f"<td style='vertical-align:top;font-size:90%'>{rows or '<i>no stack</i>'}</td>"
+
+
+def _cuinit_html(cuinit: CudaInit | None) -> str:
+    if cuinit is None:
+        return "<p>CUDA initialized: seen only through the driver's state.</p>"
+    site = cuinit.module_site or cuinit.site
+    where = f" at <code>{_esc(site)}</code>: <code>{_esc(site.source)}</code>" if site else ""
+    context = f" while <code>{_esc(cuinit.context)}</code>" if cuinit.context else ""
+    return (
+        f"<p>CUDA initialized by <b>{_esc(cuinit.module or '?')}</b>{where}{context} "
+        f"(phase {_esc(cuinit.phase)}; chain {_esc(' -> '.join(cuinit.chain) or '-')})</p>"
+    )
+
+
+def _finding_html(finding: Finding) -> str:
+    if finding.kind != "poisoned-fork":
+        return f"<h4>CUDA initialized in pid {finding.pid}</h4>{_cuinit_html(finding.cuinit)}"
+    fork_site = user_site(finding.fork_stack)
+    forked = f" at <code>{_esc(fork_site)}</code>: <code>{_esc(fork_site.source)}</code>" if fork_site else ""
+    saw = f"<p>The child: {_esc(finding.child_saw.describe())}</p>" if finding.child_saw else ""
+    cuinit_stack = finding.cuinit.stack if finding.cuinit else ()
+    return (
+        f"<h4 style='color:#b00020'>Poisoned fork: pid {finding.pid} started child {_esc(finding.child or '?')}"
+        f" ({_esc(finding.start_kind or 'fork')}) after initializing CUDA</h4>"
+        f"{_cuinit_html(finding.cuinit)}<p>Forked{forked}</p>{saw}"
+        "<table style='border-collapse:collapse'><tr><th>cuInit stack</th><th>fork stack</th></tr>"
+        f"<tr>{_stack_cell(cuinit_stack)}{_stack_cell(finding.fork_stack)}</tr></table>"
+    )
+
+
+def run_html(result: RunResult) -> str:
+    """An HTML fragment: the verdict, each finding with both stacks side by side, the notes."""
+    color = _COLORS.get(result.verdict, "#555")
+    findings = "".join(_finding_html(finding) for finding in result.findings)
+    notes = "".join(f"<li>{_esc(note)}</li>" for note in result.notes)
+    return (
+        "<div class='diagtools-run'>"
+        f"<p><code>{_esc(shlex.join(result.command))}</code>: {_esc(describe_exit(result.exitcode))}; "
+        f"{len(result.processes)} Python process(es) watched; driver: {_esc(result.driver.describe())}</p>"
+        f"<p style='color:{color};font-weight:bold'>verdict: {_esc(result.verdict)}</p>"
+        f"{findings}{f'<ul>{notes}</ul>' if notes else ''}</div>"
+    )
+
+
+def run_page(result: RunResult) -> str:
+    """A whole HTML page for ``--html``."""
+    return (
+        "<!doctype html><html><head><meta charset='utf-8'><title>diagtools run</title></head>"
+        f"<body style='font-family:sans-serif'>{run_html(result)}</body></html>\n"
+    )

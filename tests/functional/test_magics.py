@@ -1,0 +1,66 @@
+"""The IPython magics in a real InteractiveShell: the work runs elsewhere, the shell stays CUDA-free."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from diagtools.usecases.selfcheck import process_cuda_state
+from tests.conftest import MARK
+
+CELL = f"""
+import ctypes
+import multiprocessing as mp
+
+def child():
+    pass
+
+ctypes.CDLL("libcuda.so.1").cuInit(0)  {MARK}
+worker = mp.get_context("fork").Process(target=child)
+worker.start()
+worker.join()
+print("joined", worker.exitcode)
+"""
+CELL_LINE = next(number for number, line in enumerate(CELL.splitlines(), start=1) if MARK in line)
+
+
+@pytest.fixture(scope="module")
+def shell():
+    interactiveshell = pytest.importorskip("IPython.core.interactiveshell")
+    ip = interactiveshell.InteractiveShell.instance()
+    ip.run_line_magic("load_ext", "diagtools")
+    yield ip
+    interactiveshell.InteractiveShell.clear_instance()
+
+
+def test_cuda_watch_names_the_cell_line_and_the_poisoned_fork(shell, capsys):
+    result = shell.run_cell_magic("cuda_watch", "--driver simulated --timeout 60", CELL)
+    assert "joined 0" in capsys.readouterr().out
+    assert result.verdict == "poisoned-fork"
+    finding = result.findings[0]
+    assert finding.cuinit.module == "__main__"
+    assert finding.cuinit.module_site.line == CELL_LINE
+    assert any(frame.source == "worker.start()" for frame in finding.fork_stack)
+    assert "Poisoned fork" in result._repr_html_()
+    assert process_cuda_state().clean
+
+
+def test_cuda_scan_renders_a_scan(shell, make_tree):
+    root = make_tree({"early.py": "import ctypes\nctypes.CDLL('libcuda.so.1').cuInit(0)\n"})
+    result = shell.run_line_magic("cuda_scan", f"early --path {root} --driver simulated")
+    assert result.culprit.module == "early"
+    assert process_cuda_state().clean
+
+
+def test_bad_driver_is_reported_not_raised(shell, capsys):
+    assert shell.run_cell_magic("cuda_watch", "--timeout -1", "print(1)") is None
+    assert "diagtools: error: --timeout must be positive" in capsys.readouterr().err
+
+
+def test_import_diagtools_does_not_import_ipython():
+    code = "import sys, diagtools\nprint('IPython' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "False"

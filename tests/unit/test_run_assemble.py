@@ -1,0 +1,99 @@
+"""Run records to findings and verdicts: pure, no process."""
+
+from __future__ import annotations
+
+import pytest
+
+from diagtools.errors import SchemaError
+from diagtools.model.run import RunResult
+from diagtools.model.scan import DriverInfo
+from diagtools.render.run_html import run_html
+from diagtools.render.run_text import render_run
+from diagtools.usecases.run import RunRecords, _Outcome, assemble_run, looks_like_python
+
+DRIVER = DriverInfo("simulated", "simulated", "/x/libcuda.so.1")
+APP = ["python", "app.py"]
+CUINIT_STACK = [["/src/registry.py", 5, "_detect"], ["/src/registry.py", 7, "<module>"], ["/src/app.py", 2, "<module>"]]
+FORK_STACK = [["/lib/popen_fork.py", 66, "_launch"], ["/src/app.py", 9, "<module>"]]
+
+
+def hello(pid, parent, via="exec", **extra):
+    return {"e": "hello", "pid": pid, "parent": parent, "via": via, "argv": APP, "t": float(pid), **extra}
+
+
+def cuinit():
+    return {
+        "e": "cuinit",
+        "module": "registry",
+        "chain": ["__main__", "registry"],
+        "site": CUINIT_STACK[0],
+        "module_site": CUINIT_STACK[0],
+        "stack": CUINIT_STACK,
+        "phase": "import",
+        "thread": "MainThread",
+        "t": 1.0,
+    }
+
+
+def fork(seq, initialized=True):
+    return {"e": "start", "kind": "fork", "seq": seq, "child": None, "stack": FORK_STACK, "t": 2.0,
+            "driver_initialized": initialized}  # fmt: skip
+
+
+def assemble(*files, pid=10, command=APP, notes=()):
+    return assemble_run(RunRecords(tuple(map(tuple, files))), command, DRIVER, _Outcome(pid, 0, notes=notes))
+
+
+def test_fork_after_cuinit_is_a_poisoned_fork_with_the_childs_refusal():
+    parent = [hello(10, 1), cuinit(), fork(1)]
+    child = [
+        hello(11, 10, "fork", fork_seq=1),
+        {"e": "refused", "call": "cuInit", "code": 3, "stack": [["/src/app.py", 5, "work"]], "t": 3.0},
+        {"e": "exit", "code": 1, "t": 4.0},
+    ]
+    result = assemble(parent, child)
+    assert result.verdict == "poisoned-fork"
+    (finding,) = result.findings
+    assert (finding.kind, finding.pid, finding.child) == ("poisoned-fork", 10, 11)
+    assert finding.cuinit.module == "registry"
+    assert finding.cuinit.stack[0].file == "/src/app.py"  # outermost first
+    assert finding.fork_site.file == "/lib/popen_fork.py"
+    assert finding.child_saw.exitcode == 1
+    assert finding.child_saw.refused[0].describe() == "cuInit at /src/app.py:5 answered CUDA_ERROR_NOT_INITIALIZED (3)"
+    assert "app.py:9 <module>" in render_run(result)
+    assert RunResult.from_json(result.to_json()).to_json() == result.to_json()
+
+
+def test_fork_before_cuinit_or_followed_by_exec_is_not_poisoned():
+    before = assemble([hello(10, 1), fork(1, initialized=False), cuinit()], [hello(11, 10, "fork", fork_seq=1)])
+    assert before.verdict == "initializes-cuda"
+    assert [f.kind for f in before.findings] == ["cuda-initialized"]
+    execed = assemble([hello(10, 1), cuinit(), fork(1)], [hello(11, 10, "fork", fork_seq=1), {"e": "exec", "t": 3}])
+    assert execed.verdict == "initializes-cuda"
+
+
+def test_a_python_child_that_never_reported_makes_the_verdict_unknown():
+    spawn = {"e": "start", "kind": "spawn", "seq": None, "child": 12, "argv": ["/usr/bin/python3", "-c", "x"],
+             "stack": FORK_STACK, "driver_initialized": False, "t": 2.0}  # fmt: skip
+    result = assemble([hello(10, 1), spawn])
+    assert result.verdict == "unknown"
+    assert "pid 12" in result.notes[0]
+    assert assemble([], command=["python3", "-I", "x.py"]).verdict == "unknown"
+    assert assemble([], command=["sh", "-c", "true"]).verdict == "clean"
+
+
+def test_torn_and_foreign_lines_are_dropped(tmp_path):
+    from diagtools.usecases.run import read_records
+
+    (tmp_path / "10-1.jsonl").write_bytes(b'{"e":"hello","pid":10,"parent":1}\nnot json\n{"e":"cuinit","mod')
+    records = read_records(tmp_path)
+    assert records.files == (({"e": "hello", "pid": 10, "parent": 1},),)
+
+
+def test_schema_is_checked_and_html_is_escaped():
+    with pytest.raises(SchemaError):
+        RunResult.from_json({"schema": "diagtools.scan/1"})
+    result = assemble([hello(10, 1)], command=["python", "<b>.py"])
+    assert "&lt;b&gt;.py" in run_html(result)
+    assert looks_like_python(["/usr/bin/python3.11"])
+    assert not looks_like_python(["bash"])
