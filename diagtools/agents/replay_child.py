@@ -105,11 +105,11 @@ def _resolve(action: str) -> Callable[[list[list]], str]:
 
 
 def _redirect_output(scratch: Path) -> None:
-    """Send the child's fd 1 and fd 2 to files, so the parent can report them apart."""
+    """Send the child's fd 1 and fd 2 to files, so the parent can report them apart (after what is already there)."""
     sys.stdout.flush()
     sys.stderr.flush()
     for fd, name in ((1, "stdout"), (2, "stderr")):
-        target = os.open(scratch / name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        target = os.open(scratch / name, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         os.dup2(target, fd)
         os.close(target)
 

@@ -73,7 +73,36 @@ def _child_outcome(process, scratch, timeout):
         stdout=_read_text(os.path.join(scratch, "stdout")),
         stderr=_read_text(os.path.join(scratch, "stderr")),
     )
+    if not outcome.get("traceback"):
+        outcome.update(_traceback_from(outcome["stderr"]))
     return outcome
+
+
+def _traceback_from(stderr):
+    """The last traceback a child printed before it could report (a spawn child failing to start, say)."""
+    start = stderr.rfind("Traceback (most recent call last):")
+    if start < 0:
+        return {}
+    traceback_text = stderr[start:].rstrip()
+    error_type, _, error = traceback_text.splitlines()[-1].partition(": ")
+    return {"traceback": traceback_text, "error_type": error_type.strip(), "error": error.strip()}
+
+
+def _start_with_output_files(process, scratch):
+    """Start the child with fd 1 and 2 on files: whatever it prints, even before it runs our code, is kept."""
+    saved = [os.dup(1), os.dup(2)]
+    sys.stdout.flush()
+    sys.stderr.flush()
+    try:
+        for fd, name in ((1, "stdout"), (2, "stderr")):
+            target = os.open(os.path.join(scratch, name), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            os.dup2(target, fd)
+            os.close(target)
+        process.start()
+    finally:
+        for fd, copy in zip((1, 2), saved):
+            os.dup2(copy, fd)
+            os.close(copy)
 
 
 def _read_json(path):
@@ -110,7 +139,7 @@ def main():
     context = multiprocessing.get_context(_ENV[protocol.REPLAY_START_METHOD])
     scratch = tempfile.mkdtemp(prefix="diagtools-replay-")
     process = context.Process(target=run_child, args=(_ENV[protocol.REPLAY_CHILD], scratch), name="replay-child")
-    process.start()
+    _start_with_output_files(process, scratch)
     _emit("child", **_child_outcome(process, scratch, float(_ENV[protocol.REPLAY_CHILD_TIMEOUT])))
     _emit("done")
 

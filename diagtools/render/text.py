@@ -48,7 +48,7 @@ def _cuda_lines(result: ScanResult) -> list[str]:
         phase = result.culprit.phase if result.culprit else "unknown"
         lines.append(f"  CUDA initialized: YES (during {phase})")
     elif result.doubts():
-        lines.append("  CUDA initialized: not seen, but the run could not see everything:")
+        lines.append("  CUDA initialized: unknown (not seen, but the run could not see everything):")
         lines += [f"    - {reason}" for reason in result.doubts()]
     else:
         lines.append("  CUDA initialized: no")
