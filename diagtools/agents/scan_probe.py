@@ -315,4 +315,36 @@ def main():
     _channel.emit("done")
 
 
-main()
+# ---- a forked start: the sweep zygote's children ------------------------------
+
+
+def run_forked(channel, targets):
+    """Scan ``targets`` in a child forked from the sweep zygote, reporting on ``channel``.
+
+    The zygote ran start-up and preloaded its modules without this tracer; the
+    child installs the same tracer and driver hook as :func:`main` and imports
+    the targets, so the events read exactly as a fresh subkernel's would.
+    """
+    global _channel, _MAIN_THREAD
+    _channel, _MAIN_THREAD = channel, _thread.get_ident()
+    _install()
+    _channel.emit(
+        "hello",
+        pid=posix.getpid(),
+        python=sys.version,
+        main_thread=_MAIN_THREAD,
+        library=_cuprobe.driver_path(),
+        initialized=_driver_initialized(),
+        forked=True,
+    )
+    _channel.emit("phase", phase="startup")
+    _check_state(_MAIN_THREAD, None, "startup-end")
+    _import_targets(targets, [])
+    _check_state(_MAIN_THREAD, None, "import-end")
+    _State.phase = "shutdown"
+    _channel.emit("final", initialized=_driver_initialized(), torch=_torch_cuda_initialized())
+    _channel.emit("done")
+
+
+if __name__ == "__main__":  # run by the runner; the sweep zygote loads this file as a library
+    main()
