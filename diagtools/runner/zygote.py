@@ -11,6 +11,7 @@ the stack-dump signal, then its process group is killed.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import selectors
 import shutil
@@ -144,10 +145,8 @@ class _Zygote:
 
 
 def _signal(pid: int, number: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.kill(pid, number)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def _read(path: Path) -> bytes:

@@ -12,9 +12,11 @@ did not change.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.machinery
 import math
 import os
+import re
 import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -34,56 +36,91 @@ from diagtools.usecases.sweep_zygote import ZygotePass, in_package_deps, zygote_
 __all__ = ["default_preload", "discover_modules", "sweep"]
 
 Progress = Callable[[int, int, "SweepRow"], None]
-_CHUNKS_PER_WORKER = 4
+_CHUNKS_PER_WORKER = 4  # executor tasks per worker in zygote mode: each task preloads once
+_MIN_CHUNK = 16
 
 
-def default_preload(package: str, roots: Iterable[str] = ()) -> tuple[str, ...]:
-    """``torch`` when it can be found (without importing it), then the package and its parents."""
-    parts = package.split(".")
+_IMPORTS_TORCH = re.compile(rb"^[ \t]*(?:import|from)[ \t]+torch\b", re.MULTILINE)
+
+
+def _imports_torch(tree: SweptTree) -> bool:
+    for file in tree.files.values():
+        if file is not None and file.suffix == ".py":
+            with contextlib.suppress(OSError):
+                if _IMPORTS_TORCH.search(file.read_bytes()):
+                    return True
+    return False
+
+
+def default_preload(tree: SweptTree, roots: Iterable[str] = ()) -> tuple[str, ...]:
+    """``torch`` when the package's sources import it and it can be found (not imported here), then
+    the package and its parents."""
+    parts = tree.package.split(".")
+    parents = tuple(".".join(parts[:n]) for n in range(1, len(parts) + 1))
+    if not _imports_torch(tree):
+        return parents
     found = importlib.machinery.PathFinder.find_spec("torch", [*roots, *[p for p in sys.path if p]])
-    return (*(("torch",) if found is not None else ()), *(".".join(parts[:n]) for n in range(1, len(parts) + 1)))
+    return (*(("torch",) if found is not None else ()), *parents)
 
 
-def _preload_list(package: str, roots: tuple[str, ...], preload: str | Sequence[str] | None) -> tuple[str, ...]:
+def _preload_list(tree: SweptTree, roots: tuple[str, ...], preload: str | Sequence[str] | None) -> tuple[str, ...]:
     if preload is None or preload == "auto":
-        return default_preload(package, roots)
+        return default_preload(tree, roots)
     if preload == "none":
         return ()
     names = tuple(p.strip() for p in preload.split(",")) if isinstance(preload, str) else tuple(preload)
     return validate_targets([n for n in names if n]) if any(names) else ()
 
 
-def _scan_fresh(module: str, package: str, root: str, roots: tuple[str, ...], driver: str, timeout: float) -> SweepRow:
+@dataclass(frozen=True)
+class _Plan:
+    """How to scan: picklable, so executor tasks get everything in one argument."""
+
+    package: str
+    root: str
+    roots: tuple[str, ...]
+    driver: str
+    timeout: float
+    jobs: int
+    preload: tuple[str, ...] | None  # None: fresh subkernels only
+
+    @property
+    def tree(self) -> SweptTree:
+        return SweptTree(self.package, Path(self.root), {})
+
+
+def _scan_fresh(module: str, plan: _Plan) -> SweepRow:
     started = time.time()
-    result = scan(module, path=roots, driver=driver, timeout=timeout)
+    result = scan(module, path=plan.roots, driver=plan.driver, timeout=plan.timeout)
     row = SweepRow.from_scan(module, result, started, time.time())
-    tree = SweptTree(package, Path(root), {})
-    return replace(row, deps=in_package_deps(tree, [node.file for node in result.modules]))
+    return replace(row, deps=in_package_deps(plan.tree, [node.file for node in result.modules]))
 
 
-def _sweep_one(module: str, package: str, root: str, roots: tuple[str, ...], driver: str, timeout: float) -> dict:
+def _sweep_one(module: str, plan: _Plan) -> dict[str, Any]:
     """Scan one module in a fresh subkernel; module-level and JSON-returning so any executor can run it."""
-    return _scan_fresh(module, package, root, roots, driver, timeout).to_json()
+    return _scan_fresh(module, plan).to_json()
 
 
-def _zygote_chunk(
-    modules: list[str], package: str, root: str, roots: tuple[str, ...], driver: str, timeout: float, preload: list[str]
-) -> dict[str, Any]:
+def _zygote_chunk(modules: list[str], plan: _Plan) -> dict[str, Any]:
     """One executor task: a zygote over ``modules``, one child at a time, fresh scans for what it left."""
     rows: list[SweepRow] = []
-    tree = SweptTree(package, Path(root), {})
     done = zygote_pass(
         modules,
-        tree=tree,
-        roots=roots,
-        setup=resolve_driver(driver),
-        preload=preload,
+        tree=plan.tree,
+        roots=plan.roots,
+        setup=resolve_driver(plan.driver),
+        preload=plan.preload or (),
         jobs=1,
-        timeout=timeout,
+        timeout=plan.timeout,
         on_row=rows.append,
     )
-    rows += [_scan_fresh(m, package, root, roots, driver, timeout) for m in done.leftover]
-    return {"rows": [row.to_json() for row in rows], "preload": list(done.preload), "fallback": done.fallback}
+    rows += [_scan_fresh(m, plan) for m in done.leftover]
+    return {
+        "rows": [row.to_json() for row in rows],
+        "preload": list(done.preload),
+        "fallback": done.fallback,
+        "used": done.used,
+    }
 
 
 @dataclass
@@ -104,22 +141,10 @@ class _Run:
             self.progress(len(self.rows), len(self.modules), row)
 
 
-@dataclass(frozen=True)
-class _Plan:
-    package: str
-    root: str
-    roots: tuple[str, ...]
-    driver: str
-    timeout: float
-    jobs: int
-    preload: tuple[str, ...] | None  # None: fresh subkernels only
-
-
 def _run_fresh(plan: _Plan, pending: Sequence[str], run: _Run, executor: Executor | None) -> None:
     pool = executor or ThreadPoolExecutor(max_workers=plan.jobs)
     try:
-        args = (plan.package, plan.root, plan.roots, plan.driver, plan.timeout)
-        futures = [pool.submit(_sweep_one, m, *args) for m in pending]
+        futures = [pool.submit(_sweep_one, m, plan) for m in pending]
         for future in as_completed(futures):
             run.record(SweepRow.from_json(future.result()))
     finally:
@@ -145,20 +170,20 @@ def _run_zygote_here(plan: _Plan, pending: Sequence[str], run: _Run, tree: Swept
 
 
 def _run_zygote_chunks(plan: _Plan, pending: Sequence[str], run: _Run, executor: Executor) -> ZygotePass:
-    size = max(1, math.ceil(len(pending) / (plan.jobs * _CHUNKS_PER_WORKER)))
-    args = (plan.package, plan.root, plan.roots, plan.driver, plan.timeout, list(plan.preload or ()))
+    size = max(_MIN_CHUNK, math.ceil(len(pending) / (plan.jobs * _CHUNKS_PER_WORKER)))
     futures: list[Future[dict[str, Any]]] = [
-        executor.submit(_zygote_chunk, list(pending[i : i + size]), *args) for i in range(0, len(pending), size)
+        executor.submit(_zygote_chunk, list(pending[i : i + size]), plan) for i in range(0, len(pending), size)
     ]
-    preloads, fallbacks = set(), []
+    preloads, fallbacks, used = set(), [], False
     for future in as_completed(futures):
         chunk = future.result()
         for record in chunk["rows"]:
             run.record(SweepRow.from_json(record))
         preloads.add(tuple(chunk["preload"]))
+        used = used or chunk["used"]
         fallbacks += [chunk["fallback"]] if chunk["fallback"] and chunk["fallback"] not in fallbacks else []
     preload = min(preloads, key=len) if preloads else tuple(plan.preload or ())
-    return ZygotePass(preload, "; ".join(fallbacks), ())
+    return ZygotePass(preload if used else (), "; ".join(fallbacks), (), used)
 
 
 def sweep(
@@ -211,7 +236,7 @@ def sweep(
         driver,
         timeout,
         jobs or os.cpu_count() or 1,
-        None if fresh else _preload_list(tree.package, roots, preload),
+        None if fresh else _preload_list(tree, roots, preload),
     )
     journal = Journal(Path(json_path) if json_path is not None else None, tree.package, roots)
     fingerprints = Fingerprints(tree)
@@ -223,7 +248,7 @@ def sweep(
         pending = [m for m in tree.modules if m not in rows]
         done = _dispatch(plan, pending, run, executor, tree)
     ordered = tuple(run.rows[m] for m in tree.modules)
-    mode = "fresh" if plan.preload is None or (done.fallback and not done.preload and done.leftover) else "zygote"
+    mode = "zygote" if plan.preload is not None and done.used else "fresh"
     return SweepResult(tree.package, ordered, resumed, time.perf_counter() - started, mode, done.preload, done.fallback)
 
 
@@ -232,7 +257,7 @@ def _dispatch(plan: _Plan, pending: Sequence[str], run: _Run, executor: Executor
         return ZygotePass(plan.preload or (), "", ())
     if plan.preload is None:
         _run_fresh(plan, pending, run, executor)
-        return ZygotePass((), "", ())
+        return ZygotePass((), "", (), used=False)
     if executor is not None:
         return _run_zygote_chunks(plan, pending, run, executor)
     return _run_zygote_here(plan, pending, run, tree)

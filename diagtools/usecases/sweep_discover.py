@@ -22,7 +22,7 @@ from diagtools.usecases.scan import validate_paths, validate_targets
 
 __all__ = ["SweptTree", "discover_modules", "locate_tree"]
 
-_SUFFIXES = tuple(sorted(importlib.machinery.EXTENSION_SUFFIXES + [".py"], key=len, reverse=True))
+_SUFFIXES = tuple(sorted([*importlib.machinery.EXTENSION_SUFFIXES, ".py"], key=len, reverse=True))
 
 
 @dataclass(frozen=True)

@@ -42,6 +42,7 @@ class ZygotePass:
     preload: tuple[str, ...]
     fallback: str
     leftover: tuple[str, ...]
+    used: bool = True  # False: the zygote was refused and every module went to fresh subkernels
 
 
 def in_package_deps(tree: SweptTree, files: Sequence[str | None]) -> tuple[str, ...]:
@@ -125,7 +126,7 @@ def zygote_pass(
         cut = attempt.index(outcome.refused_item) if outcome.refused_item in attempt else 0
         if cut == 0:
             notes.append("every module was scanned in a fresh subkernel")
-            return ZygotePass((), "; ".join(notes), tuple(modules))
+            return ZygotePass((), "; ".join(notes), tuple(modules), used=False)
         attempt = attempt[:cut]
         notes.append(f"preloaded {', '.join(attempt)} only")
     leftover = [modules[i] for i in outcome.unfinished] + collector.redo
