@@ -11,6 +11,7 @@ __all__ = [
     "DiagtoolsError",
     "DriverBuildError",
     "DriverUnavailableError",
+    "JournalLockedError",
     "MissingExtraError",
     "SchemaError",
     "UsageError",
@@ -85,3 +86,14 @@ class SchemaError(DiagtoolsError):
 
     def __str__(self) -> str:
         return f"expected a {self.expected} document, found schema {self.found!r}"
+
+
+class JournalLockedError(DiagtoolsError):
+    """Raised when another sweep holds the lock on the same ``--json`` journal."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(path)
+        self.path = path
+
+    def __str__(self) -> str:
+        return f"{self.path} is in use by another sweep; wait for it to finish or choose another --json"

@@ -45,6 +45,12 @@ REPLAY_CHILD_TIMEOUT = "DIAGTOOLS_REPLAY_CHILD_TIMEOUT"
 BENCH_SIZES = "DIAGTOOLS_BENCH_SIZES"
 BENCH_BACKENDS = "DIAGTOOLS_BENCH_BACKENDS"
 BENCH_RATIO = "DIAGTOOLS_BENCH_RATIO"
+SWEEP_MODULES_FILE = "DIAGTOOLS_SWEEP_MODULES_FILE"
+SWEEP_PRELOAD = "DIAGTOOLS_SWEEP_PRELOAD"
+SWEEP_PACKAGE = "DIAGTOOLS_SWEEP_PACKAGE"
+SWEEP_JOBS = "DIAGTOOLS_SWEEP_JOBS"
+SWEEP_WORKDIR = "DIAGTOOLS_SWEEP_WORKDIR"
+SWEEP_PROBE = "DIAGTOOLS_SWEEP_PROBE"
 
 # ---- the driver's answers --------------------------------------------------------
 
@@ -78,6 +84,13 @@ EVENTS = {
     # the kernel benchmark
     "meta": ("device", "timing_meaningful"),
     "row": ("backend", "G", "D"),
+    # the sweep zygote (its children write scan-probe events to files of their own)
+    "preloaded": ("n", "s"),
+    "refused": ("reason", "item"),
+    "ready": ("count", "inside"),
+    "forked": ("i", "pid"),
+    "present": ("i",),
+    "reaped": ("i", "code"),
 }
 
 

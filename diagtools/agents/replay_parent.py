@@ -100,7 +100,7 @@ def _start_with_output_files(process, scratch):
             os.close(target)
         process.start()
     finally:
-        for fd, copy in zip((1, 2), saved):
+        for fd, copy in zip((1, 2), saved, strict=True):
             os.dup2(copy, fd)
             os.close(copy)
 

@@ -398,14 +398,7 @@ def _torch_cuda_initialized():
     return bool(vars(module).get("_initialized", False))
 
 
-def main():
-    try:
-        _cuprobe.die_with_parent()
-    except OSError:
-        pass
-    protocol.enable_fault_dumps(_ENV)
-    _watch_shutdown()
-    _install()
+def _hello(**extra):
     _channel.emit(
         "hello",
         pid=posix.getpid(),
@@ -413,12 +406,13 @@ def main():
         main_thread=_MAIN_THREAD,
         library=_cuprobe.driver_path(),
         initialized=_driver_initialized(),
+        **extra,
     )
     _channel.emit("phase", phase="startup")
-    _run_startup()
-    _check_state(_MAIN_THREAD, None, "startup-end")
-    targets = [t for t in _ENV.get(protocol.SCAN_TARGETS, "").split("\n") if t]
-    extra_path = [p for p in _ENV.get(protocol.SCAN_PATH, "").split("\n") if p]
+
+
+def _scan(targets, extra_path):
+    """Import the targets, watch the threads they started, and report the driver's final state."""
     _import_targets(targets, extra_path)
     _check_state(_MAIN_THREAD, None, "import-end")
     _settle(float(_ENV.get(protocol.SCAN_SETTLE, "0") or 0))
@@ -432,4 +426,40 @@ def main():
     _channel.emit("done")
 
 
-main()
+def main():
+    try:
+        _cuprobe.die_with_parent()
+    except OSError:
+        pass
+    protocol.enable_fault_dumps(_ENV)
+    _watch_shutdown()
+    _install()
+    _hello()
+    _run_startup()
+    _check_state(_MAIN_THREAD, None, "startup-end")
+    targets = [t for t in _ENV.get(protocol.SCAN_TARGETS, "").split("\n") if t]
+    extra_path = [p for p in _ENV.get(protocol.SCAN_PATH, "").split("\n") if p]
+    _scan(targets, extra_path)
+
+
+# ---- a forked start: the sweep zygote's children ------------------------------
+
+
+def run_forked(channel, targets):
+    """Scan ``targets`` in a child forked from the sweep zygote, reporting on ``channel``.
+
+    The zygote ran start-up and preloaded its modules without this tracer; the
+    child installs the same tracer and driver hook as :func:`main` and imports
+    the targets, so the events read exactly as a fresh subkernel's would.
+    """
+    global _channel, _MAIN_THREAD
+    _channel, _MAIN_THREAD = channel, _thread.get_ident()
+    _watch_shutdown()
+    _install()
+    _hello(forked=True)
+    _check_state(_MAIN_THREAD, None, "startup-end")
+    _scan(targets, [])
+
+
+if __name__ == "__main__":  # run by the runner; the sweep zygote loads this file as a library
+    main()

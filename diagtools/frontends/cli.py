@@ -86,6 +86,16 @@ def _add_sweep(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--driver", choices=DRIVER_CHOICES, default="auto")
     parser.add_argument("--timeout", type=float, default=120.0, metavar="S")
     parser.add_argument("--fail-on-cuda", action="store_true", help="exit 1 when any module initializes CUDA")
+    parser.add_argument(
+        "--preload",
+        default="auto",
+        metavar="auto|none|MOD,...",
+        help="modules the zygote imports once before forking (auto: torch when installed, then the package)",
+    )
+    parser.add_argument("--fresh", action="store_true", help="a fresh subkernel per module, no zygote (slower)")
+    parser.add_argument(
+        "--exclude", action="append", default=[], metavar="PATTERN", help="glob on module names to skip (repeatable)"
+    )
     _add_debug(parser)
 
 
@@ -202,6 +212,9 @@ def _run_sweep(args: argparse.Namespace) -> int:
         timeout=args.timeout,
         json_path=args.json,
         progress=terminal_progress(args.package),
+        preload=args.preload,
+        fresh=args.fresh,
+        exclude=args.exclude,
     )
     print(render_sweep(result))
     return EXIT_CUDA if (args.fail_on_cuda and result.culprits) else EXIT_OK

@@ -1,6 +1,10 @@
 """Sweep results: one row per module scanned alone, and the whole table.
 
 Schema ``diagtools.sweep/1`` (a JSON Lines journal: a header, then rows).
+A row says whether the module initializes CUDA itself or inherits it from a
+parent package's import (``cuda_source``), and whether it was scanned in a
+fresh subkernel or in a child of the preloading zygote (``mode``), or was
+itself preloaded there (``preloaded``).
 """
 
 from __future__ import annotations
@@ -11,9 +15,35 @@ from typing import Any
 from diagtools.model.scan import Culprit, ScanResult
 from diagtools.model.verdict import Verdict, combine
 
-__all__ = ["SWEEP_SCHEMA", "SweepResult", "SweepRow"]
+__all__ = ["CUDA_SOURCES", "SWEEP_SCHEMA", "SweepResult", "SweepRow", "cuda_source"]
 
 SWEEP_SCHEMA = "diagtools.sweep/1"
+CUDA_SOURCES = ("none", "self", "parent", "startup", "unknown")
+
+
+def _is_parent_package(name: str, module: str) -> bool:
+    return module.startswith(name + ".")
+
+
+def cuda_source(module: str, result: ScanResult) -> str:
+    """Who initialized CUDA when ``module`` was imported alone: one of :data:`CUDA_SOURCES`.
+
+    ``parent``: the culprit chain starts at one of the module's parent
+    packages (imported first, as ``import a.b.c`` imports ``a`` and ``a.b``)
+    and never passes through the module itself; ``self``: the module's own
+    import led to it.
+    """
+    if not result.cuda_initialized:
+        return "none"
+    culprit = result.culprit
+    if culprit is None:
+        return "unknown"
+    if culprit.phase == "startup":
+        return "startup"
+    chain = culprit.chain or ((culprit.module,) if culprit.module else ())
+    if module in chain or not chain:
+        return "self"
+    return "parent" if _is_parent_package(chain[0], module) else "self"
 
 
 @dataclass(frozen=True)
@@ -29,9 +59,16 @@ class SweepRow:
     started: float = 0.0
     finished: float = 0.0
     verdict: Verdict = Verdict.UNKNOWN
+    cuda_source: str = "none"
+    mode: str = "fresh"
+    preloaded: bool = False
+    fingerprint: str = ""
+    deps: tuple[str, ...] = ()
 
     @classmethod
-    def from_scan(cls, module: str, result: ScanResult, started: float, finished: float) -> SweepRow:
+    def from_scan(
+        cls, module: str, result: ScanResult, started: float, finished: float, mode: str = "fresh"
+    ) -> SweepRow:
         node = next((n for n in result.modules if n.name == module), None)
         return cls(
             module=module,
@@ -43,7 +80,32 @@ class SweepRow:
             started=started,
             finished=finished,
             verdict=result.verdict,
+            cuda_source=cuda_source(module, result),
+            mode=mode,
         )
+
+    @classmethod
+    def preloaded_in_zygote(cls, module: str, import_s: float, at: float) -> SweepRow:
+        """A module the zygote imported before forking, with CUDA still uninitialized afterwards."""
+        return cls(
+            module,
+            "ok",
+            False,
+            None,
+            import_s,
+            started=at,
+            finished=at,
+            verdict=Verdict.CLEAN,
+            mode="zygote",
+            preloaded=True,
+        )
+
+    @property
+    def inherited_from(self) -> str | None:
+        """The parent package whose import initialized CUDA, for ``cuda_source == "parent"``."""
+        if self.cuda_source != "parent" or self.culprit is None or not self.culprit.chain:
+            return None
+        return self.culprit.chain[0]
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -56,6 +118,11 @@ class SweepRow:
             "error": self.error,
             "started": self.started,
             "finished": self.finished,
+            "cuda_source": self.cuda_source,
+            "mode": self.mode,
+            "preloaded": self.preloaded,
+            "fingerprint": self.fingerprint,
+            "deps": list(self.deps),
         }
 
     @classmethod
@@ -71,17 +138,31 @@ class SweepRow:
             started=float(data.get("started", 0.0)),
             finished=float(data.get("finished", 0.0)),
             verdict=Verdict(data.get("verdict", Verdict.UNKNOWN)),
+            cuda_source=data.get("cuda_source", "self" if data["cuda_initialized"] else "none"),
+            mode=data.get("mode", "fresh"),
+            preloaded=bool(data.get("preloaded", False)),
+            fingerprint=data.get("fingerprint", ""),
+            deps=tuple(data.get("deps", ())),
         )
 
 
 @dataclass(frozen=True)
 class SweepResult:
-    """All rows of a sweep, sorted by module, and how many came from an earlier run."""
+    """All rows of a sweep, sorted by module, and how many came from an earlier run.
+
+    ``mode`` is ``zygote`` when a preloading worker forked the children (with
+    ``preload`` the modules it imported once) and ``fresh`` when every module
+    got a fresh subkernel; ``fallback`` says why the zygote was not (or not
+    fully) used, and is empty when nothing went wrong.
+    """
 
     package: str
     rows: tuple[SweepRow, ...]
     resumed: int = 0
     seconds: float = 0.0
+    mode: str = "fresh"
+    preload: tuple[str, ...] = ()
+    fallback: str = ""
 
     @property
     def verdict(self) -> Verdict:
@@ -107,5 +188,8 @@ class SweepResult:
             "schema": SWEEP_SCHEMA,
             "package": self.package,
             "verdict": self.verdict.value,
+            "mode": self.mode,
+            "preload": list(self.preload),
+            "fallback": self.fallback,
             "rows": [row.to_json() for row in self.rows],
         }

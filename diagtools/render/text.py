@@ -6,7 +6,7 @@ from diagtools.model.bisect import BisectResult
 from diagtools.model.diff import ScanDiff
 from diagtools.model.replay import ChildOutcome, ParentState, ReplayComparison, ReplayResult
 from diagtools.model.scan import Culprit, ScanResult, Site
-from diagtools.model.sweep import SweepResult
+from diagtools.model.sweep import SweepResult, SweepRow
 
 __all__ = [
     "render_bisect",
@@ -175,24 +175,41 @@ def render_guard_failure(result: ScanResult) -> str:
     return "\n".join(lines)
 
 
+def _sweep_where(row: SweepRow) -> str:
+    if row.culprit is not None:
+        site = f" at {row.culprit.site.file}:{row.culprit.site.line}" if row.culprit.site else ""
+        via = f" (inherited from {row.inherited_from})" if row.inherited_from else ""
+        return f"{row.culprit.module}{site}{via}"
+    if row.preloaded:
+        return "(preloaded by the zygote)"
+    return row.error
+
+
+def _sweep_mode(result: SweepResult) -> str:
+    if result.mode == "zygote":
+        preload = ", ".join(result.preload) or "nothing"
+        line = f"mode: zygote (preloaded {preload}; each module in a forked child)"
+    else:
+        line = "mode: fresh subkernels"
+    return line + (f"\nfallback: {result.fallback}" if result.fallback else "")
+
+
 def render_sweep(result: SweepResult) -> str:
-    """A module -> verdict table, culprits first, then the counts."""
+    """A module -> verdict table, culprits first, then how it ran and the counts."""
     rows = sorted(result.rows, key=lambda row: (not row.cuda_initialized, row.status == "ok", row.module))
     width = max([len(row.module) for row in rows] + [6])
     lines = [f"{'module'.ljust(width)}  CUDA?  {'import s':>8}  status        culprit / site"]
     for row in rows:
-        where = ""
-        if row.culprit is not None:
-            site = f" at {row.culprit.site.file}:{row.culprit.site.line}" if row.culprit.site else ""
-            where = f"{row.culprit.module}{site}"
-        elif row.error:
-            where = row.error
         cuda = {"initializes-cuda": "YES", "clean": "no"}.get(row.verdict.value, "?")
-        lines.append(f"{row.module.ljust(width)}  {cuda:<5}  {row.import_s:8.3f}  {row.status:<12}  {where}")
+        lines.append(
+            f"{row.module.ljust(width)}  {cuda:<5}  {row.import_s:8.3f}  {row.status:<12}  {_sweep_where(row)}"
+        )
+    lines.append(_sweep_mode(result))
     resumed = f", {result.resumed} from the journal" if result.resumed else ""
+    inherited = sum(1 for row in result.culprits if row.cuda_source == "parent")
     lines.append(
-        f"{len(result.rows)} modules{resumed}: {len(result.culprits)} initialize CUDA, "
-        f"{len(result.failures)} failed to import ({result.seconds:.1f} s); verdict: {result.verdict}"
+        f"{len(result.rows)} modules{resumed}: {len(result.culprits)} initialize CUDA ({inherited} through a parent "
+        f"package), {len(result.failures)} failed to import ({result.seconds:.1f} s); verdict: {result.verdict}"
     )
     return "\n".join(lines)
 

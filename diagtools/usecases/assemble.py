@@ -27,6 +27,7 @@ _HIDDEN_FILES = (
     "<frozen importlib._bootstrap>",
     "<frozen importlib._bootstrap_external>",
     str(agents.program("scan_probe")),
+    str(agents.program("sweep_zygote")),
     str(Path(protocol.__file__).resolve()),
 )
 _EVIDENCE_ORDER = {"cuinit": "driver-hook", "refined": "trace", "transition": "state-probe"}

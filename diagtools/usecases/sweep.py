@@ -1,115 +1,189 @@
 """Sweep: every submodule of a package scanned alone, in parallel, resumably.
 
-Modules are found by walking the package's files, never by importing it.
-Each one gets its own fresh subkernel, so one culprit cannot hide another
-(importing them together would blame only the first).  Results are appended
-to a JSON Lines file as they finish; a rerun skips the modules already there.
+Modules are found by walking the package's files, never by importing it
+(:mod:`diagtools.usecases.sweep_discover`).  Each one is imported alone, so
+one culprit cannot hide another: by default in a child forked from a zygote
+that preloaded the heavy shared imports once (:mod:`diagtools.usecases.sweep_zygote`),
+or, with ``fresh=True`` or when preloading is refused, in a fresh subkernel.
+Rows are appended to a JSON Lines journal as they finish
+(:mod:`diagtools.usecases.sweep_journal`); a rerun skips the rows whose files
+did not change.
 """
 
 from __future__ import annotations
 
-import json
+import contextlib
+import importlib.machinery
+import math
 import os
+import re
 import sys
 import time
-from collections.abc import Callable, Iterable
-from concurrent.futures import Executor, ThreadPoolExecutor, as_completed
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import Executor, Future, ThreadPoolExecutor, as_completed
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from diagtools.driver import resolve_driver
 from diagtools.errors import UsageError
-from diagtools.model.sweep import SWEEP_SCHEMA, SweepResult, SweepRow
+from diagtools.model.sweep import SweepResult, SweepRow
 from diagtools.usecases.scan import scan, validate_paths, validate_targets
+from diagtools.usecases.sweep_discover import SweptTree, discover_modules, locate_tree
+from diagtools.usecases.sweep_journal import Fingerprints, Journal
+from diagtools.usecases.sweep_zygote import ZygotePass, in_package_deps, zygote_pass
 
-__all__ = ["discover_modules", "sweep"]
+__all__ = ["default_preload", "discover_modules", "sweep"]
 
 Progress = Callable[[int, int, "SweepRow"], None]
+_CHUNKS_PER_WORKER = 4  # executor tasks per worker in zygote mode: each task preloads once
+_MIN_CHUNK = 16
 
 
-def _package_dir(package: str, roots: tuple[str, ...]) -> Path:
-    parts = package.split(".")
-    for root in (*roots, *[p for p in sys.path if p]):
-        base = Path(root, *parts)
-        if base.is_dir() or base.with_suffix(".py").is_file():
-            return base
-    raise UsageError(f"package {package!r} not found on --path or sys.path (looked for {'/'.join(parts)})")
+_IMPORTS_TORCH = re.compile(rb"^[ \t]*(?:import|from)[ \t]+torch\b", re.MULTILINE)
 
 
-def discover_modules(package: str, roots: Iterable[str] = ()) -> tuple[str, ...]:
-    """Every importable submodule of ``package``, from its files (``__main__`` skipped)."""
-    (name,) = validate_targets(package)
-    base = _package_dir(name, validate_paths(tuple(roots)))
-    if not base.is_dir():
-        return (name,)
-    found = [name]
-    for directory, subdirs, files in os.walk(base):
-        subdirs[:] = sorted(d for d in subdirs if d.isidentifier())
-        prefix = ".".join([name, *Path(directory).relative_to(base).parts])
-        if Path(directory) != base:
-            found.append(prefix)
-        for file in sorted(files):
-            stem = file[:-3]
-            if file.endswith(".py") and stem.isidentifier() and stem not in ("__init__", "__main__"):
-                found.append(f"{prefix}.{stem}")
-    return tuple(sorted(set(found)))
+def _imports_torch(tree: SweptTree) -> bool:
+    for file in tree.files.values():
+        if file is not None and file.suffix == ".py":
+            with contextlib.suppress(OSError):
+                if _IMPORTS_TORCH.search(file.read_bytes()):
+                    return True
+    return False
 
 
-def _sweep_one(module: str, roots: tuple[str, ...], driver: str, timeout: float) -> dict[str, Any]:
-    """Scan one module; module-level and JSON-returning so any executor can run it."""
+def default_preload(tree: SweptTree, roots: Iterable[str] = ()) -> tuple[str, ...]:
+    """``torch`` when the package's sources import it and it can be found (not imported here), then
+    the package and its parents."""
+    parts = tree.package.split(".")
+    parents = tuple(".".join(parts[:n]) for n in range(1, len(parts) + 1))
+    if not _imports_torch(tree):
+        return parents
+    found = importlib.machinery.PathFinder.find_spec("torch", [*roots, *[p for p in sys.path if p]])
+    return (*(("torch",) if found is not None else ()), *parents)
+
+
+def _preload_list(tree: SweptTree, roots: tuple[str, ...], preload: str | Sequence[str] | None) -> tuple[str, ...]:
+    if preload is None or preload == "auto":
+        return default_preload(tree, roots)
+    if preload == "none":
+        return ()
+    names = tuple(p.strip() for p in preload.split(",")) if isinstance(preload, str) else tuple(preload)
+    return validate_targets([n for n in names if n]) if any(names) else ()
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """How to scan: picklable, so executor tasks get everything in one argument."""
+
+    package: str
+    root: str
+    roots: tuple[str, ...]
+    driver: str
+    timeout: float
+    jobs: int
+    preload: tuple[str, ...] | None  # None: fresh subkernels only
+
+    @property
+    def tree(self) -> SweptTree:
+        return SweptTree(self.package, Path(self.root), {})
+
+
+def _scan_fresh(module: str, plan: _Plan) -> SweepRow:
     started = time.time()
-    result = scan(module, path=roots, driver=driver, timeout=timeout)
-    return SweepRow.from_scan(module, result, started, time.time()).to_json()
+    result = scan(module, path=plan.roots, driver=plan.driver, timeout=plan.timeout)
+    row = SweepRow.from_scan(module, result, started, time.time())
+    return replace(row, deps=in_package_deps(plan.tree, [node.file for node in result.modules]))
 
 
-class _Journal:
-    """The JSON Lines file: a header, then one row per finished module."""
-
-    def __init__(self, path: Path | None, package: str) -> None:
-        self.path = path
-        self.package = package
-
-    def done(self) -> dict[str, SweepRow]:
-        if self.path is None or not self.path.exists():
-            return {}
-        rows: dict[str, SweepRow] = {}
-        for number, line in enumerate(self.path.read_text(encoding="utf-8").splitlines()):
-            record = _parse_line(line)
-            if number == 0:
-                self._check_header(record)
-            elif record is not None and "module" in record:
-                rows[record["module"]] = SweepRow.from_json(record)
-        return rows
-
-    def _check_header(self, record: dict[str, Any] | None) -> None:
-        if record is None or record.get("schema") != SWEEP_SCHEMA or record.get("package") != self.package:
-            raise UsageError(f"{self.path} is not a {SWEEP_SCHEMA} journal of {self.package!r}; choose another --json")
-
-    def start(self) -> None:
-        if self.path is None:
-            return
-        if not self.path.exists():
-            self._write({"schema": SWEEP_SCHEMA, "package": self.package})
-        elif not self.path.read_bytes().endswith(b"\n"):
-            with self.path.open("a", encoding="utf-8") as handle:
-                handle.write("\n")  # end the row an interrupted run tore, so new rows start clean
-
-    def append(self, row: SweepRow) -> None:
-        if self.path is not None:
-            self._write(row.to_json())
-
-    def _write(self, record: dict[str, Any]) -> None:
-        assert self.path is not None
-        with self.path.open("a", encoding="utf-8") as handle:
-            handle.write(json.dumps(record, sort_keys=True) + "\n")
+def _sweep_one(module: str, plan: _Plan) -> dict[str, Any]:
+    """Scan one module in a fresh subkernel; module-level and JSON-returning so any executor can run it."""
+    return _scan_fresh(module, plan).to_json()
 
 
-def _parse_line(line: str) -> dict[str, Any] | None:
+def _zygote_chunk(modules: list[str], plan: _Plan) -> dict[str, Any]:
+    """One executor task: a zygote over ``modules``, one child at a time, fresh scans for what it left."""
+    rows: list[SweepRow] = []
+    done = zygote_pass(
+        modules,
+        tree=plan.tree,
+        roots=plan.roots,
+        setup=resolve_driver(plan.driver),
+        preload=plan.preload or (),
+        jobs=1,
+        timeout=plan.timeout,
+        on_row=rows.append,
+    )
+    rows += [_scan_fresh(m, plan) for m in done.leftover]
+    return {
+        "rows": [row.to_json() for row in rows],
+        "preload": list(done.preload),
+        "fallback": done.fallback,
+        "used": done.used,
+    }
+
+
+@dataclass
+class _Run:
+    """The sweep in progress: rows so far, the journal, the progress callback."""
+
+    modules: tuple[str, ...]
+    rows: dict[str, SweepRow]
+    journal: Journal
+    fingerprints: Fingerprints
+    progress: Progress | None
+
+    def record(self, row: SweepRow) -> None:
+        row = replace(row, fingerprint=self.fingerprints.of(row))
+        self.rows[row.module] = row
+        self.journal.append(row)
+        if self.progress is not None:
+            self.progress(len(self.rows), len(self.modules), row)
+
+
+def _run_fresh(plan: _Plan, pending: Sequence[str], run: _Run, executor: Executor | None) -> None:
+    pool = executor or ThreadPoolExecutor(max_workers=plan.jobs)
     try:
-        record = json.loads(line)
-    except ValueError:
-        return None  # a row torn by an interrupted run is scanned again
-    return record if isinstance(record, dict) else None
+        futures = [pool.submit(_sweep_one, m, plan) for m in pending]
+        for future in as_completed(futures):
+            run.record(SweepRow.from_json(future.result()))
+    finally:
+        if executor is None:
+            pool.shutdown(cancel_futures=True)
+
+
+def _run_zygote_here(plan: _Plan, pending: Sequence[str], run: _Run, tree: SweptTree) -> ZygotePass:
+    assert plan.preload is not None
+    done = zygote_pass(
+        pending,
+        tree=tree,
+        roots=plan.roots,
+        setup=resolve_driver(plan.driver),
+        preload=plan.preload,
+        jobs=plan.jobs,
+        timeout=plan.timeout,
+        on_row=run.record,
+    )
+    if done.leftover:
+        _run_fresh(plan, done.leftover, run, None)
+    return done
+
+
+def _run_zygote_chunks(plan: _Plan, pending: Sequence[str], run: _Run, executor: Executor) -> ZygotePass:
+    size = max(_MIN_CHUNK, math.ceil(len(pending) / (plan.jobs * _CHUNKS_PER_WORKER)))
+    futures: list[Future[dict[str, Any]]] = [
+        executor.submit(_zygote_chunk, list(pending[i : i + size]), plan) for i in range(0, len(pending), size)
+    ]
+    preloads, fallbacks, used = set(), [], False
+    for future in as_completed(futures):
+        chunk = future.result()
+        for record in chunk["rows"]:
+            run.record(SweepRow.from_json(record))
+        preloads.add(tuple(chunk["preload"]))
+        used = used or chunk["used"]
+        fallbacks += [chunk["fallback"]] if chunk["fallback"] and chunk["fallback"] not in fallbacks else []
+    preload = min(preloads, key=len) if preloads else tuple(plan.preload or ())
+    return ZygotePass(preload if used else (), "; ".join(fallbacks), (), used)
 
 
 def sweep(
@@ -122,33 +196,68 @@ def sweep(
     timeout: float = 120.0,
     json_path: str | os.PathLike[str] | None = None,
     progress: Progress | None = None,
+    preload: str | Sequence[str] | None = "auto",
+    fresh: bool = False,
+    exclude: Iterable[str] = (),
 ) -> SweepResult:
     """Scan every submodule of ``package`` alone, ``jobs`` at a time (or on ``executor``).
 
-    ``json_path`` is a JSON Lines journal: rows are appended as they finish and
-    a rerun with the same journal skips the modules already in it.
-    ``progress(done, total, row)`` is called after each module.
+    Parameters
+    ----------
+    preload
+        What the zygote imports once before forking: ``"auto"`` (torch when
+        installed, then the package and its parents), ``"none"``, or module
+        names (a list or ``"a,b"``).
+    fresh
+        Scan every module in its own fresh subkernel instead (slower; no zygote).
+    exclude
+        Globs on dotted module names (``pkg.tests.*``) left out of the sweep.
+    json_path
+        A JSON Lines journal: rows are appended as they finish; a rerun keeps
+        the rows whose files did not change and scans the rest.  The journal
+        is locked while the sweep runs.
+    executor
+        Any ``concurrent.futures.Executor``: fresh mode submits one task per
+        module, zygote mode one task per chunk of modules.
+    progress
+        ``progress(done, total, row)``, called after each module.
     """
+    if jobs is not None and jobs < 1:
+        raise UsageError(f"--jobs must be at least 1, got {jobs}")
+    if timeout <= 0:
+        raise UsageError(f"--timeout must be positive, got {timeout}")
     roots = validate_paths(tuple(path))
-    modules = discover_modules(package, roots)
+    tree = locate_tree(package, roots, exclude)
     resolve_driver(driver)  # build the driver once, before the workers start
-    journal = _Journal(Path(json_path) if json_path is not None else None, package)
-    rows = {m: r for m, r in journal.done().items() if m in modules}
-    resumed = len(rows)
-    journal.start()
-    pending = [m for m in modules if m not in rows]
+    plan = _Plan(
+        tree.package,
+        str(tree.root),
+        roots,
+        driver,
+        timeout,
+        jobs or os.cpu_count() or 1,
+        None if fresh else _preload_list(tree, roots, preload),
+    )
+    journal = Journal(Path(json_path) if json_path is not None else None, tree.package, roots)
+    fingerprints = Fingerprints(tree)
     started = time.perf_counter()
-    pool = executor or ThreadPoolExecutor(max_workers=jobs or os.cpu_count() or 1)
-    try:
-        futures = [pool.submit(_sweep_one, m, roots, driver, timeout) for m in pending]
-        for future in as_completed(futures):
-            row = SweepRow.from_json(future.result())
-            rows[row.module] = row
-            journal.append(row)
-            if progress is not None:
-                progress(len(rows), len(modules), row)
-    finally:
-        if executor is None:
-            pool.shutdown(cancel_futures=True)
-    ordered = tuple(rows[m] for m in modules)
-    return SweepResult(package, ordered, resumed, time.perf_counter() - started)
+    with journal:
+        rows = {m: r for m, r in journal.valid_rows(fingerprints).items() if m in tree.files}
+        resumed = len(rows)
+        run = _Run(tree.modules, rows, journal, fingerprints, progress)
+        pending = [m for m in tree.modules if m not in rows]
+        done = _dispatch(plan, pending, run, executor, tree)
+    ordered = tuple(run.rows[m] for m in tree.modules)
+    mode = "zygote" if plan.preload is not None and done.used else "fresh"
+    return SweepResult(tree.package, ordered, resumed, time.perf_counter() - started, mode, done.preload, done.fallback)
+
+
+def _dispatch(plan: _Plan, pending: Sequence[str], run: _Run, executor: Executor | None, tree: SweptTree) -> ZygotePass:
+    if not pending:
+        return ZygotePass(plan.preload or (), "", ())
+    if plan.preload is None:
+        _run_fresh(plan, pending, run, executor)
+        return ZygotePass((), "", (), used=False)
+    if executor is not None:
+        return _run_zygote_chunks(plan, pending, run, executor)
+    return _run_zygote_here(plan, pending, run, tree)

@@ -59,7 +59,7 @@ def test_sweep_finds_exactly_the_two_culprits_in_parallel_and_resumes(big_packag
     assert concurrent, "with --jobs 2 some scans must overlap in time"
 
     lines = journal.read_text().splitlines()
-    assert json.loads(lines[0]) == {"schema": "diagtools.sweep/1", "package": "big"}
+    assert json.loads(lines[0]) == {"schema": "diagtools.sweep/1", "package": "big", "paths": [str(big_package)]}
     assert len(lines) == len(result.rows) + 1
     journal.write_text("\n".join(lines[:21]) + '\n{"module": "big.sub0.m1", "sta')  # an interrupted run
     seen.clear()

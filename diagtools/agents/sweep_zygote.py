@@ -1,0 +1,245 @@
+"""The sweep's preloading worker: import the heavy shared modules once, then fork one child per module.
+
+The runner executes this file as the main program of ``python -S``, as it
+does the scan probe.  The zygote runs start-up, preloads its modules (torch,
+the package's parents) without any tracer, and checks that the driver is
+still uninitialized and that no thread other than its own runs (threads do
+not survive ``fork``).  If any check fails it says why ("refused") and ends:
+the host then falls back to fresh subkernels.
+
+Otherwise it forks one child per module, ``jobs`` at a time.  Each child puts
+itself in a process group of its own, sends its stdout, stderr, fault dumps
+and probe events to files of its own, and runs the scan probe's
+:func:`run_forked`: the same tracer and driver hook as a fresh subkernel.
+The zygote reports each fork and each exit status; the host enforces the
+per-module deadline by killing the child.  Like the probe, this file imports
+only what a bare interpreter has loaded.
+"""
+
+import _thread
+import posix
+import sys
+import time
+
+import _diagtools_protocol as protocol  # registered by the runner's bootstrap
+
+_ENV = protocol.environ()
+_clock = time.perf_counter
+_channel = protocol.channel_from(_ENV)
+_cuprobe = protocol.load_cuprobe(_ENV)
+_WORKDIR = _ENV.get(protocol.SWEEP_WORKDIR, "")
+_FILE_FLAGS = posix.O_WRONLY | posix.O_CREAT | posix.O_TRUNC | posix.O_CLOEXEC
+
+
+def _lines(name):
+    return [item for item in _ENV.get(name, "").split("\n") if item]
+
+
+def _describe(exc):
+    try:
+        text = str(exc)
+    except BaseException:
+        text = "<unprintable>"
+    return type(exc).__qualname__ + (": " + text if text else "")
+
+
+# ---- preloading and its checks -------------------------------------------------
+
+
+def _load_probe():
+    """The scan probe's functions, loaded as a library (its ``main`` does not run)."""
+    path = _ENV[protocol.SWEEP_PROBE]
+    namespace = {"__name__": "_diagtools_scan_probe", "__file__": path, "__builtins__": __builtins__}
+    with open(path, "rb") as handle:
+        exec(compile(handle.read(), path, "exec"), namespace)
+    return namespace
+
+
+def _extra_threads():
+    """Threads besides this one: the kernel's count, and ``threading``'s when it is loaded."""
+    try:
+        tasks = len(posix.listdir("/proc/self/task")) - 1
+    except OSError:
+        tasks = 0
+    threading = sys.modules.get("threading")
+    python = len(threading.enumerate()) - 1 if threading is not None else 0
+    return max(tasks, python)
+
+
+def _problem_after(what):
+    """Why forking now would not give a fresh-looking child, or ``""``."""
+    if protocol.driver_initialized(_cuprobe.driver_state()):
+        return f"{what} initialized CUDA"
+    threads = _extra_threads()
+    if threads:
+        return f"{what} started {threads} thread(s), which would not survive fork"
+    return ""
+
+
+def _preload(names):
+    """Import ``names`` in order, checking after each; the reason to refuse, or ``""``."""
+    problem = _problem_after("start-up")
+    if problem:
+        _channel.emit("refused", reason=problem, item=None)
+        return problem
+    for name in names:
+        started = _clock()
+        try:
+            __import__(name)
+        except BaseException as exc:
+            problem = f"preloading {name} failed: {_describe(exc)}"
+        else:
+            problem = _problem_after(f"preloading {name}")
+        if problem:
+            _channel.emit("refused", reason=problem, item=name)
+            return problem
+        _channel.emit("preloaded", n=name, s=_clock() - started)
+    return ""
+
+
+def _inside(package):
+    """``[name, file]`` of every loaded module of ``package`` (read from the module's dict only)."""
+    found = []
+    for name, module in list(sys.modules.items()):
+        if name == package or name.startswith(package + "."):
+            try:
+                file = vars(module).get("__file__")
+            except TypeError:
+                file = None
+            found.append([name, file if isinstance(file, str) else None])
+    return found
+
+
+# ---- forking -----------------------------------------------------------------
+
+
+def _flush_stdio():
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except BaseException:
+            pass
+
+
+def _reap_one(running):
+    pid, status = posix.waitpid(-1, 0)
+    index = running.pop(pid, None)
+    if index is not None:
+        _channel.emit("reaped", i=index, pid=pid, code=posix.waitstatus_to_exitcode(status))
+
+
+def _serve(modules, jobs):
+    """Fork one child per module, ``jobs`` at a time; returns ``(index, module)`` in a child, else None."""
+    running = {}
+    for index, module in enumerate(modules):
+        if module in sys.modules:
+            _channel.emit("present", i=index)  # preloaded: its row says so, no child needed
+            continue
+        while len(running) >= jobs:
+            _reap_one(running)
+        _flush_stdio()
+        pid = posix.fork()
+        if pid == 0:
+            return index, module
+        running[pid] = index
+        _channel.emit("forked", i=index, pid=pid, m=module)
+    while running:
+        _reap_one(running)
+    return None
+
+
+# ---- in the child --------------------------------------------------------------
+
+
+def _open_own(index, kind):
+    return posix.open(f"{_WORKDIR}/{index}.{kind}", _FILE_FLAGS, 0o600)
+
+
+def _redirect(index, kind, target_fd):
+    fd = _open_own(index, kind)
+    posix.dup2(fd, target_fd)
+    posix.close(fd)
+
+
+def _exit_code(exc):
+    if exc.code is None:
+        return 0
+    if isinstance(exc.code, int):
+        return exc.code
+    print(exc.code, file=sys.stderr)
+    return 1
+
+
+def _leave(code):
+    """End as a normal interpreter exit would (join threads, run atexit, flush), minus module teardown."""
+    threading = sys.modules.get("threading")
+    try:
+        if threading is not None:
+            threading._shutdown()
+        __import__("atexit")._run_exitfuncs()
+    except BaseException:
+        pass
+    _flush_stdio()
+    posix._exit(code)
+
+
+def _run_child(probe, index, module):
+    try:
+        posix.setpgid(0, 0)  # the host kills this group on a timeout
+    except OSError:
+        pass
+    try:
+        _cuprobe.die_with_parent()
+    except OSError:
+        pass
+    for fd in (_ENV[protocol.CHANNEL_FD], _ENV.get(protocol.DUMP_FD)):
+        try:
+            posix.close(int(fd))  # the zygote's channel and dump file are not the child's to write
+        except (OSError, TypeError):
+            pass
+    _redirect(index, "out", 1)
+    _redirect(index, "err", 2)
+    dump_env = {
+        protocol.DUMP_FD: str(_open_own(index, "dump")),
+        protocol.DUMP_SIGNAL: _ENV.get(protocol.DUMP_SIGNAL, "10"),
+    }
+    protocol.enable_fault_dumps(dump_env)
+    channel = protocol.Channel(_open_own(index, "events"))
+    code = 0
+    try:
+        probe["run_forked"](channel, [module])
+    except SystemExit as exc:
+        code = _exit_code(exc)
+    _leave(code)
+
+
+# ---- the run -----------------------------------------------------------------
+
+
+def main():
+    """Preload, check, then fork; returns ``(probe, index, module)`` in a child, else None."""
+    try:
+        _cuprobe.die_with_parent()
+    except OSError:
+        pass
+    protocol.enable_fault_dumps(_ENV)
+    probe = _load_probe()
+    _channel.emit("hello", pid=posix.getpid(), python=sys.version, main_thread=_thread.get_ident())
+    if _ENV.get(protocol.SCAN_NO_SITE) != "1":
+        __import__("site").main()
+    sys.path[0:0] = _lines(protocol.SCAN_PATH)
+    if _preload(_lines(protocol.SWEEP_PRELOAD)):
+        return None
+    _channel.emit("ready", count=len(sys.modules), inside=_inside(_ENV.get(protocol.SWEEP_PACKAGE, "")))
+    with open(_ENV[protocol.SWEEP_MODULES_FILE], encoding="utf-8") as handle:
+        modules = handle.read().split()
+    child = _serve(modules, max(1, int(_ENV.get(protocol.SWEEP_JOBS, "1"))))
+    if child is None:
+        _channel.emit("done")
+        return None
+    return (probe, *child)
+
+
+_child = main()
+if _child is not None:
+    _run_child(*_child)  # outside main's frames, so the child's stack holds only its own scan

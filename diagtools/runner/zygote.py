@@ -1,0 +1,261 @@
+"""Run the sweep zygote: one preloading subkernel that forks a child per module.
+
+The zygote is started like any subkernel (``python -S`` in a new session,
+the runner's bootstrap, a private pipe for its own events).  Its children
+write their probe events, stdout, stderr and fault dumps to files in a
+private folder; when the zygote reports a child's exit status, those files
+become one :class:`RawRun`, exactly what a fresh subkernel would have
+returned.  The deadline of each child is kept here: a child past it gets
+the stack-dump signal, then its process group is killed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import selectors
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from diagtools import protocol
+from diagtools.runner.subkernel import (
+    OUTPUT_LIMIT,
+    CapturedOutput,
+    RawRun,
+    SubkernelRequest,
+    _bootstrap_code,
+    _enlarge_pipe,
+    _kill_group,
+    _kill_marked,
+    _subkernel_env,
+)
+
+__all__ = ["ZygoteOutcome", "run_zygote"]
+
+_DUMP_SIGNAL = signal.SIGUSR1
+_DUMP_GRACE_S = 0.5
+_POLL_S = 0.02
+
+ChildDone = Callable[[int, "RawRun | None", "ZygoteOutcome"], None]
+
+
+@dataclass
+class ZygoteOutcome:
+    """How the zygote went: what it preloaded, why it refused, which modules it never finished."""
+
+    ready: bool = False
+    refused: str = ""
+    refused_item: str | None = None
+    preloaded: list[tuple[str, float]] = field(default_factory=list)
+    inside: list[tuple[str, str | None]] = field(default_factory=list)
+    loaded: int = 0
+    present: list[int] = field(default_factory=list)
+    unfinished: tuple[int, ...] = ()
+    detail: str = ""
+
+
+@dataclass
+class _Child:
+    index: int
+    pid: int
+    started: float
+    wall_start: float
+    dump_sent: float | None = None
+    timed_out: bool = False
+
+
+class _Zygote:
+    """The host's view of one zygote run: its events, its children, their deadlines."""
+
+    def __init__(self, workdir: Path, count: int, timeout: float, on_child: ChildDone, marker: str) -> None:
+        self.workdir = workdir
+        self.timeout = timeout
+        self.on_child = on_child
+        self.marker = marker
+        self.outcome = ZygoteOutcome()
+        self.children: dict[int, _Child] = {}
+        self.finished: set[int] = set()
+        self.count = count
+        self.pending = b""
+
+    def feed(self, data: bytes) -> None:
+        lines, _, self.pending = (self.pending + data).rpartition(b"\n")
+        if lines:
+            for event in protocol.decode_events(lines + b"\n").events:
+                self.handle(event)
+
+    def handle(self, event: dict[str, Any]) -> None:
+        kind = event["e"]
+        if kind == "preloaded":
+            self.outcome.preloaded.append((str(event["n"]), float(event["s"])))
+        elif kind == "refused":
+            self.outcome.refused, self.outcome.refused_item = str(event["reason"]), event["item"]
+        elif kind == "ready":
+            self.outcome.ready, self.outcome.loaded = True, int(event["count"])
+            self.outcome.inside = [(str(name), file) for name, file in event["inside"]]
+        elif kind == "forked":
+            self.children[int(event["i"])] = _Child(int(event["i"]), int(event["pid"]), time.monotonic(), time.time())
+        elif kind == "present":
+            self.outcome.present.append(int(event["i"]))
+            self.finished.add(int(event["i"]))
+            self.on_child(int(event["i"]), None, self.outcome)
+        elif kind == "reaped":
+            self.reaped(int(event["i"]), int(event["code"]))
+
+    def reaped(self, index: int, code: int) -> None:
+        child = self.children.pop(index, None)
+        if child is None:
+            return
+        self.finished.add(index)
+        self.on_child(index, self.raw_run(child, code), self.outcome)
+
+    def raw_run(self, child: _Child, code: int) -> RawRun:
+        base = self.workdir / str(child.index)
+        decoded = protocol.decode_events(_read(base.with_suffix(".events")))
+        return RawRun(
+            events=tuple(decoded.events),
+            returncode=code,
+            timed_out=child.timed_out,
+            stdout=_captured(base.with_suffix(".out")),
+            stderr=_captured(base.with_suffix(".err")),
+            fault_dump=_read(base.with_suffix(".dump")).decode("utf-8", "backslashreplace"),
+            duration_s=time.monotonic() - child.started,
+            marker=self.marker,
+            started_at=child.wall_start,
+            skipped_events=decoded.skipped,
+        )
+
+    def enforce_deadlines(self) -> None:
+        """Dump the stacks of a child past its deadline, then kill its group after a grace period."""
+        now = time.monotonic()
+        for child in self.children.values():
+            if child.dump_sent is None and now - child.started >= self.timeout:
+                child.timed_out, child.dump_sent = True, now
+                _signal(child.pid, _DUMP_SIGNAL)
+            elif child.dump_sent is not None and now - child.dump_sent >= _DUMP_GRACE_S:
+                _kill_group(child.pid)
+                _signal(child.pid, signal.SIGKILL)
+
+
+def _signal(pid: int, number: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.kill(pid, number)
+
+
+def _read(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError:
+        return b""
+
+
+def _captured(path: Path) -> CapturedOutput:
+    try:
+        with path.open("rb") as handle:
+            kept = handle.read(OUTPUT_LIMIT)
+            total = os.fstat(handle.fileno()).st_size
+    except OSError:
+        return CapturedOutput("", 0)
+    return CapturedOutput(kept.decode("utf-8", "backslashreplace"), total)
+
+
+def run_zygote(
+    request: SubkernelRequest,
+    modules: Sequence[str],
+    *,
+    preload: Sequence[str],
+    package: str,
+    probe: Path,
+    jobs: int,
+    timeout: float,
+    on_child: ChildDone,
+) -> ZygoteOutcome:
+    """Preload in one subkernel, then scan each of ``modules`` in a child forked from it.
+
+    ``request.timeout`` bounds the start-up and the preloading; ``timeout``
+    bounds each child.  ``on_child(index, raw, outcome)`` is called as each child
+    ends, and with ``raw=None`` for a module the zygote had already loaded.
+    """
+    workdir = Path(tempfile.mkdtemp(prefix="diagtools-zygote-"))
+    try:
+        (workdir / "modules").write_text("\n".join(modules) + "\n", encoding="utf-8")
+        settings = {
+            protocol.SWEEP_MODULES_FILE: str(workdir / "modules"),
+            protocol.SWEEP_PRELOAD: "\n".join(preload),
+            protocol.SWEEP_PACKAGE: package,
+            protocol.SWEEP_JOBS: str(jobs),
+            protocol.SWEEP_WORKDIR: str(workdir),
+            protocol.SWEEP_PROBE: str(probe),
+        }
+        return _run(request.with_settings(settings), workdir, len(modules), timeout, on_child)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _run(request: SubkernelRequest, workdir: Path, count: int, timeout: float, on_child: ChildDone) -> ZygoteOutcome:
+    marker = os.urandom(16).hex()
+    read_fd, write_fd = os.pipe()
+    _enlarge_pipe(write_fd)
+    dump_fd = os.memfd_create("diagtools-zygote-faults", 0)
+    env = _subkernel_env(request, write_fd, dump_fd, marker)
+    zygote = _Zygote(workdir, count, timeout, on_child, marker)
+    with (workdir / "zygote.out").open("wb") as out, (workdir / "zygote.err").open("wb") as err:
+        try:
+            process = subprocess.Popen(
+                [request.python, *request.flags, "-c", _bootstrap_code(request.program)],
+                env=env,
+                cwd=request.cwd,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=err,
+                pass_fds=(write_fd, dump_fd),
+                start_new_session=True,
+            )
+        finally:
+            os.close(write_fd)
+        try:
+            _follow(process, read_fd, zygote, time.monotonic() + request.timeout)
+        finally:
+            _kill_group(process.pid)
+            _kill_marked(marker)
+            process.wait()
+            os.close(read_fd)
+            os.close(dump_fd)
+    return _finish(zygote, process.returncode, workdir)
+
+
+def _follow(process: subprocess.Popen[bytes], channel_fd: int, zygote: _Zygote, preload_deadline: float) -> None:
+    """Read the zygote's events until its channel closes, keeping every deadline."""
+    with selectors.DefaultSelector() as selector:
+        selector.register(channel_fd, selectors.EVENT_READ)
+        while True:
+            if not zygote.outcome.ready and not zygote.outcome.refused and time.monotonic() > preload_deadline:
+                zygote.outcome.detail = "the zygote did not finish preloading in time"
+                return
+            zygote.enforce_deadlines()
+            if selector.select(_POLL_S):
+                data = os.read(channel_fd, 1 << 16)
+                if not data:
+                    return
+                zygote.feed(data)
+            elif process.poll() is not None and not selector.select(0):
+                return
+
+
+def _finish(zygote: _Zygote, returncode: int | None, workdir: Path) -> ZygoteOutcome:
+    outcome = zygote.outcome
+    outcome.unfinished = tuple(i for i in range(zygote.count) if i not in zygote.finished) if outcome.ready else ()
+    if not outcome.ready and not outcome.refused:
+        stderr = _captured(workdir / "zygote.err").text.strip().splitlines()
+        last = stderr[-1] if stderr else f"exit code {returncode}"
+        outcome.refused = outcome.detail or f"the zygote ended before it was ready ({last})"
+    elif outcome.unfinished and not outcome.detail:
+        outcome.detail = f"the zygote ended (exit code {returncode}) with {len(outcome.unfinished)} module(s) unscanned"
+    return outcome

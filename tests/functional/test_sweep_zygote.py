@@ -1,0 +1,203 @@
+"""Sweep through the preloading zygote: the same verdicts as fresh subkernels, honest fallbacks,
+discovery rules, a fingerprinted and locked journal, and a dask.distributed executor."""
+
+from __future__ import annotations
+
+import fcntl
+import importlib.machinery
+import json
+
+import pytest
+
+from diagtools.errors import JournalLockedError
+from diagtools.usecases.sweep import discover_modules, sweep
+from tests.conftest import cli
+
+CUINIT = "import ctypes\nctypes.CDLL('libcuda.so.1').cuInit(0)\n"
+PACKAGE = {
+    "zp/__init__.py": "import json\n",
+    "zp/clean.py": "import json\nVALUE = 1\n",
+    "zp/culprit.py": "import zp.helper\n",
+    "zp/helper.py": CUINIT,
+    "zp/crash.py": "import ctypes\nctypes.string_at(0)\n",
+    "zp/hang.py": "import time\ntime.sleep(60)\n",
+    "zp/exits.py": "import os\nos._exit(7)\n",
+    "zp/sysexit.py": "raise SystemExit(3)\n",
+    "zp/broken.py": "raise ImportError('missing piece')\n",
+    "zp/gpu/__init__.py": CUINIT,
+    "zp/gpu/leaf.py": "VALUE = 2\n",
+    "zp/threads.py": "import threading, time\nthreading.Thread(target=time.sleep, args=(30,), daemon=True).start()\n",
+}
+
+
+def verdicts(result):
+    return {
+        row.module: (
+            row.status,
+            row.cuda_initialized,
+            row.cuda_source,
+            row.culprit.module if row.culprit else None,
+            row.culprit.chain if row.culprit else None,
+            row.culprit.site.line if row.culprit and row.culprit.site else None,
+            row.culprit.evidence if row.culprit else None,
+        )
+        for row in result.rows
+    }
+
+
+@pytest.fixture
+def zp(make_tree):
+    return make_tree(PACKAGE)
+
+
+def run(root, **options):
+    options.setdefault("exclude", ["zp.threads"])
+    return sweep("zp", path=[root], driver="simulated", timeout=4, jobs=2, **options)
+
+
+def test_zygote_verdicts_match_fresh_subkernels(zp):
+    forked = run(zp)
+    fresh = run(zp, fresh=True)
+    assert forked.mode == "zygote", forked.fallback
+    assert forked.preload == ("zp",)
+    assert forked.fallback == ""
+    assert fresh.mode == "fresh"
+    assert verdicts(forked) == verdicts(fresh)
+    found = verdicts(forked)
+    assert found["zp.culprit"] == ("ok", True, "self", "zp.helper", ("zp.culprit", "zp.helper"), 2, "driver-hook")
+    assert found["zp.gpu.leaf"][:4] == ("ok", True, "parent", "zp.gpu")
+    assert forked.row("zp.gpu.leaf").inherited_from == "zp.gpu"
+    assert found["zp.gpu"][:3] == ("ok", True, "self")
+    assert found["zp.clean"] == ("ok", False, "none", None, None, None, None)
+    statuses = {m: found[m][0] for m in ("zp.crash", "zp.hang", "zp.exits", "zp.sysexit", "zp.broken")}
+    assert statuses == {
+        "zp.crash": "crashed",
+        "zp.hang": "timeout",
+        "zp.exits": "exited",
+        "zp.sysexit": "exited",
+        "zp.broken": "import-error",
+    }
+    assert "hang.py:2" in forked.row("zp.hang").error
+    assert "SIGSEGV" in forked.row("zp.crash").error
+    assert forked.row("zp").preloaded
+    assert not forked.row("zp.clean").preloaded
+    assert {row.mode for row in forked.rows} == {"zygote"}
+
+
+def test_fallback_when_preloading_initializes_cuda(zp):
+    result = run(zp, preload=["zp.helper"])
+    assert result.mode == "fresh"
+    assert "preloading zp.helper initialized CUDA" in result.fallback
+    assert result.row("zp.culprit").culprit.module == "zp.helper"
+
+    partial = run(zp, preload="zp,zp.gpu")
+    assert partial.mode == "zygote"
+    assert partial.preload == ("zp",)
+    assert "preloading zp.gpu initialized CUDA" in partial.fallback
+    assert partial.row("zp.gpu.leaf").cuda_source == "parent"
+
+
+def test_fallback_when_preloading_starts_a_thread(zp):
+    result = run(zp, preload=["zp.threads"], exclude=["zp.hang"])
+    assert result.mode == "fresh"
+    assert "preloading zp.threads started 1 thread(s)" in result.fallback
+    assert result.row("zp.threads").status == "ok"
+
+
+def test_cli_says_how_the_sweep_ran(zp):
+    done = cli("sweep", "zp", "--path", str(zp), "--driver", "simulated", "--exclude", "zp.h*", "--preload", "zp.gpu")
+    assert done.returncode == 0, done.stderr
+    assert "mode: fresh subkernels" in done.stdout
+    assert "fallback: preloading zp.gpu initialized CUDA" in done.stdout
+    assert "zp.hang" not in done.stdout
+    assert "(inherited from zp.gpu)" in done.stdout
+
+
+def test_discovery_rules(make_tree):
+    suffix = importlib.machinery.EXTENSION_SUFFIXES[0]
+    root = make_tree(
+        {
+            "dp/__init__.py": "",
+            "dp/mod.py": "",
+            "dp/__pycache__/mod.py": "",
+            "dp/data/notes.txt": "",
+            "dp/data/deeper/table.csv": "",
+            "dp/ns/inner/leaf.py": "",
+            f"dp/fast{suffix}": "",
+            "dp/fast2.abi3.so": "",
+            "dp/not-a-module.py": "",
+            "dp/tests/__init__.py": "",
+            "dp/tests/test_mod.py": "",
+        }
+    )
+    assert discover_modules("dp", [root]) == (
+        "dp",
+        "dp.fast",
+        "dp.fast2",
+        "dp.mod",
+        "dp.ns",
+        "dp.ns.inner",
+        "dp.ns.inner.leaf",
+        "dp.tests",
+        "dp.tests.test_mod",
+    )
+    assert discover_modules("dp", [root], exclude=["dp.tests", "dp.tests.*", "*.fast?"]) == (
+        "dp",
+        "dp.fast",
+        "dp.mod",
+        "dp.ns",
+        "dp.ns.inner",
+        "dp.ns.inner.leaf",
+    )
+
+
+def test_journal_rescans_what_changed_and_accepts_an_empty_file(zp, tmp_path):
+    journal = tmp_path / "sweep.jsonl"
+    journal.touch()
+    options = {"exclude": ["zp.threads", "zp.hang", "zp.crash"], "json_path": journal}
+    first = run(zp, **options)
+    assert first.resumed == 0
+    header = json.loads(journal.read_text().splitlines()[0])
+    assert header == {"schema": "diagtools.sweep/1", "package": "zp", "paths": [str(zp)]}
+
+    again = run(zp, **options)
+    assert again.resumed == len(first.rows)
+
+    (zp / "zp" / "helper.py").write_text("VALUE = 'fixed'\n")  # the fix
+    seen = []
+    fixed = run(zp, progress=lambda done, total, row: seen.append(row.module), **options)
+    assert sorted(seen) == ["zp.culprit", "zp.helper"]
+    assert not fixed.row("zp.culprit").cuda_initialized
+
+    (zp / "zp" / "gpu" / "__init__.py").write_text("")  # a parent package: its subtree is rescanned
+    seen.clear()
+    run(zp, progress=lambda done, total, row: seen.append(row.module), **options)
+    assert sorted(seen) == ["zp.gpu", "zp.gpu.leaf"]
+
+
+def test_a_locked_journal_is_refused_in_one_line(zp, tmp_path):
+    journal = tmp_path / "sweep.jsonl"
+    with journal.open("a") as holder:
+        fcntl.flock(holder.fileno(), fcntl.LOCK_EX)
+        with pytest.raises(JournalLockedError, match="in use by another sweep"):
+            run(zp, json_path=journal)
+        done = cli("sweep", "zp", "--path", str(zp), "--driver", "simulated", "--json", str(journal))
+    assert done.returncode == 2
+    assert done.stderr.strip() == (
+        f"diagtools: error: {journal} is in use by another sweep; wait for it to finish or choose another --json"
+    )
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::ResourceWarning", "ignore::UserWarning")
+def test_dask_distributed_executor(zp):
+    distributed = pytest.importorskip("distributed")
+    with (
+        distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster,
+        distributed.Client(cluster) as client,
+    ):
+        executor = client.get_executor()
+        forked = run(zp, executor=executor, exclude=["zp.threads", "zp.hang"])
+        fresh = run(zp, executor=executor, fresh=True, exclude=["zp.threads", "zp.hang"])
+    assert forked.mode == "zygote"
+    assert verdicts(forked) == verdicts(fresh)
+    assert forked.row("zp.culprit").culprit.module == "zp.helper"
