@@ -276,6 +276,7 @@ def _import_targets(targets, extra_path):
         except SystemExit as exc:
             code = 0 if exc.code is None else exc.code if isinstance(exc.code, int) else 1
             _channel.emit("exit", target=target, code=code)
+            protocol.exit_if_channel_lost(_channel)
             raise
         except BaseException as exc:
             _report_error(target, exc)
@@ -313,6 +314,7 @@ def main():
     _State.phase = "shutdown"
     _channel.emit("final", initialized=_driver_initialized(), torch=_torch_cuda_initialized())
     _channel.emit("done")
+    protocol.exit_if_channel_lost(_channel)
 
 
 main()

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from diagtools.model._display import present
-from diagtools.model.common import check_schema
+from diagtools.model.common import check_fields, check_schema
 
 __all__ = [
     "SCAN_SCHEMA",
@@ -26,6 +26,64 @@ __all__ = [
 ]
 
 SCAN_SCHEMA = "diagtools.scan/1"
+
+# what from_json requires of a document, field by field ("?": may be absent)
+_OPT_STR = (str, None)
+_OPT_INT = (int, None)
+_SITE = {"file": str, "line": int, "function": str, "source?": str}
+_DOCUMENT = {
+    "targets?": [str],
+    "status": str,
+    "driver": {"kind": frozenset({"real", "simulated", "none"}), "requested?": str, "library?": _OPT_STR},
+    "cuda_initialized": bool,
+    "torch_cuda_initialized?": (bool, None),
+    "startup?": {"cuda_initialized?": bool, "modules?": int, "seconds?": float},
+    "modules?": [
+        {
+            "name": str,
+            "parent?": _OPT_STR,
+            "file?": _OPT_STR,
+            "self_s?": float,
+            "cumulative_s?": float,
+            "initializes_cuda?": bool,
+            "threads_started?": int,
+            "phase?": str,
+            "complete?": bool,
+        }
+    ],
+    "culprits?": [
+        {
+            "module?": _OPT_STR,
+            "chain?": [str],
+            "site?": (_SITE, None),
+            "stack?": [_SITE],
+            "phase?": str,
+            "thread?": str,
+            "evidence?": str,
+            "stack_dropped?": int,
+        }
+    ],
+    "error?": (
+        {
+            "kind": str,
+            "message?": str,
+            "traceback?": str,
+            "file?": _OPT_STR,
+            "line?": _OPT_INT,
+            "exitcode?": _OPT_INT,
+            "signal?": _OPT_INT,
+            "where?": str,
+        },
+        None,
+    ),
+    "exitcode?": _OPT_INT,
+    "stdout?": str,
+    "stderr?": str,
+    "duration_s?": float,
+    "python?": str,
+    "started_at?": str,
+    "skipped_events?": int,
+}
 
 
 @dataclass(frozen=True)
@@ -107,6 +165,7 @@ class Culprit:
     ``evidence`` says how the moment was caught: ``driver-hook`` (the driver
     called back during cuInit), ``trace`` (a line-traced rerun) or
     ``state-probe`` (the driver's state changed between two imports).
+    ``stack_dropped`` counts the outermost frames left out of a very deep stack.
     """
 
     module: str | None
@@ -116,6 +175,7 @@ class Culprit:
     phase: str
     thread: str = "MainThread"
     evidence: str = "driver-hook"
+    stack_dropped: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -126,6 +186,7 @@ class Culprit:
             "phase": self.phase,
             "thread": self.thread,
             "evidence": self.evidence,
+            "stack_dropped": self.stack_dropped,
         }
 
     @classmethod
@@ -139,6 +200,7 @@ class Culprit:
             phase=data.get("phase", "import"),
             thread=data.get("thread", "MainThread"),
             evidence=data.get("evidence", "driver-hook"),
+            stack_dropped=int(data.get("stack_dropped", 0)),
         )
 
 
@@ -247,6 +309,7 @@ class ScanResult:
     duration_s: float = 0.0
     python: str = ""
     started_at: str = ""
+    skipped_events: int = 0
 
     @property
     def ok(self) -> bool:
@@ -289,11 +352,13 @@ class ScanResult:
             "duration_s": round(self.duration_s, 6),
             "python": self.python,
             "started_at": self.started_at,
+            "skipped_events": self.skipped_events,
         }
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> ScanResult:
         check_schema(data, SCAN_SCHEMA)
+        check_fields(data, _DOCUMENT, SCAN_SCHEMA)
         error = data.get("error")
         return cls(
             targets=tuple(data.get("targets", ())),
@@ -311,6 +376,7 @@ class ScanResult:
             duration_s=float(data.get("duration_s", 0.0)),
             python=data.get("python", ""),
             started_at=data.get("started_at", ""),
+            skipped_events=int(data.get("skipped_events", 0)),
         )
 
     def graph(self, view: str = "culprits", *, max_children: int = 12) -> Any:

@@ -23,7 +23,7 @@ from diagtools.errors import UsageError
 from diagtools.model.bisect import BisectResult, BisectStep
 from diagtools.model.scan import Culprit, Site
 from diagtools.usecases.bisect_step import BAD, GOOD, verdict
-from diagtools.usecases.scan import validate_targets
+from diagtools.usecases.scan import validate_targets, validate_timeout
 
 __all__ = ["bisect"]
 
@@ -131,6 +131,7 @@ def bisect(
 ) -> BisectResult:
     """Find the first commit between ``good`` and ``bad`` where importing ``target`` initializes CUDA."""
     (name,) = validate_targets(target)
+    timeout = validate_timeout(timeout)
     source = _check_repo(Path(repo))
     good_sha, bad_sha = _resolve(source, good), _resolve(source, bad)
     with tempfile.TemporaryDirectory(prefix="diagtools-bisect-") as scratch:

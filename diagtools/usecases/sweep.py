@@ -13,14 +13,15 @@ import os
 import sys
 import time
 from collections.abc import Callable, Iterable
-from concurrent.futures import Executor, ThreadPoolExecutor, as_completed
+from concurrent.futures import Executor, Future, ThreadPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
 from diagtools.driver import resolve_driver
-from diagtools.errors import UsageError
+from diagtools.errors import DiagtoolsError, UsageError
 from diagtools.model.sweep import SWEEP_SCHEMA, SweepResult, SweepRow
-from diagtools.usecases.scan import scan, validate_paths, validate_targets
+from diagtools.runner.subkernel import abort_runs
+from diagtools.usecases.scan import scan, validate_paths, validate_targets, validate_timeout
 
 __all__ = ["discover_modules", "sweep"]
 
@@ -73,13 +74,23 @@ class _Journal:
         if self.path is None or not self.path.exists():
             return {}
         rows: dict[str, SweepRow] = {}
-        for number, line in enumerate(self.path.read_text(encoding="utf-8").splitlines()):
+        try:
+            text = self.path.read_text(encoding="utf-8")
+        except (OSError, UnicodeError) as exc:
+            raise UsageError(f"cannot read the journal {self.path}: {exc}; choose another --json") from None
+        for number, line in enumerate(text.splitlines()):
             record = _parse_line(line)
             if number == 0:
                 self._check_header(record)
             elif record is not None and "module" in record:
-                rows[record["module"]] = SweepRow.from_json(record)
+                rows[str(record["module"])] = self._row(record, number + 1)
         return rows
+
+    def _row(self, record: dict[str, Any], line: int) -> SweepRow:
+        try:
+            return SweepRow.from_json(record)
+        except (KeyError, TypeError, ValueError, AttributeError, DiagtoolsError) as exc:
+            raise UsageError(f"{self.path}:{line} is not a {SWEEP_SCHEMA} row ({exc!r}); fix or remove it") from None
 
     def _check_header(self, record: dict[str, Any] | None) -> None:
         if record is None or record.get("schema") != SWEEP_SCHEMA or record.get("package") != self.package:
@@ -107,9 +118,17 @@ class _Journal:
 def _parse_line(line: str) -> dict[str, Any] | None:
     try:
         record = json.loads(line)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None  # a row torn by an interrupted run is scanned again
     return record if isinstance(record, dict) else None
+
+
+def _row_of(module: str, future: Future[dict[str, Any]]) -> SweepRow:
+    """The finished module's row; a failure of diagtools itself becomes that row's error, not the sweep's."""
+    try:
+        return SweepRow.from_json(future.result())
+    except Exception as exc:  # one bad module never stops the sweep
+        return SweepRow(module, "error", False, None, 0.0, error=f"{type(exc).__name__}: {exc}")
 
 
 def sweep(
@@ -130,6 +149,7 @@ def sweep(
     ``progress(done, total, row)`` is called after each module.
     """
     roots = validate_paths(tuple(path))
+    timeout = validate_timeout(timeout)
     modules = discover_modules(package, roots)
     resolve_driver(driver)  # build the driver once, before the workers start
     journal = _Journal(Path(json_path) if json_path is not None else None, package)
@@ -140,13 +160,16 @@ def sweep(
     started = time.perf_counter()
     pool = executor or ThreadPoolExecutor(max_workers=jobs or os.cpu_count() or 1)
     try:
-        futures = [pool.submit(_sweep_one, m, roots, driver, timeout) for m in pending]
+        futures = {pool.submit(_sweep_one, m, roots, driver, timeout): m for m in pending}
         for future in as_completed(futures):
-            row = SweepRow.from_json(future.result())
+            row = _row_of(futures[future], future)
             rows[row.module] = row
             journal.append(row)
             if progress is not None:
                 progress(len(rows), len(modules), row)
+    except BaseException:
+        abort_runs()  # an interrupt: the subkernels still running are killed, so the workers return now
+        raise
     finally:
         if executor is None:
             pool.shutdown(cancel_futures=True)
