@@ -1,10 +1,14 @@
 """Run the probe in a fresh subkernel and bring back everything it recorded.
 
 The subkernel is the caller's own interpreter started as ``python -S`` in a new
-session, with a private pipe for results.  Whatever the target does (prints,
-closes fd 1, segfaults, hangs, calls ``os._exit``) the runner keeps reading,
-enforces the deadline, dumps the stacks of a hung subkernel before killing its
-whole process group, and returns every event that reached the pipe.
+session, with a private pipe for results, by a keeper process
+(:mod:`diagtools.runner.keeper`) that is the subreaper of its whole tree.
+Whatever the target does (prints, closes fd 1, segfaults, hangs, calls
+``os._exit``, double-forks a daemon) the runner keeps reading, enforces the
+deadline, dumps the stacks of a hung subkernel, has the keeper kill every
+descendant, and returns every event that reached the pipe.  It does the same
+when the caller is interrupted: every path out of :func:`run_subkernel` ends
+the tree.
 """
 
 from __future__ import annotations
@@ -349,7 +353,8 @@ def abort_runs() -> None:
 
 def _release(keeper: subprocess.Popen[bytes] | None, fds: _Fds, marker: str) -> None:
     """End the run on every path: the keeper kills the tree, then it is reaped; nothing is left open."""
-    _tell_keeper(fds, b"k")
+    if keeper is not None and keeper.poll() is None:
+        _tell_keeper(fds, b"k")
     with _LIVE_LOCK:
         _LIVE.discard(fds)
         fds.close(fds.life_w)  # even if this process dies now, the closed lifeline makes the keeper sweep
@@ -394,7 +399,7 @@ def _drain(selector: selectors.BaseSelector, sinks: dict[int, Callable[[bytes], 
 
 
 def _kill_marked(marker: str) -> None:
-    """Kill what escaped the process group (a ``setsid`` grandchild) but still carries the marker."""
+    """Kill what the keeper could not reach (it was killed itself) but still carries the marker."""
     needle = f"{SUBKERNEL_MARKER}={marker}".encode()
     for entry in os.listdir("/proc"):
         if not entry.isdigit() or int(entry) == os.getpid():
