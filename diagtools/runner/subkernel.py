@@ -33,6 +33,7 @@ from diagtools import protocol
 __all__ = ["RawRun", "SubkernelRequest", "abort_runs", "run_subkernel"]
 
 OUTPUT_LIMIT = 64 * 1024
+CHANNEL_LIMIT = 64 << 20
 SUBKERNEL_MARKER = protocol.SUBKERNEL_MARKER
 _DUMP_SIGNAL = signal.SIGUSR1
 _DUMP_GRACE_S = 0.5
@@ -92,6 +93,7 @@ class RawRun:
     marker: str
     started_at: float = 0.0
     skipped_events: int = 0
+    channel_truncated: bool = False
 
 
 class _Buffer:
@@ -112,16 +114,35 @@ class _Buffer:
 
 
 class _EventStream:
-    """Collects the channel's bytes; decoded and validated by the protocol once, at the end."""
+    """Collects the channel's bytes, up to a bound; decoded and validated by the protocol once, at the end.
+
+    Past :data:`CHANNEL_LIMIT` (far beyond any real import tree) whole lines
+    are dropped and counted as skipped, and the run is marked truncated.
+    """
 
     def __init__(self) -> None:
         self.chunks: list[bytes] = []
+        self.kept = 0
+        self.dropped_lines = 0
+        self.truncated = False
 
     def add(self, data: bytes) -> None:
-        self.chunks.append(data)
+        if not self.truncated and self.kept + len(data) <= CHANNEL_LIMIT:
+            self.chunks.append(data)
+            self.kept += len(data)
+            return
+        if not self.truncated:
+            cut = data.rfind(b"\n", 0, CHANNEL_LIMIT - self.kept) + 1
+            self.chunks.append(data[:cut])
+            self.kept += cut
+            self.truncated = True
+            data = data[cut:]
+        self.dropped_lines += data.count(b"\n")
 
     def decoded(self) -> protocol.DecodedEvents:
-        return protocol.decode_events(b"".join(self.chunks))
+        decoded = protocol.decode_events(b"".join(self.chunks))
+        decoded.skipped += self.dropped_lines
+        return decoded
 
 
 def _subkernel_env(request: SubkernelRequest, channel_fd: int, dump_fd: int, marker: str) -> dict[str, str]:
@@ -214,6 +235,7 @@ def run_subkernel(
         marker=marker,
         started_at=wall_start,
         skipped_events=decoded.skipped,
+        channel_truncated=collected.events.truncated,
     )
 
 

@@ -228,12 +228,14 @@ def subkernel_failure(raw: RawRun) -> tuple[str, RunError] | None:
 
 
 CHANNEL_LOST_MESSAGE = (
-    "the target closed or replaced the subkernel's result channel, so what it did after that is unknown"
+    "the target closed, replaced or flooded the subkernel's result channel, so what it did after that is unknown"
 )
 
 
 def _channel_lost(raw: RawRun, kinds: set[str]) -> bool:
-    """The probe said its channel broke, or a subkernel that exited normally sent nothing at all."""
+    """The probe said its channel broke, a flood overran it, or a subkernel that exited normally sent nothing."""
+    if raw.channel_truncated:
+        return True
     if raw.returncode == protocol.CHANNEL_LOST_EXIT and "exit" not in kinds:
         return True
     return raw.returncode == 0 and "hello" not in kinds

@@ -8,10 +8,12 @@ target cannot be imported are skipped, not judged.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -98,14 +100,22 @@ def _judge_endpoint(job: _Job, rev: str, expected: int) -> None:
 def _run_bisect(work: Path, good: str, bad: str, step_args: list[str], log: Path) -> str:
     _git(work, "bisect", "start", bad, good)
     env = dict(os.environ, DIAGTOOLS_BISECT_LOG=str(log))
-    done = subprocess.run(
-        ["git", "-C", str(work), "bisect", "run", sys.executable, "-m", "diagtools.usecases.bisect_step", *step_args],
-        capture_output=True,
+    command = ["git", "-C", str(work), "bisect", "run", sys.executable, "-m", "diagtools.usecases.bisect_step"]
+    with subprocess.Popen(
+        [*command, *step_args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
         text=True,
         env=env,
-        check=False,
-    )
-    return done.stdout + done.stderr
+        start_new_session=True,
+    ) as process:
+        try:
+            output, _ = process.communicate()
+        except BaseException:  # an interrupt: the step running now dies, and its keeper ends its scan's tree
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(process.pid, signal.SIGKILL)
+            raise
+    return output
 
 
 _FIRST_BAD = re.compile(r"^([0-9a-f]{40}) is the first bad commit", re.MULTILINE)

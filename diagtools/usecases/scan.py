@@ -24,7 +24,10 @@ Runner = Callable[[SubkernelRequest], RawRun]
 
 def validate_targets(targets: str | Iterable[str]) -> tuple[str, ...]:
     """Dotted module names, checked before any process starts."""
-    names = (targets,) if isinstance(targets, str) else tuple(targets)
+    try:
+        names = (targets,) if isinstance(targets, str) else tuple(targets)
+    except TypeError:
+        raise UsageError(f"targets must be a module name or a list of them, got {targets!r}") from None
     if not names:
         raise UsageError("no target given: name at least one module to scan")
     for name in names:
@@ -44,7 +47,10 @@ def validate_timeout(timeout: object) -> float:
 
 def validate_paths(paths: str | os.PathLike[str] | Iterable[str | os.PathLike[str]]) -> tuple[str, ...]:
     """Import roots that exist, made absolute so the subkernel's cwd cannot matter."""
-    items = (paths,) if isinstance(paths, (str, os.PathLike)) else tuple(paths)
+    try:
+        items = (paths,) if isinstance(paths, (str, os.PathLike)) else tuple(paths)
+    except TypeError:
+        raise UsageError(f"path must be a directory or a list of them, got {paths!r}") from None
     resolved = []
     for item in items:
         if not isinstance(item, (str, os.PathLike)):

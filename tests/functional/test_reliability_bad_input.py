@@ -211,3 +211,9 @@ def test_an_ini_check_is_selectable_by_node_id(pytester):
     assert "tox.ini::cuda_free[vmodels.platforms] FAILED" in result.stdout.str()
     everything = pytester.runpytest_subprocess("-p", "no:cacheprovider")
     everything.assert_outcomes(passed=3, failed=1)
+
+
+@pytest.mark.parametrize(("targets", "path"), [(123, ()), ("json", 5), ("json", [5])])
+def test_wrong_argument_types_are_usage_errors(targets, path):
+    with pytest.raises(UsageError):
+        diagtools.scan(targets, path=path, driver="none")

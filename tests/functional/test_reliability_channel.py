@@ -142,3 +142,16 @@ def test_one_failing_module_does_not_stop_a_sweep(make_tree):
     assert "worker lost" in result.row("sweeppkg.bad").error
     assert result.row("sweeppkg.good").cuda_initialized
     json.dumps(result.to_json())
+
+
+def test_a_flooded_channel_is_bounded_and_channel_lost(sim_scan, make_tree):
+    line = b"x" * 4095 + b"\n"
+    root = make_tree(
+        {
+            "floods_channel.py": f"import os\nfd = int(os.environ[{protocol.CHANNEL_FD!r}])\n"
+            f"for _ in range(20 * 1024):\n    os.write(fd, {line!r})\n",
+        }
+    )
+    result = sim_scan("floods_channel", path=[root])
+    assert result.status == "channel-lost"
+    assert result.skipped_events >= 20 * 1024  # the junk, and the events that came after it
