@@ -103,6 +103,7 @@ def main():
     extra_path = [p for p in _ENV.get(protocol.REPLAY_PATH, "").split("\n") if p]
     if not _import_setup(_ENV[protocol.REPLAY_TARGET], extra_path):
         _emit("done")
+        protocol.exit_if_channel_lost(_channel)
         return
     _emit("parent", **_parent_state())
     from diagtools.agents.replay_child import run_child

@@ -229,11 +229,16 @@ def _install_joinable():
 # ---- errors ------------------------------------------------------------------
 
 
+_MESSAGE_LIMIT = 100_000  # one event line stays far below the runner's channel bound
+
+
 def _describe(exc):
     try:
         text = str(exc)
     except BaseException:
         text = "<unprintable>"
+    if len(text) > _MESSAGE_LIMIT:
+        text = text[:_MESSAGE_LIMIT] + f"... [truncated: {len(text)} characters]"
     name = type(exc).__qualname__
     return name + (": " + text if text else "")
 

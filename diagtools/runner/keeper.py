@@ -154,18 +154,28 @@ def _kill(kill, target):
 
 def wait_for(pid, lifeline):
     """Wait until the subkernel exits or the runner asks (or dies); True when asked to kill."""
-    pidfd = os.pidfd_open(pid)
+    try:
+        pidfd = os.pidfd_open(pid)
+    except (AttributeError, OSError):  # before Linux 5.3: poll the child instead
+        pidfd = None
     try:
         while True:
-            ready, _, _ = select.select([lifeline, pidfd], [], [], 1.0)
+            watched = [lifeline] if pidfd is None else [lifeline, pidfd]
+            ready, _, _ = select.select(watched, [], [], 1.0 if pidfd is not None else 0.02)
             if lifeline in ready:
                 data = os.read(lifeline, 64)
                 if not data or b"k" in data:
                     return True
-            if pidfd in ready:
+            if pidfd in ready or (pidfd is None and _exited(pid)):
                 return False
     finally:
-        os.close(pidfd)
+        if pidfd is not None:
+            os.close(pidfd)
+
+
+def _exited(pid):
+    """Whether the child exited, leaving it to be reaped by the sweep."""
+    return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
 
 
 def main(argv):
