@@ -77,14 +77,21 @@ class MissingExtraError(DiagtoolsError):
 
 
 class SchemaError(DiagtoolsError):
-    """Raised when JSON handed to diagtools is not a result it wrote."""
+    """Raised when JSON handed to diagtools is not a result it wrote, or has a field of the wrong type.
 
-    def __init__(self, expected: str, found: object) -> None:
-        super().__init__(expected, found)
+    ``field`` names the offending field (``modules[3].line``); ``found`` then
+    says what is wrong with it.
+    """
+
+    def __init__(self, expected: str, found: object, field: str = "") -> None:
+        super().__init__(expected, found, field)
         self.expected = expected
         self.found = found
+        self.field = field
 
     def __str__(self) -> str:
+        if self.field:
+            return f"not a valid {self.expected} document: {self.field} {self.found}"
         return f"expected a {self.expected} document, found schema {self.found!r}"
 
 

@@ -42,6 +42,7 @@ REPLAY_PATH = "DIAGTOOLS_REPLAY_PATH"
 REPLAY_CHILD = "DIAGTOOLS_REPLAY_CHILD"
 REPLAY_START_METHOD = "DIAGTOOLS_REPLAY_START_METHOD"
 REPLAY_CHILD_TIMEOUT = "DIAGTOOLS_REPLAY_CHILD_TIMEOUT"
+REPLAY_SCRATCH = "DIAGTOOLS_REPLAY_SCRATCH"
 BENCH_SIZES = "DIAGTOOLS_BENCH_SIZES"
 BENCH_BACKENDS = "DIAGTOOLS_BENCH_BACKENDS"
 BENCH_RATIO = "DIAGTOOLS_BENCH_RATIO"
@@ -57,6 +58,9 @@ SWEEP_PROBE = "DIAGTOOLS_SWEEP_PROBE"
 CUDA_SUCCESS = 0
 CUDA_ERROR_NOT_INITIALIZED = 3
 NO_DRIVER = -1
+
+# the exit code a program uses when the target closed or replaced its channel: the events are incomplete
+CHANNEL_LOST_EXIT = 213
 
 # ---- the events: kind -> fields every event of that kind carries -----------------
 # Every event also has "e" (its kind); most have "t" (perf_counter seconds).
@@ -138,14 +142,21 @@ class Channel:
     """Writes one event per line to the runner's pipe, unbuffered; goes quiet in forked children.
 
     A crash loses nothing already sent.  A write that fails (the target closed
-    the descriptor) is dropped: the runner then sees the channel end early.
+    the descriptor) is dropped and remembered: :meth:`intact` then says so,
+    and the program exits with :data:`CHANNEL_LOST_EXIT`.
     """
 
     def __init__(self, fd):
         self.fd = fd
         self.pid = posix.getpid()
         self.lock = _thread.allocate_lock()
+        self.identity = _identity(fd)
+        self.failed = False
         posix.register_at_fork(after_in_child=self._after_fork_in_child)
+
+    def intact(self):
+        """Whether every event reached the runner: no write failed and the descriptor is still its pipe."""
+        return not self.failed and self.identity is not None and _identity(self.fd) == self.identity
 
     def _after_fork_in_child(self):
         self.lock = _thread.allocate_lock()
@@ -166,7 +177,15 @@ class Channel:
                 while data:
                     data = data[posix.write(self.fd, data) :]
             except OSError:
-                pass
+                self.failed = True
+
+
+def _identity(fd):
+    try:
+        stat = posix.fstat(fd)
+    except OSError:
+        return None
+    return (stat.st_dev, stat.st_ino)
 
 
 def environ():
@@ -177,6 +196,12 @@ def environ():
 def channel_from(env):
     """The channel the runner opened for this program."""
     return Channel(int(env[CHANNEL_FD]))
+
+
+def exit_if_channel_lost(channel):
+    """End the program with :data:`CHANNEL_LOST_EXIT` when the target broke its channel."""
+    if not channel.intact():
+        posix._exit(CHANNEL_LOST_EXIT)
 
 
 def enable_fault_dumps(env):
@@ -263,6 +288,76 @@ def _decode_line(json, line):
     required = EVENTS.get(kind) if isinstance(kind, str) else None
     if required is None or any(name not in event for name in required):
         return None
-    if "t" in event and not isinstance(event["t"], (int, float)):
-        return None
+    for name, value in event.items():
+        check = FIELD_TYPES.get(name) if kind in _TYPED_KINDS else _is_number if name == "t" else None
+        if check is not None and not check(value):
+            return None
     return event
+
+
+# ---- the fields' types, checked on the host for the scan probe's events ---------
+
+
+def _is_str(value):
+    return type(value) is str
+
+
+def _is_int(value):
+    return type(value) is int
+
+
+def _is_bool(value):
+    return type(value) is bool
+
+
+def _is_number(value):
+    return type(value) in (int, float) and value - value == 0  # finite: json.loads accepts NaN and Infinity
+
+
+def _optional(check):
+    return lambda value: value is None or check(value)
+
+
+def _is_frames(value):
+    """A stack: ``[[file, line, function], ...]`` (a line may be unknown)."""
+    return type(value) is list and all(
+        type(frame) is list
+        and len(frame) >= 3
+        and _is_str(frame[0])
+        and (frame[1] is None or _is_int(frame[1]))
+        and _is_str(frame[2])
+        for frame in value
+    )
+
+
+_TYPED_KINDS = ("hello", "phase", "begin", "end", "thread", "transition", "refined", "cuinit", "error", "exit", "final")
+FIELD_TYPES = {
+    "e": _is_str,
+    "t": _is_number,
+    "n": _is_str,
+    "p": _optional(_is_str),
+    "f": _optional(_is_str),
+    "th": _is_int,
+    "ph": _is_str,
+    "ok": _is_bool,
+    "by": _optional(_is_str),
+    "m": _optional(_is_str),
+    "at": _is_str,
+    "stack": _is_frames,
+    "tb": _is_frames,
+    "target": _is_str,
+    "type": _is_str,
+    "msg": _is_str,
+    "file": _optional(_is_str),
+    "line": _optional(_is_int),
+    "code": _is_int,
+    "initialized": _is_bool,
+    "torch": _optional(_is_bool),
+    "pid": _is_int,
+    "python": _is_str,
+    "main_thread": _is_int,
+    "library": _optional(_is_str),
+    "importer": _optional(_is_str),
+    "origin": _optional(_is_str),
+    "phase": _is_str,
+}

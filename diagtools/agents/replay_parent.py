@@ -132,16 +132,22 @@ def main():
     extra_path = [p for p in _ENV.get(protocol.REPLAY_PATH, "").split("\n") if p]
     if not _import_setup(_ENV[protocol.REPLAY_TARGET], extra_path):
         _emit("done")
+        protocol.exit_if_channel_lost(_channel)
         return
     _emit("parent", **_parent_state())
     from diagtools.agents.replay_child import run_child
 
     context = multiprocessing.get_context(_ENV[protocol.REPLAY_START_METHOD])
-    scratch = tempfile.mkdtemp(prefix="diagtools-replay-")
-    process = context.Process(target=run_child, args=(_ENV[protocol.REPLAY_CHILD], scratch), name="replay-child")
-    _start_with_output_files(process, scratch)
-    _emit("child", **_child_outcome(process, scratch, float(_ENV[protocol.REPLAY_CHILD_TIMEOUT])))
+    # inside the runner's scratch directory, which the runner removes even when this process is killed
+    with tempfile.TemporaryDirectory(
+        prefix="diagtools-replay-", dir=_ENV.get(protocol.REPLAY_SCRATCH) or None
+    ) as scratch:
+        process = context.Process(target=run_child, args=(_ENV[protocol.REPLAY_CHILD], scratch), name="replay-child")
+        _start_with_output_files(process, scratch)
+        outcome = _child_outcome(process, scratch, float(_ENV[protocol.REPLAY_CHILD_TIMEOUT]))
+    _emit("child", **outcome)
     _emit("done")
+    protocol.exit_if_channel_lost(_channel)
 
 
 main()

@@ -293,11 +293,16 @@ def _install_joinable():
 # ---- errors ------------------------------------------------------------------
 
 
+_MESSAGE_LIMIT = 100_000  # one event line stays far below the runner's channel bound
+
+
 def _describe(exc):
     try:
         text = str(exc)
     except BaseException:
         text = "<unprintable>"
+    if len(text) > _MESSAGE_LIMIT:
+        text = text[:_MESSAGE_LIMIT] + f"... [truncated: {len(text)} characters]"
     name = type(exc).__qualname__
     return name + (": " + text if text else "")
 
@@ -340,6 +345,7 @@ def _import_targets(targets, extra_path):
         except SystemExit as exc:
             code = 0 if exc.code is None else exc.code if isinstance(exc.code, int) else 1
             _channel.emit("exit", target=target, code=code)
+            protocol.exit_if_channel_lost(_channel)
             raise
         except BaseException as exc:
             _report_error(target, exc)
@@ -440,6 +446,7 @@ def main():
     targets = [t for t in _ENV.get(protocol.SCAN_TARGETS, "").split("\n") if t]
     extra_path = [p for p in _ENV.get(protocol.SCAN_PATH, "").split("\n") if p]
     _scan(targets, extra_path)
+    protocol.exit_if_channel_lost(_channel)
 
 
 # ---- a forked start: the sweep zygote's children ------------------------------

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
+import signal
 import sys
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +21,28 @@ from diagtools.usecases.scan import DEFAULT_SETTLE_S
 __all__ = ["main"]
 
 EXIT_OK, EXIT_CUDA, EXIT_USAGE, EXIT_TARGET_FAILED = 0, 1, 2, 3
+EXIT_INTERRUPTED, EXIT_TERMINATED, EXIT_HANGUP = 130, 143, 129
+MAX_TIMEOUT_S = 7 * 24 * 3600.0
+
+
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM or SIGHUP, raised where the main thread is, so every ``finally`` cleans up."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _timeout(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--timeout {text!r} is not a number of seconds") from None
+    if not math.isfinite(value) or not 0 < value <= MAX_TIMEOUT_S:
+        raise argparse.ArgumentTypeError(
+            f"--timeout must be finite, positive and at most {MAX_TIMEOUT_S:.0f} s, got {text!r}"
+        )
+    return value
 
 
 class _Parser(argparse.ArgumentParser):
@@ -50,7 +76,7 @@ def _add_scan(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("targets", nargs="+", metavar="TARGET", help="module to import, e.g. pkg.ops")
     parser.add_argument("--path", action="append", default=[], metavar="DIR", help="prepend DIR to sys.path")
     parser.add_argument("--driver", choices=DRIVER_CHOICES, default="auto")
-    parser.add_argument("--timeout", type=float, default=120.0, metavar="S")
+    parser.add_argument("--timeout", type=_timeout, default=120.0, metavar="S")
     parser.add_argument("--json", metavar="FILE|-", help="write the diagtools.scan/1 document ('-' for stdout)")
     parser.add_argument(
         "--settle",
@@ -73,7 +99,7 @@ def _add_replay(parser: argparse.ArgumentParser) -> None:
         "--compare", nargs=2, metavar=("BEFORE", "AFTER"), help="replay on both trees, under fork and spawn"
     )
     parser.add_argument("--driver", choices=DRIVER_CHOICES, default="auto")
-    parser.add_argument("--timeout", type=float, default=60.0, metavar="S")
+    parser.add_argument("--timeout", type=_timeout, default=60.0, metavar="S")
     parser.add_argument("--json", metavar="FILE|-", help="write the diagtools.replay/1 document ('-' for stdout)")
     _add_debug(parser)
 
@@ -84,7 +110,7 @@ def _add_sweep(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--jobs", type=int, default=None, metavar="N", help="parallel subkernels (default: CPUs)")
     parser.add_argument("--json", metavar="FILE", help="JSON Lines journal: appended as modules finish, resumed")
     parser.add_argument("--driver", choices=DRIVER_CHOICES, default="auto")
-    parser.add_argument("--timeout", type=float, default=120.0, metavar="S")
+    parser.add_argument("--timeout", type=_timeout, default=120.0, metavar="S")
     parser.add_argument("--fail-on-cuda", action="store_true", help="exit 1 when any module initializes CUDA")
     parser.add_argument(
         "--preload",
@@ -106,7 +132,7 @@ def _add_bisect(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--bad", required=True, metavar="REV", help="a commit where it initializes CUDA")
     parser.add_argument("--path-in-repo", default="", metavar="SUBDIR", help="import root inside the repository")
     parser.add_argument("--driver", choices=DRIVER_CHOICES, default="auto")
-    parser.add_argument("--timeout", type=float, default=120.0, metavar="S")
+    parser.add_argument("--timeout", type=_timeout, default=120.0, metavar="S")
     parser.add_argument("--json", metavar="FILE|-", help="write the diagtools.bisect/1 document")
     _add_debug(parser)
 
@@ -155,6 +181,47 @@ def _add_run(parser: argparse.ArgumentParser) -> None:
     _add_debug(parser)
 
 
+def _check_writable(destination: str | None, option: str) -> None:
+    """Fail before the run, in one line, when a file option cannot be written."""
+    if not destination or destination == "-":
+        return
+    path = Path(destination)
+    problem = ""
+    if "\0" in destination:
+        problem = "contains a NUL byte"
+    elif path.is_dir():
+        problem = "is a directory"
+    elif path.exists():
+        if not os.access(path, os.W_OK):
+            problem = "is not writable"
+    elif not path.parent.is_dir():
+        problem = f"is in {str(path.parent)!r}, which is not a directory"
+    else:
+        problem = _probe_create(path)
+    if problem:
+        raise UsageError(f"{option} {destination!r} {problem}; choose another file")
+
+
+def _probe_create(path: Path) -> str:
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+    except OSError as exc:
+        return f"cannot be created ({exc.strerror or exc})"
+    path.unlink()
+    return ""
+
+
+def _check_directory(destination: str, option: str) -> None:
+    """Create the output directory now and make sure files can be written in it."""
+    try:
+        Path(destination).mkdir(parents=True, exist_ok=True)
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"{option} {destination!r} cannot be created ({exc}); choose another directory") from None
+    problem = _probe_create(Path(destination, ".diagtools-write-check"))
+    if problem:
+        raise UsageError(f"{option} {destination!r}: a file in it {problem}; choose another directory")
+
+
 def _write_json(document: dict[str, Any], destination: str) -> None:
     text = json.dumps(document, indent=2, sort_keys=True) + "\n"
     if destination == "-":
@@ -167,6 +234,7 @@ def _run_scan(args: argparse.Namespace) -> int:
     from diagtools.render.text import render_scan
     from diagtools.usecases.scan import scan
 
+    _check_writable(args.json, "--json")
     result = scan(args.targets, path=args.path, driver=args.driver, timeout=args.timeout, settle=args.settle)
     _emit(result.to_json(), render_scan(result, stack=args.stack), args.json)
     if not result.ok:
@@ -178,6 +246,7 @@ def _run_replay(args: argparse.Namespace) -> int:
     from diagtools.render.text import render_comparison, render_replay
     from diagtools.usecases.replay import compare_replays, replay_fork
 
+    _check_writable(args.json, "--json")
     common = {"child": args.child, "path": args.path, "driver": args.driver, "timeout": args.timeout}
     if args.compare:
         before, after = args.compare
@@ -191,10 +260,17 @@ def _run_replay(args: argparse.Namespace) -> int:
 
 
 def _emit(document: dict[str, Any], text: str, json_destination: str | None) -> None:
+    """Write the document and print the report; a file that cannot be written still leaves the report."""
+    failure = None
     if json_destination:
-        _write_json(document, json_destination)
-    if json_destination != "-":
+        try:
+            _write_json(document, json_destination)
+        except OSError as exc:
+            failure = UsageError(f"cannot write {json_destination}: {exc.strerror or exc}")
+    if json_destination != "-" or failure is not None:
         print(text)
+    if failure is not None:
+        raise failure
 
 
 def _run_sweep(args: argparse.Namespace) -> int:
@@ -204,6 +280,10 @@ def _run_sweep(args: argparse.Namespace) -> int:
 
     if args.jobs is not None and args.jobs < 1:
         raise UsageError(f"--jobs must be at least 1, got {args.jobs}")
+    if args.json and not Path(args.json).exists():
+        _check_writable(args.json, "--json")
+    elif args.json and (Path(args.json).is_dir() or not os.access(args.json, os.W_OK)):
+        raise UsageError(f"--json {args.json!r} is not a writable journal file; choose another file")
     result = sweep(
         args.package,
         path=args.path,
@@ -224,6 +304,7 @@ def _run_bisect(args: argparse.Namespace) -> int:
     from diagtools.render.text import render_bisect
     from diagtools.usecases.bisect import bisect
 
+    _check_writable(args.json, "--json")
     result = bisect(
         args.repo,
         args.good,
@@ -243,8 +324,8 @@ def _read_scan(path: str) -> Any:
     try:
         document = json.loads(Path(path).read_text(encoding="utf-8"))
     except OSError as exc:
-        raise UsageError(f"cannot read {path}: {exc.strerror}") from None
-    except ValueError as exc:
+        raise UsageError(f"cannot read {path}: {exc.strerror or exc}") from None
+    except (ValueError, RecursionError) as exc:
         raise UsageError(f"{path} is not JSON: {exc}") from None
     return ScanResult.from_json(document)
 
@@ -254,9 +335,15 @@ def _run_diff(args: argparse.Namespace) -> int:
     from diagtools.render.html import diff_html
     from diagtools.render.text import render_diff
 
+    _check_writable(args.html, "--html")
+    _check_writable(args.json, "--json")
     diff = diff_scans(_read_scan(args.before), _read_scan(args.after))
     if args.html:
-        Path(args.html).write_text(diff_html(diff), encoding="utf-8")
+        try:
+            Path(args.html).write_text(diff_html(diff), encoding="utf-8")
+        except OSError as exc:
+            print(render_diff(diff))
+            raise UsageError(f"cannot write {args.html}: {exc.strerror or exc}") from None
     _emit(diff.to_json(), render_diff(diff), args.json)
     return EXIT_OK
 
@@ -264,6 +351,8 @@ def _run_diff(args: argparse.Namespace) -> int:
 def _run_bench(args: argparse.Namespace) -> int:
     from diagtools.bench import compare
 
+    _check_writable(args.json, "--json")
+    _check_writable(args.chart, "--chart")
     backends = tuple(args.backend or ("torch", "triton", "cutedsl"))
     report = compare(args.size, backends, ratio=args.ratio, driver=args.driver)
     text = report.table()
@@ -280,6 +369,7 @@ def _run_bench(args: argparse.Namespace) -> int:
 def _run_demo(args: argparse.Namespace) -> int:
     from diagtools.frontends.demo import NOTEBOOKS, write_demo_report
 
+    _check_directory(args.out, "--out")
     report = write_demo_report(Path(args.out), driver=args.driver, notebooks=None if args.no_notebooks else NOTEBOOKS)
     print(report.summary)
     print(f"report written to {report.index.resolve()}")
@@ -322,16 +412,54 @@ def main(argv: Sequence[str] | None = None) -> int:
         "demo": _run_demo,
         "run": _run_run,
     }
+    restore = _translate_termination()
     try:
         return handlers[args.command](args)
-    except DiagtoolsError as exc:
+    except _Terminated as exc:
+        print(f"diagtools: {signal.Signals(exc.signum).name}: stopped, subkernels killed", file=sys.stderr)
+        return EXIT_HANGUP if exc.signum == signal.SIGHUP else EXIT_TERMINATED
+    except KeyboardInterrupt:
+        print("diagtools: interrupted, subkernels killed", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except (DiagtoolsError, OSError) as exc:
         if args.debug:
             raise
-        print(f"diagtools: error: {exc}", file=sys.stderr)
+        print(f"diagtools: error: {_one_line(exc)}", file=sys.stderr)
         return EXIT_USAGE
-    except KeyboardInterrupt:
-        print("diagtools: interrupted", file=sys.stderr)
-        return 130
+    except Exception as exc:  # a bug of ours must not exit 1, which means "CUDA was initialized"
+        if args.debug:
+            raise
+        print(
+            f"diagtools: internal error: {_one_line(f'{type(exc).__name__}: {exc}')} (--debug shows the traceback)",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
+    finally:
+        restore()
+
+
+def _one_line(value: object) -> str:
+    """An error message for the terminal: control characters escaped, first lines only."""
+    from diagtools.render.text import terminal_safe
+
+    return terminal_safe(str(value)).replace("\n", " ")[:2000]
+
+
+def _translate_termination() -> Callable[[], None]:
+    """Turn SIGTERM and SIGHUP into an exception in the main thread, so cleanup runs; returns the undo."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+
+    def raise_terminated(signum: int, frame: Any) -> None:
+        raise _Terminated(signum)
+
+    previous = {signum: signal.signal(signum, raise_terminated) for signum in (signal.SIGTERM, signal.SIGHUP)}
+
+    def restore() -> None:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+    return restore
 
 
 if __name__ == "__main__":

@@ -7,7 +7,11 @@ imports the module it checks):
 * ``@pytest.mark.cuda_free("pkg.ops", "pkg.models", path=[...])`` on a test:
   the modules are checked before the test body runs;
 * ``cuda_free_modules`` in the ini file (one module per line, with optional
-  ``cuda_free_path`` and ``cuda_free_driver``): one test item per module.
+  ``cuda_free_path`` and ``cuda_free_driver``): one test item per module,
+  with the node id ``INIFILE::cuda_free[MODULE]`` (``pytest
+  "pytest.ini::cuda_free[pkg.ops]"`` runs one).  They join a run of the
+  whole suite (no arguments, or directories) and honour ``-k``, ``-m`` and
+  ``--deselect``; a run of chosen files or tests leaves them out.
 
 ``--cuda-watch`` watches the pytest process itself instead: it names the
 collection node or test during which CUDA got initialized, and any fork after
@@ -20,7 +24,8 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -96,17 +101,42 @@ class CudaFreeItem(pytest.Item):
         return self.path, None, f"cuda_free: {self.module}"
 
 
+class CudaFreeFile(pytest.File):
+    """The ini file as a collector: its ``cuda_free_modules`` become items ``INIFILE::cuda_free[MODULE]``."""
+
+    def collect(self) -> Iterator[CudaFreeItem]:
+        config = self.config
+        path = tuple(str(config.rootpath / entry) for entry in config.getini("cuda_free_path"))
+        driver = config.getini("cuda_free_driver")
+        for module in config.getini("cuda_free_modules"):
+            yield CudaFreeItem.from_parent(self, name=f"cuda_free[{module}]", module=module, path=path, driver=driver)
+
+
+def _ini_path(config: pytest.Config) -> Path:
+    return Path(config.inipath) if config.inipath else config.rootpath / "pytest.ini"
+
+
+def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> CudaFreeFile | None:
+    """Collect the ini file when it is named (``pytest pyproject.toml::cuda_free[pkg.ops]``) or walked."""
+    config = parent.config
+    if config.getini("cuda_free_modules") and file_path == _ini_path(config):
+        return CudaFreeFile.from_parent(parent, path=file_path)
+    return None
+
+
+def _whole_suite(config: pytest.Config) -> bool:
+    """True when pytest was asked for directories (or nothing), not for chosen files or tests."""
+    return all("::" not in arg and Path(arg).is_dir() for arg in config.args)
+
+
+@pytest.hookimpl(tryfirst=True)  # before -k, -m and --deselect, so they apply to these items too
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
-    modules = config.getini("cuda_free_modules")
-    if not modules:
+    """Add the ini checks to a whole-suite run whose walk did not reach the ini file (``testpaths`` elsewhere)."""
+    if not config.getini("cuda_free_modules") or not _whole_suite(config):
         return
-    root = config.rootpath
-    path = tuple(str(root / entry) for entry in config.getini("cuda_free_path"))
-    driver = config.getini("cuda_free_driver")
-    for module in modules:
-        items.append(
-            CudaFreeItem.from_parent(session, name=f"cuda_free[{module}]", module=module, path=path, driver=driver)
-        )
+    if any(isinstance(item, CudaFreeItem) for item in items):
+        return
+    items.extend(CudaFreeFile.from_parent(session, path=_ini_path(config)).collect())
 
 
 class CudaWatch:

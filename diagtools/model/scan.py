@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from diagtools.model._display import present
-from diagtools.model.common import check_schema
+from diagtools.model.common import check_fields, check_schema
 from diagtools.model.verdict import ScanStatus, Verdict
 
 __all__ = [
@@ -28,6 +28,64 @@ __all__ = [
 ]
 
 SCAN_SCHEMA = "diagtools.scan/1"
+
+# what from_json requires of a document, field by field ("?": may be absent)
+_OPT_STR = (str, None)
+_OPT_INT = (int, None)
+_SITE = {"file": str, "line": int, "function": str, "source?": str}
+_DOCUMENT = {
+    "targets?": [str],
+    "status": str,
+    "driver": {"kind": frozenset({"real", "simulated", "none"}), "requested?": str, "library?": _OPT_STR},
+    "cuda_initialized": bool,
+    "torch_cuda_initialized?": (bool, None),
+    "startup?": {"cuda_initialized?": bool, "modules?": int, "seconds?": float},
+    "modules?": [
+        {
+            "name": str,
+            "parent?": _OPT_STR,
+            "file?": _OPT_STR,
+            "self_s?": float,
+            "cumulative_s?": float,
+            "initializes_cuda?": bool,
+            "threads_started?": int,
+            "phase?": str,
+            "complete?": bool,
+        }
+    ],
+    "culprits?": [
+        {
+            "module?": _OPT_STR,
+            "chain?": [str],
+            "site?": (_SITE, None),
+            "stack?": [_SITE],
+            "phase?": str,
+            "thread?": str,
+            "evidence?": str,
+            "stack_dropped?": int,
+        }
+    ],
+    "error?": (
+        {
+            "kind": str,
+            "message?": str,
+            "traceback?": str,
+            "file?": _OPT_STR,
+            "line?": _OPT_INT,
+            "exitcode?": _OPT_INT,
+            "signal?": _OPT_INT,
+            "where?": str,
+        },
+        None,
+    ),
+    "exitcode?": _OPT_INT,
+    "stdout?": str,
+    "stderr?": str,
+    "duration_s?": float,
+    "python?": str,
+    "started_at?": str,
+    "skipped_events?": int,
+}
 
 
 @dataclass(frozen=True)
@@ -117,6 +175,7 @@ class Culprit:
     how the moment was caught: ``driver-hook`` (the driver called back during
     cuInit), ``trace`` (a line-traced rerun) or ``state-probe`` (the driver's
     state changed between two observations).
+    ``stack_dropped`` counts the outermost frames left out of a very deep stack.
     """
 
     module: str | None
@@ -128,6 +187,7 @@ class Culprit:
     evidence: str = "driver-hook"
     module_site: Site | None = None
     thread_started_at: Site | None = None
+    stack_dropped: int = 0
 
     @property
     def line_to_change(self) -> Site | None:
@@ -145,6 +205,7 @@ class Culprit:
             "thread": self.thread,
             "thread_started_at": self.thread_started_at.to_json() if self.thread_started_at else None,
             "evidence": self.evidence,
+            "stack_dropped": self.stack_dropped,
         }
 
     @classmethod
@@ -159,6 +220,7 @@ class Culprit:
             evidence=data.get("evidence", "driver-hook"),
             module_site=Site.optional(data.get("module_site")),
             thread_started_at=Site.optional(data.get("thread_started_at")),
+            stack_dropped=int(data.get("stack_dropped", 0)),
         )
 
 
@@ -372,6 +434,7 @@ class ScanResult:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> ScanResult:
         check_schema(data, SCAN_SCHEMA)
+        check_fields(data, _DOCUMENT, SCAN_SCHEMA)
         error = data.get("error")
         return cls(
             targets=tuple(data.get("targets", ())),

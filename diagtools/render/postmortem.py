@@ -9,6 +9,7 @@ ran is what the report says.
 from __future__ import annotations
 
 import linecache
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from html import escape
@@ -20,7 +21,7 @@ from diagtools.model.diff import ScanDiff, diff_scans
 from diagtools.model.replay import ReplayComparison
 from diagtools.model.scan import ScanResult
 from diagtools.render.html import _STYLE, bench_table_html, comparison_html, graph_block, scan_html
-from diagtools.render.text import render_comparison, render_diff, render_scan
+from diagtools.render.text import render_comparison, render_diff, render_scan, terminal_safe
 
 __all__ = ["Postmortem", "write_postmortem"]
 
@@ -135,13 +136,13 @@ def _markdown(report: Postmortem) -> str:
         "| time (UTC) | step |",
         "| --- | --- |",
     ]
-    lines += [f"| {t} | {what} |" for t, what in report.timeline()]
-    lines += ["", "## Root cause", "", "```text", render_scan(report.before, stack=True), "```", ""]
-    lines += ["```dot", _dot(report.before), "```", ""]
+    lines += [f"| {_md_cell(t)} | {_md_cell(what)} |" for t, what in report.timeline()]
+    lines += ["", "## Root cause", "", *_fenced(render_scan(report.before, stack=True), "text"), ""]
+    lines += [*_fenced(_dot(report.before), "dot"), ""]
     if report.replay is not None:
-        lines += ["## Replay", "", "```text", render_comparison(report.replay), "```", ""]
+        lines += ["## Replay", "", *_fenced(render_comparison(report.replay), "text"), ""]
     if report.diff is not None:
-        lines += ["## The fix", "", "```text", render_diff(report.diff), "```", ""]
+        lines += ["## The fix", "", *_fenced(render_diff(report.diff), "text"), ""]
     lines += ["## Kernel timing after the fix", ""]
     if report.bench_note:
         lines += [report.bench_note, ""]
@@ -150,12 +151,20 @@ def _markdown(report: Postmortem) -> str:
         lines += ["| " + " | ".join(_md_cell(row.get(c)) for c in BENCH_COLUMNS) + " |" for row in report.bench_rows]
     elif not report.bench_note:
         lines.append("Not measured.")
-    lines += ["", "## Regression guard", "", "```python", report.guard_snippet(), "```", ""]
+    lines += ["", "## Regression guard", "", *_fenced(report.guard_snippet(), "python"), ""]
     return "\n".join(lines)
 
 
+def _fenced(text: str, language: str) -> list[str]:
+    """A fenced code block whose fence is longer than any backtick run inside, so no line can close it."""
+    longest = max((len(run) for run in re.findall(r"`+", text)), default=0)
+    fence = "`" * max(3, longest + 1)
+    return [fence + language, text, fence]
+
+
 def _md_cell(value: Any) -> str:
-    return f"{value:.4g}" if isinstance(value, float) else ("" if value is None else str(value))
+    text = f"{value:.4g}" if isinstance(value, float) else ("" if value is None else str(value))
+    return terminal_safe(text).replace("\n", " ").replace("|", "\\|")
 
 
 def _dot(result: ScanResult) -> str:

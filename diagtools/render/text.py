@@ -1,6 +1,17 @@
-"""Terminal rendering of scan results: the culprit, its chain and its line."""
+"""Terminal rendering of scan results: the culprit, its chain and its line.
+
+Everything here may carry text the target controls (module names, file
+paths, source lines, messages, captured output), so every public function
+returns text with control characters shown as ``\\xNN`` escapes: no ANSI or
+OSC sequence, carriage return or bidi override reaches the terminal.
+"""
 
 from __future__ import annotations
+
+import functools
+import re
+from collections.abc import Callable
+from typing import ParamSpec
 
 from diagtools.model.bisect import BisectResult
 from diagtools.model.diff import ScanDiff
@@ -16,13 +27,43 @@ __all__ = [
     "render_replay",
     "render_scan",
     "render_sweep",
+    "terminal_safe",
 ]
 
+_P = ParamSpec("_P")
+_CONTROL = "\x00-\x08\x0b-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069"
+_CONTROLS = re.compile(f"[{_CONTROL}]")  # newline and tab are kept
+_CONTROLS_AND_BREAKS = re.compile(f"[{_CONTROL}\n\t]")
 
+
+def _escape(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def terminal_safe(text: str) -> str:
+    """``text`` with every control character but newline and tab shown as an escape."""
+    return _CONTROLS.sub(_escape, text)
+
+
+def _one_line(text: object) -> str:
+    """A single-line field (a name, a path, a source line): line breaks are escaped too."""
+    return _CONTROLS_AND_BREAKS.sub(_escape, str(text))
+
+
+def _safe(render: Callable[_P, str]) -> Callable[_P, str]:
+    @functools.wraps(render)
+    def wrapper(*args: _P.args, **kwargs: _P.kwargs) -> str:
+        return terminal_safe(render(*args, **kwargs))
+
+    return wrapper
+
+
+@_safe
 def render_scan(result: ScanResult, *, stack: bool = False) -> str:
     """A short report a person can act on; ``stack`` adds the whole Python stack."""
     lines = [
-        f"diagtools scan {' '.join(result.targets)}",
+        f"diagtools scan {' '.join(map(_one_line, result.targets))}",
         f"  driver: {result.driver.describe()}",
         f"  status: {result.status}  ({len(result.modules)} modules imported in {result.duration_s:.2f} s)",
     ]
@@ -30,6 +71,8 @@ def render_scan(result: ScanResult, *, stack: bool = False) -> str:
     lines += _cuda_lines(result)
     for culprit in result.culprits:
         lines += _culprit_lines(culprit, stack=stack)
+    if result.skipped_events:
+        lines.append(f"  note: {result.skipped_events} malformed event line(s) from the subkernel were skipped")
     return "\n".join(lines)
 
 
@@ -38,7 +81,7 @@ def _error_lines(result: ScanResult) -> list[str]:
         return []
     lines = [f"  error: {result.error.message}"]
     if result.error.file:
-        lines.append(f"    at {result.error.file}:{result.error.line}")
+        lines.append(f"    at {_one_line(result.error.file)}:{result.error.line}")
     return lines
 
 
@@ -49,30 +92,32 @@ def _cuda_lines(result: ScanResult) -> list[str]:
         lines.append(f"  CUDA initialized: YES (during {phase})")
     elif result.doubts():
         lines.append("  CUDA initialized: unknown (not seen, but the run could not see everything):")
-        lines += [f"    - {reason}" for reason in result.doubts()]
+        lines += [f"    - {_one_line(reason)}" for reason in result.doubts()]
     else:
         lines.append("  CUDA initialized: no")
     lines += [
-        f"  still running when the scan stopped watching: thread {thread.name!r} started by {thread.starter}"
-        + (f" at {thread.started_at}" if thread.started_at else "")
+        _one_line(
+            f"  still running when the scan stopped watching: thread {thread.name!r} started by {thread.starter}"
+            + (f" at {thread.started_at}" if thread.started_at else "")
+        )
         for thread in result.threads_alive
     ]
     return lines
 
 
 def _site_lines(label: str, site: Site) -> list[str]:
-    lines = [f"    {label} {site.file}:{site.line} in {site.function}"]
+    lines = [f"    {label} {_one_line(site)}"]
     if site.source:
-        lines.append(f"    {site.line:>5} | {site.source}")
+        lines.append(f"    {site.line:>5} | {_one_line(site.source)}")
     return lines
 
 
 def _culprit_lines(culprit: Culprit, *, stack: bool) -> list[str]:
-    lines = [f"  culprit: {culprit.module or '(no module was executing)'}"]
+    lines = [f"  culprit: {_one_line(culprit.module or '(no module was executing)')}"]
     if culprit.chain:
-        lines.append(f"    chain: {' -> '.join(culprit.chain)}")
+        lines.append(f"    chain: {' -> '.join(map(_one_line, culprit.chain))}")
     if culprit.phase == "thread":
-        lines.append(f"    thread: {culprit.thread}")
+        lines.append(f"    thread: {_one_line(culprit.thread)}")
         if culprit.thread_started_at is not None:
             lines += _site_lines("started at:", culprit.thread_started_at)
     if culprit.module_site is not None:
@@ -82,10 +127,13 @@ def _culprit_lines(culprit: Culprit, *, stack: bool) -> list[str]:
     lines.append(f"    evidence: {culprit.evidence}")
     if stack and culprit.stack:
         lines.append("    stack (outermost first):")
-        lines += [f"      {frame.file}:{frame.line} in {frame.function}" for frame in culprit.stack]
+        if culprit.stack_dropped:
+            lines.append(f"      [... {culprit.stack_dropped} outer frames dropped]")
+        lines += [f"      {_one_line(frame)}" for frame in culprit.stack]
     return lines
 
 
+@_safe
 def render_replay(result: ReplayResult) -> str:
     """The replay as a transcript: setup, parent state, child outcome, driver answers."""
     lines = [
@@ -115,11 +163,12 @@ def _child_lines(child: ChildOutcome, driver_kind: str) -> list[str]:
     lines = [f"  child: {child.summary()}  (exit code {child.exitcode})"]
     for call in child.driver_calls:
         lines.append(f"    {call.call} -> {call.name} ({call.code}) [{driver_kind} driver]")
-    if child.traceback and child.status != "ok":
-        lines.append("    " + child.traceback.strip().splitlines()[-1])
+    if child.traceback and child.status != "ok" and child.traceback.strip():
+        lines.append("    " + _one_line(child.traceback.strip().splitlines()[-1]))
     return lines
 
 
+@_safe
 def render_comparison(comparison: ReplayComparison) -> str:
     """A variant x start-method grid, then the parent-state difference that explains it."""
     methods = comparison.start_methods
@@ -129,7 +178,7 @@ def render_comparison(comparison: ReplayComparison) -> str:
     ]
     for variant in comparison.variants:
         cells = [comparison.run(variant, method).child for method in methods]
-        row = "".join((cell.summary() if cell else "no child")[:42].ljust(44) for cell in cells)
+        row = "".join(_one_line(cell.summary() if cell else "no child")[:42].ljust(44) for cell in cells)
         lines.append("  " + variant.ljust(10) + row)
     for variant in comparison.variants:
         parent = comparison.runs_of(variant)[0].parent
@@ -142,27 +191,31 @@ def render_comparison(comparison: ReplayComparison) -> str:
     return "\n".join(lines)
 
 
+@_safe
 def render_diff(diff: ScanDiff, *, limit: int = 20) -> str:
     """The verdict, the edge the fix cut, and what left or joined the import tree."""
     lines = [f"diagtools diff: {diff.summary()}"]
     if diff.before.culprit is not None:
-        lines.append(f"  before: culprit {diff.before.culprit.module} via {' -> '.join(diff.before.culprit.chain)}")
+        culprit = diff.before.culprit
+        lines.append(f"  before: culprit {_one_line(culprit.module)} via {' -> '.join(map(_one_line, culprit.chain))}")
     if diff.after.culprit is not None:
-        lines.append(f"  after:  culprit {diff.after.culprit.module} via {' -> '.join(diff.after.culprit.chain)}")
+        culprit = diff.after.culprit
+        lines.append(f"  after:  culprit {_one_line(culprit.module)} via {' -> '.join(map(_one_line, culprit.chain))}")
     lines.append(
         f"  modules no longer imported: {len(diff.removed_modules)}; newly imported: {len(diff.added_modules)}"
     )
-    lines += [f"    - {name}" for name in diff.removed_modules[:limit]]
-    lines += [f"    + {name}" for name in diff.added_modules[:limit]]
+    lines += [f"    - {_one_line(name)}" for name in diff.removed_modules[:limit]]
+    lines += [f"    + {_one_line(name)}" for name in diff.added_modules[:limit]]
     hidden = len(diff.removed_modules) + len(diff.added_modules) - 2 * limit
     if hidden > 0:
         lines.append(f"    ... {hidden} more")
     return "\n".join(lines)
 
 
+@_safe
 def render_guard_failure(result: ScanResult) -> str:
     """Why a module that must stay CUDA-free failed the check, in a few lines."""
-    target = " ".join(result.targets)
+    target = " ".join(map(_one_line, result.targets))
     if not result.cuda_initialized and not result.ok:
         detail = result.error.message if result.error else result.status
         return f"{target} could not be imported in a fresh subkernel ({result.status}): {detail} (verdict unknown)"
@@ -179,10 +232,10 @@ def _sweep_where(row: SweepRow) -> str:
     if row.culprit is not None:
         site = f" at {row.culprit.site.file}:{row.culprit.site.line}" if row.culprit.site else ""
         via = f" (inherited from {row.inherited_from})" if row.inherited_from else ""
-        return f"{row.culprit.module}{site}{via}"
+        return _one_line(f"{row.culprit.module}{site}{via}")
     if row.preloaded:
         return "(preloaded by the zygote)"
-    return row.error
+    return _one_line(row.error)
 
 
 def _sweep_mode(result: SweepResult) -> str:
@@ -194,6 +247,7 @@ def _sweep_mode(result: SweepResult) -> str:
     return line + (f"\nfallback: {result.fallback}" if result.fallback else "")
 
 
+@_safe
 def render_sweep(result: SweepResult) -> str:
     """A module -> verdict table, culprits first, then how it ran and the counts."""
     rows = sorted(result.rows, key=lambda row: (not row.cuda_initialized, row.status == "ok", row.module))
@@ -214,6 +268,7 @@ def render_sweep(result: SweepResult) -> str:
     return "\n".join(lines)
 
 
+@_safe
 def render_bisect(result: BisectResult) -> str:
     """The first bad commit, what it touched, and the culprit at that commit."""
     lines = [f"diagtools bisect {result.target}: {result.good[:12]} (good) .. {result.bad[:12]} (bad)"]
@@ -221,8 +276,8 @@ def render_bisect(result: BisectResult) -> str:
         lines.append("  no single first bad commit: skipped commits hide it; candidates:")
         lines += [f"    {commit}" for commit in result.candidates]
     else:
-        lines.append(f"  first bad commit: {result.first_bad}  {result.subject}")
-        lines += [f"    touched: {file}" for file in result.files]
+        lines.append(f"  first bad commit: {result.first_bad}  {_one_line(result.subject)}")
+        lines += [f"    touched: {_one_line(file)}" for file in result.files]
         if result.culprit is not None:
             lines += _culprit_lines(result.culprit, stack=False)
     skipped = sum(1 for step in result.steps if step.verdict == "skip")

@@ -1,10 +1,14 @@
 """Run the probe in a fresh subkernel and bring back everything it recorded.
 
 The subkernel is the caller's own interpreter started as ``python -S`` in a new
-session, with a private pipe for results.  Whatever the target does (prints,
-closes fd 1, segfaults, hangs, calls ``os._exit``) the runner keeps reading,
-enforces the deadline, dumps the stacks of a hung subkernel before killing its
-whole process group, and returns every event that reached the pipe.
+session, with a private pipe for results, by a keeper process
+(:mod:`diagtools.runner.keeper`) that is the subreaper of its whole tree.
+Whatever the target does (prints, closes fd 1, segfaults, hangs, calls
+``os._exit``, double-forks a daemon) the runner keeps reading, enforces the
+deadline, dumps the stacks of a hung subkernel, has the keeper kill every
+descendant, and returns every event that reached the pipe.  It does the same
+when the caller is interrupted: every path out of :func:`run_subkernel` ends
+the tree.
 """
 
 from __future__ import annotations
@@ -13,9 +17,11 @@ import contextlib
 import fcntl
 import os
 import selectors
+import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
@@ -24,14 +30,30 @@ from typing import Any
 
 from diagtools import protocol
 
-__all__ = ["RawRun", "SubkernelRequest", "run_subkernel"]
+__all__ = [
+    "RawRun",
+    "SubkernelRequest",
+    "abort_runs",
+    "bootstrap_code",
+    "enlarge_pipe",
+    "kill_group",
+    "kill_marked",
+    "run_subkernel",
+    "subkernel_env",
+]
 
 OUTPUT_LIMIT = 64 * 1024
+CHANNEL_LIMIT = 64 << 20
 SUBKERNEL_MARKER = protocol.SUBKERNEL_MARKER
 _DUMP_SIGNAL = signal.SIGUSR1
 _DUMP_GRACE_S = 0.5
 _BATCH_S = 0.01
 _CHANNEL_PIPE_BYTES = 1 << 20
+_READ_BYTES = 1 << 20
+_FULL_READ = 64 * 1024  # a read this large found a full pipe: the writer was waiting on us
+_KEEPER_WAIT_S = 40.0
+_DUMP_LIMIT = 4 << 20
+_KEEPER = Path(__file__).with_name("keeper.py")
 
 
 @dataclass(frozen=True)
@@ -81,6 +103,7 @@ class RawRun:
     marker: str
     started_at: float = 0.0
     skipped_events: int = 0
+    channel_truncated: bool = False
 
 
 class _Buffer:
@@ -101,19 +124,38 @@ class _Buffer:
 
 
 class _EventStream:
-    """Collects the channel's bytes; decoded and validated by the protocol once, at the end."""
+    """Collects the channel's bytes, up to a bound; decoded and validated by the protocol once, at the end.
+
+    Past :data:`CHANNEL_LIMIT` (far beyond any real import tree) whole lines
+    are dropped and counted as skipped, and the run is marked truncated.
+    """
 
     def __init__(self) -> None:
         self.chunks: list[bytes] = []
+        self.kept = 0
+        self.dropped_lines = 0
+        self.truncated = False
 
     def add(self, data: bytes) -> None:
-        self.chunks.append(data)
+        if not self.truncated and self.kept + len(data) <= CHANNEL_LIMIT:
+            self.chunks.append(data)
+            self.kept += len(data)
+            return
+        if not self.truncated:
+            cut = data.rfind(b"\n", 0, CHANNEL_LIMIT - self.kept) + 1
+            self.chunks.append(data[:cut])
+            self.kept += cut
+            self.truncated = True
+            data = data[cut:]
+        self.dropped_lines += data.count(b"\n")
 
     def decoded(self) -> protocol.DecodedEvents:
-        return protocol.decode_events(b"".join(self.chunks))
+        decoded = protocol.decode_events(b"".join(self.chunks))
+        decoded.skipped += self.dropped_lines
+        return decoded
 
 
-def _subkernel_env(request: SubkernelRequest, channel_fd: int, dump_fd: int, marker: str) -> dict[str, str]:
+def subkernel_env(request: SubkernelRequest, channel_fd: int, dump_fd: int, marker: str) -> dict[str, str]:
     env = dict(os.environ)
     env.update(request.env)
     env.update(request.settings)
@@ -129,7 +171,7 @@ def _subkernel_env(request: SubkernelRequest, channel_fd: int, dump_fd: int, mar
     return env
 
 
-def _bootstrap_code(program: Path) -> str:
+def bootstrap_code(program: Path) -> str:
     """Load the protocol module by hand (no import system: the probe's tree stays bare), then run ``program``.
 
     ``python -c`` would make the working directory the first import root, so a
@@ -153,33 +195,49 @@ def run_subkernel(
     popen: Callable[..., subprocess.Popen[bytes]] = subprocess.Popen,
     clock: Callable[[], float] = time.monotonic,
 ) -> RawRun:
-    """Run the program once in a new session and return what it recorded, however it ended."""
+    """Run the program once under a keeper and return what it recorded, however it ended.
+
+    Whatever way this returns or raises (``KeyboardInterrupt`` included), the
+    keeper has been told to kill the subkernel's whole process tree.
+    """
     marker = os.urandom(16).hex()
-    read_fd, write_fd = os.pipe()
-    _enlarge_pipe(write_fd)
-    dump_fd = os.memfd_create("diagtools-faults", 0)  # inherited: faulthandler writes here
-    env = _subkernel_env(request, write_fd, dump_fd, marker)
+    fds = _Fds()
     wall_start = time.time()
     started = clock()
+    keeper: subprocess.Popen[bytes] | None = None
     try:
-        process = popen(
-            [request.python, *request.flags, "-c", _bootstrap_code(request.program)],
+        env = subkernel_env(request, fds.channel_w, fds.dump, marker)
+        keeper = popen(
+            [
+                request.python,
+                "-I",
+                "-S",
+                str(_KEEPER),
+                str(fds.out_w),
+                str(fds.channel_w),
+                str(fds.dump),
+                "--",
+                _executable(request.python),
+                *request.flags,
+                "-c",
+                bootstrap_code(request.program),
+            ],
             env=env,
             cwd=request.cwd,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            pass_fds=(write_fd, dump_fd),
+            stdin=fds.life_r,
+            stdout=fds.status_w,
+            stderr=fds.err_w,
+            pass_fds=(fds.out_w, fds.channel_w, fds.dump),
             start_new_session=True,
         )
+        fds.close_child_ends()
+        collected = _collect(fds, started, request.timeout, clock)
     except BaseException:
-        os.close(read_fd)
-        os.close(dump_fd)
+        _release(keeper, fds, marker)
+        fds.close_all()
         raise
-    finally:
-        os.close(write_fd)
-    collected = _collect(process, read_fd, started + request.timeout, clock, marker)
-    fault_dump = _read_all(dump_fd)
+    _release(keeper, fds, marker)
+    fault_dump = fds.read_dump()
     decoded = collected.events.decoded()
     return RawRun(
         events=tuple(decoded.events),
@@ -192,7 +250,57 @@ def run_subkernel(
         marker=marker,
         started_at=wall_start,
         skipped_events=decoded.skipped,
+        channel_truncated=collected.events.truncated,
     )
+
+
+def _executable(python: str) -> str:
+    """An absolute interpreter path: the keeper starts the subkernel with ``execve``, which does not search PATH."""
+    return python if os.path.isabs(python) else (shutil.which(python) or python)
+
+
+class _Fds:
+    """The pipes between the runner, the keeper and the subkernel; each end closed once."""
+
+    def __init__(self) -> None:
+        self.opened: list[int] = []
+        self.channel_r, self.channel_w = self._pipe()
+        self.out_r, self.out_w = self._pipe()
+        self.err_r, self.err_w = self._pipe()
+        self.status_r, self.status_w = self._pipe()
+        self.life_r, self.life_w = self._pipe()
+        self.dump = os.memfd_create("diagtools-faults", 0)  # faulthandler writes here
+        self.opened.append(self.dump)
+        with _LIVE_LOCK:
+            _LIVE.add(self)
+        for fd in (self.channel_w, self.out_w, self.err_w):
+            enlarge_pipe(fd)
+
+    def _pipe(self) -> tuple[int, int]:
+        read_fd, write_fd = os.pipe()
+        self.opened += [read_fd, write_fd]
+        return read_fd, write_fd
+
+    def close(self, fd: int) -> None:
+        if fd in self.opened:
+            self.opened.remove(fd)
+            os.close(fd)
+
+    def close_child_ends(self) -> None:
+        for fd in (self.channel_w, self.out_w, self.err_w, self.status_w, self.life_r):
+            self.close(fd)
+
+    def close_all(self) -> None:
+        for fd in list(self.opened):
+            self.close(fd)
+
+    def read_dump(self) -> str:
+        """Everything faulthandler wrote to the dump file (at most a few MiB), then close it."""
+        try:
+            size = min(os.fstat(self.dump).st_size, _DUMP_LIMIT)
+            return os.pread(self.dump, size, 0).decode("utf-8", "backslashreplace")
+        finally:
+            self.close(self.dump)
 
 
 @dataclass
@@ -200,64 +308,124 @@ class _Collected:
     events: _EventStream
     stdout: _Buffer
     stderr: _Buffer
+    status: _Buffer
     returncode: int | None = None
     timed_out: bool = False
+    pid: int | None = None
+
+    def keeper_said(self, word: str) -> list[str] | None:
+        for line in b"".join(self.status.chunks).decode("ascii", "replace").splitlines():
+            parts = line.split()
+            if parts and parts[0] == word:
+                return parts[1:]
+        return None
 
 
-def _collect(
-    process: subprocess.Popen[bytes], channel_fd: int, deadline: float, clock: Callable[[], float], marker: str
-) -> _Collected:
-    """Read all three streams until the subkernel exits or the deadline passes."""
-    assert process.stdout is not None
-    assert process.stderr is not None
-    collected = _Collected(_EventStream(), _Buffer(), _Buffer())
+def _collect(fds: _Fds, started: float, timeout: float, clock: Callable[[], float]) -> _Collected:
+    """Read every stream until the keeper reports the tree gone, enforcing the deadline.
+
+    The deadline is ``timeout`` seconds of the subkernel's own time: while
+    the subkernel's output fills the pipes faster than one read empties them
+    (it is waiting on the runner, not hung), the time spent reading is added
+    back, up to one more ``timeout`` in all, so a target that prints forever
+    still times out.
+    """
+    collected = _Collected(_EventStream(), _Buffer(), _Buffer(), _Buffer())
     sinks: dict[int, Callable[[bytes], None]] = {
-        channel_fd: collected.events.add,
-        process.stdout.fileno(): collected.stdout.add,
-        process.stderr.fileno(): collected.stderr.add,
+        fds.channel_r: collected.events.add,
+        fds.out_r: collected.stdout.add,
+        fds.err_r: collected.stderr.add,
+        fds.status_r: collected.status.add,
     }
+    deadline, extended, kill_at = started + timeout, 0.0, None
     with selectors.DefaultSelector() as selector:
         for fd in sinks:
             selector.register(fd, selectors.EVENT_READ)
-        while not _exited(process.pid):
-            if clock() >= deadline:
+        while collected.keeper_said("exit") is None and fds.status_r in selector.get_map():
+            now = clock()
+            if kill_at is None and now >= deadline:
                 collected.timed_out = True
-                _dump_and_kill(process, selector, sinks)
-                break
-            _pump(selector, sinks, min(0.05, max(0.0, deadline - clock())))
-            time.sleep(_BATCH_S)  # read in batches: waking per event would slow the target
-        _kill_group(process.pid)
-        _kill_marked(marker)
+                _ask_for_stacks(collected)
+                kill_at = now + _DUMP_GRACE_S
+            if kill_at is not None and now >= kill_at:
+                _tell_keeper(fds, b"k")
+                kill_at = float("inf")
+            moved = _pump(selector, sinks, min(0.05, max(0.0, deadline - now)), skip=fds.channel_r)
+            if moved >= _FULL_READ and extended < timeout:
+                spent = min(clock() - now, timeout - extended)
+                deadline, extended = deadline + spent, extended + spent
+            elif moved < _FULL_READ:
+                time.sleep(_BATCH_S)  # read events in batches: waking per event would slow the target
         _drain(selector, sinks)
-    collected.returncode = process.wait()
-    os.close(channel_fd)
-    process.stdout.close()
-    process.stderr.close()
+    said = collected.keeper_said("exit")
+    collected.returncode = int(said[0]) if said else None
     return collected
 
 
-def _enlarge_pipe(fd: int) -> None:
-    """Room for a burst of events between two batched reads (Linux only; best effort)."""
+def _ask_for_stacks(collected: _Collected) -> None:
+    """Ask the hung subkernel for its stacks (faulthandler answers in the dump file)."""
+    pid = collected.keeper_said("pid")
+    if pid:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(int(pid[0]), _DUMP_SIGNAL)
+
+
+def _tell_keeper(fds: _Fds, message: bytes) -> None:
+    with _LIVE_LOCK, contextlib.suppress(OSError):
+        if fds.life_w in fds.opened:
+            os.write(fds.life_w, message)
+
+
+_LIVE: set[_Fds] = set()
+_LIVE_LOCK = threading.Lock()
+
+
+def abort_runs() -> None:
+    """Have every subkernel this process is running killed now (an interrupt: their threads then return)."""
+    with _LIVE_LOCK:
+        live = list(_LIVE)
+    for fds in live:
+        _tell_keeper(fds, b"k")
+
+
+def _release(keeper: subprocess.Popen[bytes] | None, fds: _Fds, marker: str) -> None:
+    """End the run on every path: the keeper kills the tree, then it is reaped; nothing is left open."""
+    if keeper is not None and keeper.poll() is None:
+        _tell_keeper(fds, b"k")
+    with _LIVE_LOCK:
+        _LIVE.discard(fds)
+        fds.close(fds.life_w)  # even if this process dies now, the closed lifeline makes the keeper sweep
+    if keeper is not None:
+        try:
+            keeper.wait(timeout=_KEEPER_WAIT_S)
+        except subprocess.TimeoutExpired:
+            keeper.kill()
+            keeper.wait()
+    kill_marked(marker)
+    for fd in list(fds.opened):
+        if fd != fds.dump:  # read once the run is over, then closed
+            fds.close(fd)
+
+
+def enlarge_pipe(fd: int) -> None:
+    """Room for a burst of output between two batched reads (Linux only; best effort)."""
     with contextlib.suppress(OSError, AttributeError):
         fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, _CHANNEL_PIPE_BYTES)
 
 
-def _exited(pid: int) -> bool:
-    """True once the subkernel has exited; it stays a zombie until ``wait``."""
-    try:
-        info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-    except ChildProcessError:
-        return True
-    return info is not None
-
-
-def _pump(selector: selectors.BaseSelector, sinks: dict[int, Callable[[bytes], None]], timeout: float) -> None:
+def _pump(
+    selector: selectors.BaseSelector, sinks: dict[int, Callable[[bytes], None]], timeout: float, skip: int = -1
+) -> int:
+    """Read what is ready; the number of output bytes moved (the channel's ``skip`` not counted)."""
+    moved = 0
     for key, _ in selector.select(timeout):
-        data = os.read(key.fd, 65536)
+        data = os.read(key.fd, _READ_BYTES)
         if data:
             sinks[key.fd](data)
+            moved += len(data) if key.fd != skip else 0
         else:
             selector.unregister(key.fd)
+    return moved
 
 
 def _drain(selector: selectors.BaseSelector, sinks: dict[int, Callable[[bytes], None]]) -> None:
@@ -267,27 +435,8 @@ def _drain(selector: selectors.BaseSelector, sinks: dict[int, Callable[[bytes], 
         _pump(selector, sinks, 0.05)
 
 
-def _dump_and_kill(
-    process: subprocess.Popen[bytes], selector: selectors.BaseSelector, sinks: dict[int, Callable[[bytes], None]]
-) -> None:
-    """Ask the hung subkernel for its stacks, then kill its process group."""
-    try:
-        os.kill(process.pid, _DUMP_SIGNAL)
-    except ProcessLookupError:
-        return
-    stop = time.monotonic() + _DUMP_GRACE_S
-    while time.monotonic() < stop and not _exited(process.pid):
-        _pump(selector, sinks, 0.05)
-    _kill_group(process.pid)
-
-
-def _kill_group(pgid: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, signal.SIGKILL)
-
-
-def _kill_marked(marker: str) -> None:
-    """Kill what escaped the process group (a ``setsid`` grandchild) but still carries the marker."""
+def kill_marked(marker: str) -> None:
+    """Kill what the keeper could not reach (it was killed itself) but still carries the marker."""
     needle = f"{SUBKERNEL_MARKER}={marker}".encode()
     for entry in os.listdir("/proc"):
         if not entry.isdigit() or int(entry) == os.getpid():
@@ -301,10 +450,7 @@ def _kill_marked(marker: str) -> None:
                 os.kill(int(entry), signal.SIGKILL)
 
 
-def _read_all(fd: int) -> str:
-    """Everything faulthandler wrote to the dump file, then close it."""
-    try:
-        size = os.fstat(fd).st_size
-        return os.pread(fd, size, 0).decode("utf-8", "backslashreplace")
-    finally:
-        os.close(fd)
+def kill_group(pgid: int) -> None:
+    """SIGKILL a whole process group, if it is still there."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)

@@ -30,11 +30,11 @@ from diagtools.runner.subkernel import (
     CapturedOutput,
     RawRun,
     SubkernelRequest,
-    _bootstrap_code,
-    _enlarge_pipe,
-    _kill_group,
-    _kill_marked,
-    _subkernel_env,
+    bootstrap_code,
+    enlarge_pipe,
+    kill_group,
+    kill_marked,
+    subkernel_env,
 )
 
 __all__ = ["ZygoteOutcome", "run_zygote"]
@@ -140,7 +140,7 @@ class _Zygote:
                 child.timed_out, child.dump_sent = True, now
                 _signal(child.pid, _DUMP_SIGNAL)
             elif child.dump_sent is not None and now - child.dump_sent >= _DUMP_GRACE_S:
-                _kill_group(child.pid)
+                kill_group(child.pid)
                 _signal(child.pid, signal.SIGKILL)
 
 
@@ -202,14 +202,14 @@ def run_zygote(
 def _run(request: SubkernelRequest, workdir: Path, count: int, timeout: float, on_child: ChildDone) -> ZygoteOutcome:
     marker = os.urandom(16).hex()
     read_fd, write_fd = os.pipe()
-    _enlarge_pipe(write_fd)
+    enlarge_pipe(write_fd)
     dump_fd = os.memfd_create("diagtools-zygote-faults", 0)
-    env = _subkernel_env(request, write_fd, dump_fd, marker)
+    env = subkernel_env(request, write_fd, dump_fd, marker)
     zygote = _Zygote(workdir, count, timeout, on_child, marker)
     with (workdir / "zygote.out").open("wb") as out, (workdir / "zygote.err").open("wb") as err:
         try:
             process = subprocess.Popen(
-                [request.python, *request.flags, "-c", _bootstrap_code(request.program)],
+                [request.python, *request.flags, "-c", bootstrap_code(request.program)],
                 env=env,
                 cwd=request.cwd,
                 stdin=subprocess.DEVNULL,
@@ -223,8 +223,8 @@ def _run(request: SubkernelRequest, workdir: Path, count: int, timeout: float, o
         try:
             _follow(process, read_fd, zygote, time.monotonic() + request.timeout)
         finally:
-            _kill_group(process.pid)
-            _kill_marked(marker)
+            kill_group(process.pid)
+            kill_marked(marker)
             process.wait()
             os.close(read_fd)
             os.close(dump_fd)

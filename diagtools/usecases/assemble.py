@@ -31,15 +31,27 @@ _HIDDEN_FILES = (
     str(Path(protocol.__file__).resolve()),
 )
 _EVIDENCE_ORDER = {"cuinit": "driver-hook", "refined": "trace", "transition": "state-probe"}
+TEXT_LIMIT = 2000  # characters kept of a source line or a message
+FRAME_LIMIT = 200  # frames kept of a stack (the innermost ones)
+
+
+def capped(text: str, limit: int = TEXT_LIMIT) -> str:
+    """``text`` cut at ``limit`` characters, saying how many bytes it had in all."""
+    if len(text) <= limit:
+        return text
+    return text[:limit] + f"… [truncated: {len(text.encode('utf-8', 'backslashreplace'))} bytes]"
 
 
 def source_line(file: str, line: int) -> str:
-    """The stripped text of ``file:line``, or "" when the source is unavailable."""
-    return linecache.getline(file, line).strip() if line > 0 else ""
+    """The stripped text of ``file:line`` (capped), or "" when the source is unavailable."""
+    try:
+        return capped(linecache.getline(file, line).strip()) if line > 0 else ""
+    except (OSError, ValueError, UnicodeError, MemoryError):
+        return ""
 
 
 def _site(frame: Sequence[Any]) -> Site:
-    file, line, function = str(frame[0]), int(frame[1]), str(frame[2])
+    file, line, function = str(frame[0]), int(frame[1] or 0), str(frame[2])
     return Site(file, line, function, source_line(file, line))
 
 
@@ -139,16 +151,18 @@ def _culprit(event: dict[str, Any], tree: _Tree, main_thread: int) -> Culprit:
     chain = tree.chain(module)
     if module is not None and module not in tree.nodes:
         chain = (*tree.chain(event.get("importer")), module)  # executed without an import the tracer saw
+    visible = _visible(stack)
     return Culprit(
         module=module,
         chain=chain,
         site=pick_site(stack),
-        stack=tuple(_site(frame) for frame in reversed(_visible(stack))),
+        stack=tuple(_site(frame) for frame in reversed(visible[:FRAME_LIMIT])),
         phase=event.get("ph", "import"),
         thread=_thread_label(event, main_thread),
         evidence=_EVIDENCE_ORDER[event["e"]],
         module_site=_module_site(stack, tree.file_of(module)),
         thread_started_at=start_site(event.get("started")),
+        stack_dropped=max(0, len(visible) - FRAME_LIMIT),
     )
 
 
@@ -200,7 +214,10 @@ def _fault_where(dump: str) -> str:
 
 def _format_traceback(frames: Sequence[Sequence[Any]], message: str) -> str:
     lines = ["Traceback (most recent call last):"]
-    for frame in _visible(frames):
+    visible = _visible(frames)
+    if len(visible) > FRAME_LIMIT:
+        lines.append(f"  [... {len(visible) - FRAME_LIMIT} outer frames dropped]")
+    for frame in visible[-FRAME_LIMIT:]:
         site = _site(frame)
         lines.append(f'  File "{site.file}", line {site.line}, in {site.function}')
         if site.source:
@@ -215,8 +232,8 @@ def _import_error(event: dict[str, Any]) -> RunError:
     if file is None:
         innermost = pick_site(list(reversed(frames)))
         file, line = (innermost.file, innermost.line) if innermost else (None, None)
-    message = f"{event['target']}: {event['msg']}"
-    return RunError("import-error", message, _format_traceback(frames, event["msg"]), file, line)
+    message = capped(f"{event['target']}: {event['msg']}")
+    return RunError("import-error", message, _format_traceback(frames, capped(event["msg"])), file, line)
 
 
 def _signal_name(number: int) -> str:
@@ -241,6 +258,20 @@ def subkernel_failure(raw: RawRun) -> tuple[ScanStatus, RunError] | None:
     return None
 
 
+CHANNEL_LOST_MESSAGE = (
+    "the target closed, replaced or flooded the subkernel's result channel, so what it did after that is unknown"
+)
+
+
+def _channel_lost(raw: RawRun, kinds: set[str]) -> bool:
+    """The probe said its channel broke, a flood overran it, or a subkernel that exited normally sent nothing."""
+    if raw.channel_truncated:
+        return True
+    if raw.returncode == protocol.CHANNEL_LOST_EXIT and "exit" not in kinds:
+        return True
+    return raw.returncode == 0 and "hello" not in kinds
+
+
 def _status_and_error(raw: RawRun, events: Sequence[dict[str, Any]]) -> tuple[ScanStatus, RunError | None]:
     kinds = {event["e"] for event in events}
     errors = [event for event in events if event["e"] == "error"]
@@ -248,6 +279,10 @@ def _status_and_error(raw: RawRun, events: Sequence[dict[str, Any]]) -> tuple[Sc
     failure = subkernel_failure(raw)
     if failure is not None:
         return failure
+    if "done" not in kinds and _channel_lost(raw, kinds):
+        return ScanStatus.CHANNEL_LOST, RunError(
+            "channel-lost", CHANNEL_LOST_MESSAGE, raw.stderr.text[-4000:], exitcode=code
+        )
     if "done" not in kinds:
         exit_events = [event for event in events if event["e"] == "exit"]
         reason = "sys.exit" if exit_events else "os._exit or a closed interpreter"

@@ -8,10 +8,12 @@ target cannot be imported are skipped, not judged.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -23,7 +25,7 @@ from diagtools.errors import UsageError
 from diagtools.model.bisect import BisectResult, BisectStep
 from diagtools.model.scan import Culprit, Site
 from diagtools.usecases.bisect_step import BAD, GOOD, verdict
-from diagtools.usecases.scan import validate_targets
+from diagtools.usecases.scan import validate_targets, validate_timeout
 
 __all__ = ["bisect"]
 
@@ -98,14 +100,22 @@ def _judge_endpoint(job: _Job, rev: str, expected: int) -> None:
 def _run_bisect(work: Path, good: str, bad: str, step_args: list[str], log: Path) -> str:
     _git(work, "bisect", "start", bad, good)
     env = dict(os.environ, DIAGTOOLS_BISECT_LOG=str(log))
-    done = subprocess.run(
-        ["git", "-C", str(work), "bisect", "run", sys.executable, "-m", "diagtools.usecases.bisect_step", *step_args],
-        capture_output=True,
+    command = ["git", "-C", str(work), "bisect", "run", sys.executable, "-m", "diagtools.usecases.bisect_step"]
+    with subprocess.Popen(
+        [*command, *step_args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
         text=True,
         env=env,
-        check=False,
-    )
-    return done.stdout + done.stderr
+        start_new_session=True,
+    ) as process:
+        try:
+            output, _ = process.communicate()
+        except BaseException:  # an interrupt: the step running now dies, and its keeper ends its scan's tree
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(process.pid, signal.SIGKILL)
+            raise
+    return output
 
 
 _FIRST_BAD = re.compile(r"^([0-9a-f]{40}) is the first bad commit", re.MULTILINE)
@@ -131,6 +141,7 @@ def bisect(
 ) -> BisectResult:
     """Find the first commit between ``good`` and ``bad`` where importing ``target`` initializes CUDA."""
     (name,) = validate_targets(target)
+    timeout = validate_timeout(timeout)
     source = _check_repo(Path(repo))
     good_sha, bad_sha = _resolve(source, good), _resolve(source, bad)
     with tempfile.TemporaryDirectory(prefix="diagtools-bisect-") as scratch:

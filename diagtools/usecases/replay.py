@@ -9,6 +9,7 @@ process, so a notebook can replay the failure without poisoning itself.
 from __future__ import annotations
 
 import os
+import tempfile
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -30,7 +31,7 @@ from diagtools.model.replay import (
 from diagtools.model.scan import DriverInfo, RunError
 from diagtools.runner.subkernel import RawRun, SubkernelRequest, run_subkernel
 from diagtools.usecases.assemble import subkernel_failure
-from diagtools.usecases.scan import validate_paths, validate_targets
+from diagtools.usecases.scan import validate_paths, validate_targets, validate_timeout
 
 __all__ = ["ReplaySpec", "assemble_replay", "compare_replays", "replay_fork"]
 
@@ -63,8 +64,9 @@ class ReplaySpec:
     child: str
     start_method: str
 
-    def request(self, env: dict[str, str], timeout: float) -> SubkernelRequest:
+    def request(self, env: dict[str, str], timeout: float, scratch: str = "") -> SubkernelRequest:
         settings = {
+            protocol.REPLAY_SCRATCH: scratch,
             protocol.REPLAY_TARGET: self.target,
             protocol.REPLAY_PATH: "\n".join(self.roots),
             protocol.REPLAY_CHILD: self.child,
@@ -100,11 +102,12 @@ def replay_fork(
         Seconds for the whole replay; the child gets half of it.
     """
     (target,) = validate_targets(setup)
-    if timeout <= 0:
-        raise UsageError(f"--timeout must be positive, got {timeout}")
+    timeout = validate_timeout(timeout)
     spec = ReplaySpec(target, validate_paths(path), _validate_child(child), _validate_start_method(start_method))
     setup_driver = resolve_driver(driver)
-    return assemble_replay(runner(spec.request(setup_driver.env, timeout)), spec, setup_driver.info)
+    with tempfile.TemporaryDirectory(prefix="diagtools-replay-") as scratch:
+        raw = runner(spec.request(setup_driver.env, timeout, scratch))
+    return assemble_replay(raw, spec, setup_driver.info)
 
 
 def assemble_replay(raw: RawRun, spec: ReplaySpec, driver: DriverInfo) -> ReplayResult:
@@ -145,10 +148,17 @@ def _replay_status(
     if failure is not None:
         status, error = failure
         return ReplayStatus(status.value), error
+    if "done" not in events and raw.returncode == protocol.CHANNEL_LOST_EXIT:
+        return ReplayStatus.CHANNEL_LOST, RunError(
+            "channel-lost", _CHANNEL_LOST, raw.stderr.text[-4000:], exitcode=raw.returncode
+        )
     if outcome is None or "done" not in events:
         message = f"the replay's parent ended before reporting (exit code {raw.returncode})"
         return ReplayStatus.EXITED, RunError("exited", message, raw.stderr.text[-4000:], exitcode=raw.returncode)
     return _CHILD_TO_REPLAY.get(outcome.status, ReplayStatus(outcome.status.value)), None
+
+
+_CHANNEL_LOST = "the target closed or replaced the result channel: the replay's outcome is unknown"
 
 
 def compare_replays(

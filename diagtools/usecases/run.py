@@ -39,7 +39,7 @@ from diagtools.model.run import (
     RunResult,
 )
 from diagtools.model.scan import DriverInfo, Site
-from diagtools.runner.subkernel import SUBKERNEL_MARKER, _kill_group, _kill_marked
+from diagtools.runner.subkernel import SUBKERNEL_MARKER, kill_group, kill_marked
 
 __all__ = [
     "OUTPUT_MODES",
@@ -487,8 +487,8 @@ def _run_in(
     capture = _Capture(process) if output == "capture" else None
     deadline = started + timeout if timeout is not None else None
     timed_out, interrupted = _wait(process, deadline, clock, capture)
-    _kill_group(process.pid)
-    _kill_marked(marker)
+    kill_group(process.pid)
+    kill_marked(marker)
     if capture is not None:
         capture.drain()
     exitcode = process.wait()

@@ -13,7 +13,17 @@ from diagtools.model.scan import Culprit, ScanResult
 from diagtools.runner.subkernel import RawRun, SubkernelRequest, run_subkernel
 from diagtools.usecases.assemble import assemble
 
-__all__ = ["DEFAULT_SETTLE_S", "SCAN_PROBE", "probe_request", "scan", "validate_paths", "validate_targets"]
+__all__ = [
+    "DEFAULT_SETTLE_S",
+    "SCAN_PROBE",
+    "probe_request",
+    "scan",
+    "validate_paths",
+    "validate_targets",
+    "validate_timeout",
+]
+
+MAX_TIMEOUT_S = 7 * 24 * 3600.0
 
 SCAN_PROBE = agents.program("scan_probe")
 DEFAULT_SETTLE_S = 1.0
@@ -23,7 +33,10 @@ Runner = Callable[[SubkernelRequest], RawRun]
 
 def validate_targets(targets: str | Iterable[str]) -> tuple[str, ...]:
     """Dotted module names, checked before any process starts."""
-    names = (targets,) if isinstance(targets, str) else tuple(targets)
+    try:
+        names = (targets,) if isinstance(targets, str) else tuple(targets)
+    except TypeError:
+        raise UsageError(f"targets must be a module name or a list of them, got {targets!r}") from None
     if not names:
         raise UsageError("no target given: name at least one module to scan")
     for name in names:
@@ -32,12 +45,29 @@ def validate_targets(targets: str | Iterable[str]) -> tuple[str, ...]:
     return names
 
 
+def validate_timeout(timeout: object) -> float:
+    """Seconds as a finite, positive number (at most a week), checked before any process starts."""
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+        raise UsageError(f"--timeout must be a number of seconds, got {timeout!r}")
+    if not 0 < timeout <= MAX_TIMEOUT_S:  # also false for NaN
+        raise UsageError(f"--timeout must be finite, positive and at most {MAX_TIMEOUT_S:.0f} s, got {timeout}")
+    return float(timeout)
+
+
 def validate_paths(paths: str | os.PathLike[str] | Iterable[str | os.PathLike[str]]) -> tuple[str, ...]:
     """Import roots that exist, made absolute so the subkernel's cwd cannot matter."""
-    items = (paths,) if isinstance(paths, (str, os.PathLike)) else tuple(paths)
+    try:
+        items = (paths,) if isinstance(paths, (str, os.PathLike)) else tuple(paths)
+    except TypeError:
+        raise UsageError(f"path must be a directory or a list of them, got {paths!r}") from None
     resolved = []
     for item in items:
-        path = os.path.abspath(os.fspath(item))
+        if not isinstance(item, (str, os.PathLike)):
+            raise UsageError(f"--path entries must be directory names, got {item!r}")
+        text = os.fspath(item)
+        if not isinstance(text, str) or "\n" in text or "\0" in text:
+            raise UsageError(f"--path {text!r} contains a newline or NUL byte, which an import root cannot have")
+        path = os.path.abspath(text)
         if not os.path.isdir(path):
             raise UsageError(f"--path {os.fspath(item)!r} is not a directory")
         resolved.append(path)
@@ -80,8 +110,7 @@ def scan(
     """
     names = validate_targets(targets)
     roots = validate_paths(path)
-    if timeout <= 0:
-        raise UsageError(f"--timeout must be positive, got {timeout}")
+    timeout = validate_timeout(timeout)
     if not 0 <= settle < timeout:
         raise UsageError(f"--settle must be at least 0 and below the timeout ({timeout} s), got {settle}")
     setup = resolve_driver(driver)

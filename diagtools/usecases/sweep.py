@@ -28,7 +28,8 @@ from typing import Any
 from diagtools.driver import resolve_driver
 from diagtools.errors import UsageError
 from diagtools.model.sweep import SweepResult, SweepRow
-from diagtools.usecases.scan import scan, validate_paths, validate_targets
+from diagtools.runner.subkernel import abort_runs
+from diagtools.usecases.scan import scan, validate_paths, validate_targets, validate_timeout
 from diagtools.usecases.sweep_discover import SweptTree, discover_modules, locate_tree
 from diagtools.usecases.sweep_journal import Fingerprints, Journal
 from diagtools.usecases.sweep_zygote import ZygotePass, in_package_deps, zygote_pass
@@ -144,12 +145,23 @@ class _Run:
 def _run_fresh(plan: _Plan, pending: Sequence[str], run: _Run, executor: Executor | None) -> None:
     pool = executor or ThreadPoolExecutor(max_workers=plan.jobs)
     try:
-        futures = [pool.submit(_sweep_one, m, plan) for m in pending]
+        futures = {pool.submit(_sweep_one, m, plan): m for m in pending}
         for future in as_completed(futures):
-            run.record(SweepRow.from_json(future.result()))
+            run.record(_row_of(futures[future], future))
+    except BaseException:
+        abort_runs()  # an interrupt: the subkernels still running are killed, so the workers return now
+        raise
     finally:
         if executor is None:
             pool.shutdown(cancel_futures=True)
+
+
+def _row_of(module: str, future: Future[dict[str, Any]]) -> SweepRow:
+    """The finished module's row; a failure of diagtools itself becomes that row's error, not the sweep's."""
+    try:
+        return SweepRow.from_json(future.result())
+    except Exception as exc:  # one bad module never stops the sweep
+        return SweepRow(module, "error", False, None, 0.0, error=f"{type(exc).__name__}: {exc}")
 
 
 def _run_zygote_here(plan: _Plan, pending: Sequence[str], run: _Run, tree: SweptTree) -> ZygotePass:
@@ -171,12 +183,18 @@ def _run_zygote_here(plan: _Plan, pending: Sequence[str], run: _Run, tree: Swept
 
 def _run_zygote_chunks(plan: _Plan, pending: Sequence[str], run: _Run, executor: Executor) -> ZygotePass:
     size = max(_MIN_CHUNK, math.ceil(len(pending) / (plan.jobs * _CHUNKS_PER_WORKER)))
-    futures: list[Future[dict[str, Any]]] = [
-        executor.submit(_zygote_chunk, list(pending[i : i + size]), plan) for i in range(0, len(pending), size)
-    ]
+    chunks = [list(pending[i : i + size]) for i in range(0, len(pending), size)]
+    futures: dict[Future[dict[str, Any]], list[str]] = {
+        executor.submit(_zygote_chunk, chunk, plan): chunk for chunk in chunks
+    }
     preloads, fallbacks, used = set(), [], False
     for future in as_completed(futures):
-        chunk = future.result()
+        try:
+            chunk = future.result()
+        except Exception as exc:  # a lost worker costs its chunk's rows, never the sweep
+            for module in futures[future]:
+                run.record(SweepRow(module, "error", False, None, 0.0, error=f"{type(exc).__name__}: {exc}"))
+            continue
         for record in chunk["rows"]:
             run.record(SweepRow.from_json(record))
         preloads.add(tuple(chunk["preload"]))
@@ -224,8 +242,7 @@ def sweep(
     """
     if jobs is not None and jobs < 1:
         raise UsageError(f"--jobs must be at least 1, got {jobs}")
-    if timeout <= 0:
-        raise UsageError(f"--timeout must be positive, got {timeout}")
+    timeout = validate_timeout(timeout)
     roots = validate_paths(tuple(path))
     tree = locate_tree(package, roots, exclude)
     resolve_driver(driver)  # build the driver once, before the workers start

@@ -18,7 +18,7 @@ import json
 from pathlib import Path
 from typing import IO, Any
 
-from diagtools.errors import JournalLockedError, UsageError
+from diagtools.errors import DiagtoolsError, JournalLockedError, UsageError
 from diagtools.model.sweep import SWEEP_SCHEMA, SweepRow
 from diagtools.usecases.sweep_discover import SweptTree
 
@@ -83,7 +83,10 @@ class Journal:
         if self.handle is None:
             return {}
         self.handle.seek(0)
-        text = self.handle.read()
+        try:
+            text = self.handle.read()
+        except (OSError, UnicodeError) as exc:
+            raise UsageError(f"cannot read the journal {self.path}: {exc}; choose another --json") from None
         lines = text.splitlines()
         if not lines:
             self._write(self.header)
@@ -92,15 +95,21 @@ class Journal:
         if not text.endswith("\n"):
             self.handle.write("\n")  # end the row an interrupted run tore, so new rows start clean
         rows: dict[str, SweepRow] = {}
-        for line in lines[1:]:
+        for number, line in enumerate(lines[1:], start=2):
             record = _parse_line(line)
             if record is not None and "module" in record:
-                row = SweepRow.from_json(record)
+                row = self._row(record, number)
                 if row.fingerprint and row.fingerprint == fingerprints.of(row):
                     rows[row.module] = row
                 else:
                     rows.pop(row.module, None)
         return rows
+
+    def _row(self, record: dict[str, Any], line: int) -> SweepRow:
+        try:
+            return SweepRow.from_json(record)
+        except (KeyError, TypeError, ValueError, AttributeError, DiagtoolsError) as exc:
+            raise UsageError(f"{self.path}:{line} is not a {SWEEP_SCHEMA} row ({exc!r}); fix or remove it") from None
 
     def _check_header(self, record: dict[str, Any] | None) -> None:
         expected = (self.header["schema"], self.header["package"])
@@ -127,6 +136,6 @@ class Journal:
 def _parse_line(line: str) -> dict[str, Any] | None:
     try:
         record = json.loads(line)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None  # a row torn by an interrupted run is scanned again
     return record if isinstance(record, dict) else None

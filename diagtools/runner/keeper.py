@@ -1,0 +1,209 @@
+"""The keeper: a tiny parent that owns a subkernel's whole process tree.
+
+The runner starts this file as ``python -I -S keeper.py OUT_FD CHANNEL_FD
+DUMP_FD -- ARGV...`` in a session of its own.  The keeper makes itself a child
+subreaper (``PR_SET_CHILD_SUBREAPER``), so every descendant that loses its
+parent (a double-forked daemon, a ``setsid`` grandchild, a process that
+dropped its environment) is re-parented to the keeper instead of to init; it
+then starts the subkernel in a new session.  When the subkernel exits, when
+the runner writes ``k`` on the keeper's stdin, or when that pipe closes
+because the runner died, the keeper kills every descendant it has, again and
+again until it has no child left, and only then reports the subkernel's exit
+code.  Descendants are found by walking ``/proc/*/stat`` parent links, so no
+cooperation of the target is needed.
+
+Protocol on stdout (one line each): ``pid N`` once the subkernel started,
+``exit CODE`` (``-N`` for signal N) once the tree is gone.  Standard library
+only; nothing of diagtools is imported.
+"""
+
+import contextlib
+import os
+import resource
+import select
+import signal
+import sys
+import time
+
+PR_SET_CHILD_SUBREAPER = 36
+HIGH_FD = 2048  # the channel and dump descriptors move here, out of the range targets tend to close
+SWEEP_LIMIT_S = 30.0
+
+
+class StopRequest(Exception):  # noqa: N818 - a request, not an error
+    """A signal asked the keeper to kill the tree and leave."""
+
+
+def _stop(signum, frame):
+    raise StopRequest(signum)
+
+
+def set_subreaper():
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+        os.write(2, b"diagtools keeper: PR_SET_CHILD_SUBREAPER failed; orphans may escape\n")
+
+
+def move_high(fd, minimum):
+    """Duplicate ``fd`` to the lowest free number >= ``minimum`` and close the original.
+
+    The soft descriptor limit is raised for the duplication only, then put
+    back: a descriptor above the limit stays valid.  Where the hard limit is
+    too low, ``fd`` stays where it is.
+    """
+    import fcntl
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = minimum + 16
+    try:
+        if soft < wanted:
+            resource.setrlimit(
+                resource.RLIMIT_NOFILE, (wanted if hard == resource.RLIM_INFINITY else min(wanted, hard), hard)
+            )
+        high = fcntl.fcntl(fd, fcntl.F_DUPFD, minimum)
+    except (OSError, ValueError):
+        return fd
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    os.close(fd)
+    return high
+
+
+def start_subkernel(out_fd, channel_fd, dump_fd, argv):
+    """Fork, and in the child: new session, private fds moved high, stdio wired, exec ``argv``."""
+    pid = os.fork()
+    if pid:
+        return pid
+    try:
+        os.setsid()
+        channel = move_high(channel_fd, HIGH_FD)
+        dump = move_high(dump_fd, channel + 1)
+        env = dict(os.environ)
+        env["DIAGTOOLS_CHANNEL_FD"] = str(channel)
+        env["DIAGTOOLS_DUMP_FD"] = str(dump)
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.dup2(out_fd, 1)
+        for fd in (null, out_fd):
+            if fd > 2:
+                os.close(fd)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        signal.signal(signal.SIGHUP, signal.SIG_DFL)
+        os.execve(argv[0], argv, env)
+    except BaseException as exc:
+        os.write(2, f"diagtools keeper: cannot start the subkernel: {exc}\n".encode())
+    os._exit(127)
+
+
+def descendants():
+    """``{pid: pgid}`` of every process whose parent chain leads here, from ``/proc/*/stat``."""
+    children: dict[int, list[tuple[int, int]]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as handle:
+                stat = handle.read()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(b")") + 2 :].split()
+        children.setdefault(int(fields[1]), []).append((int(entry), int(fields[2])))
+    found, frontier = {}, [os.getpid()]
+    while frontier:
+        for pid, pgid in children.get(frontier.pop(), ()):
+            if pid not in found:
+                found[pid] = pgid
+                frontier.append(pid)
+    return found
+
+
+def reap(statuses):
+    """Collect every exited child into ``statuses``; raises ChildProcessError once no child is left."""
+    while True:
+        pid, status = os.waitpid(-1, os.WNOHANG)
+        if pid == 0:
+            return
+        statuses[pid] = status
+
+
+def sweep(statuses):
+    """Kill every descendant, repeatedly, until the keeper has no child at all."""
+    me_group = os.getpgid(0)
+    stop = time.monotonic() + SWEEP_LIMIT_S
+    while time.monotonic() < stop:
+        try:
+            reap(statuses)
+        except ChildProcessError:
+            return True
+        found = descendants()
+        for pgid in set(found.values()) - {me_group}:
+            _kill(os.killpg, pgid)
+        for pid in found:
+            _kill(os.kill, pid)
+        time.sleep(0.002)
+    return False
+
+
+def _kill(kill, target):
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        kill(target, signal.SIGKILL)
+
+
+def wait_for(pid, lifeline):
+    """Wait until the subkernel exits or the runner asks (or dies); True when asked to kill."""
+    try:
+        pidfd = os.pidfd_open(pid)
+    except (AttributeError, OSError):  # before Linux 5.3: poll the child instead
+        pidfd = None
+    try:
+        while True:
+            watched = [lifeline] if pidfd is None else [lifeline, pidfd]
+            ready, _, _ = select.select(watched, [], [], 1.0 if pidfd is not None else 0.02)
+            if lifeline in ready:
+                data = os.read(lifeline, 64)
+                if not data or b"k" in data:
+                    return True
+            if pidfd in ready or (pidfd is None and _exited(pid)):
+                return False
+    finally:
+        if pidfd is not None:
+            os.close(pidfd)
+
+
+def _exited(pid):
+    """Whether the child exited, leaving it to be reaped by the sweep."""
+    return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+
+
+def main(argv):
+    out_fd, channel_fd, dump_fd = (int(value) for value in argv[1:4])
+    command = argv[argv.index("--") + 1 :]
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(signum, _stop)
+    set_subreaper()
+    statuses: dict[int, int] = {}
+    pid = None
+    try:
+        pid = start_subkernel(out_fd, channel_fd, dump_fd, command)
+        for fd in (out_fd, channel_fd, dump_fd):
+            os.close(fd)
+        os.write(1, f"pid {pid}\n".encode())
+        if wait_for(pid, 0):
+            _kill(os.kill, pid)
+    except StopRequest:
+        if pid is not None:
+            _kill(os.kill, pid)
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        clean = sweep(statuses)
+    code = os.waitstatus_to_exitcode(statuses[pid]) if pid in statuses else 127
+    with contextlib.suppress(OSError):
+        os.write(1, f"exit {code}\n".encode() if clean else f"exit {code} leftover\n".encode())
+
+
+if __name__ == "__main__":
+    main(sys.argv)

@@ -1,0 +1,205 @@
+"""No process a target starts outlives its scan, whatever it does and however the scan ends.
+
+Survivors are found by the PIDs the target's processes write down, not by the
+environment marker, since a hostile descendant can drop its environment.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+import diagtools
+from tests.conftest import DIAGTOOLS
+
+
+def alive(pid: int) -> bool:
+    """Whether ``pid`` is a live (not zombie) process."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1][0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
+def recorded_pids(folder: Path) -> list[int]:
+    return [int(path.name) for path in folder.iterdir() if path.name.isdigit()]
+
+
+def assert_all_dead(folder: Path, timeout: float = 5.0) -> None:
+    pids = recorded_pids(folder)
+    assert pids, "the target recorded no process"
+    stop = time.monotonic() + timeout
+    while time.monotonic() < stop and any(alive(pid) for pid in pids):
+        time.sleep(0.05)
+    assert [pid for pid in pids if alive(pid)] == []
+
+
+RECORD = "import os\nopen(os.path.join({folder!r}, str(os.getpid())), 'w').close()\n"
+
+
+def daemon_package(root: Path, folder: Path, *, then: str = "") -> None:
+    """``daemonic``: a double-forked, setsid daemon that execs with an empty environment."""
+    record = RECORD.format(folder=str(folder))
+    daemon = record + "import time\ntime.sleep(600)\n"
+    source = (
+        record
+        + "import sys, time\n"
+        + "first = os.fork()\n"
+        + "if first == 0:\n"
+        + "    os.setsid()\n"
+        + "    if os.fork() == 0:\n"
+        + f"        os.execve(sys.executable, [sys.executable, '-S', '-c', {daemon!r}], {{}})\n"
+        + "    os._exit(0)\n"
+        + "os.waitpid(first, 0)\n"
+        + f"while len(os.listdir({str(folder)!r})) < 2:\n"
+        + "    time.sleep(0.01)\n"
+        + then
+        + "\n"
+    )
+    (root / "daemonic.py").write_text(source, encoding="utf-8")
+
+
+def test_a_double_forked_daemon_without_environment_is_killed(tmp_path):
+    folder, root = tmp_path / "pids", tmp_path / "src"
+    folder.mkdir()
+    root.mkdir()
+    daemon_package(root, folder)
+    result = diagtools.scan("daemonic", path=[root], driver="simulated", timeout=60)
+    assert result.status == "ok", result.error
+    assert len(recorded_pids(folder)) == 2
+    assert_all_dead(folder)
+
+
+HYDRA = """
+import os, time
+FOLDER = {folder!r}
+
+def grow(depth):
+    children = set()
+    while True:
+        open(os.path.join(FOLDER, str(os.getpid())), "w").close()
+        while depth < 4 and len(children) < 2:
+            pid = os.fork()
+            if pid == 0:
+                children, depth = set(), depth + 1
+                open(os.path.join(FOLDER, str(os.getpid())), "w").close()
+            else:
+                children.add(pid)
+        try:
+            while True:
+                pid, _ = os.waitpid(-1, os.WNOHANG)
+                if pid == 0:
+                    break
+                children.discard(pid)  # a child was killed: grow a new one at once
+        except ChildProcessError:
+            children.clear()
+        time.sleep(0.002)
+
+if os.fork() == 0:
+    os.setsid()
+    grow(0)
+while len(os.listdir(FOLDER)) < 20:
+    time.sleep(0.01)
+"""
+
+
+def test_a_tree_that_keeps_forking_during_cleanup_is_killed(tmp_path):
+    folder, root = tmp_path / "pids", tmp_path / "src"
+    folder.mkdir()
+    root.mkdir()
+    (root / "hydra.py").write_text(HYDRA.format(folder=str(folder)), encoding="utf-8")
+    result = diagtools.scan("hydra", path=[root], driver="simulated", timeout=60)
+    assert result.status == "ok", result.error
+    time.sleep(0.2)  # a survivor would be forking (and writing its PID) by now
+    assert_all_dead(folder)
+
+
+def hanging_target(root: Path, folder: Path) -> None:
+    daemon_package(root, folder, then="time.sleep(600)")
+
+
+@pytest.mark.parametrize(("signum", "code"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)], ids=["SIGTERM", "SIGINT"])
+def test_a_signalled_cli_kills_the_whole_tree_and_exits_with_the_signal_code(tmp_path, signum, code):
+    folder, root = tmp_path / "pids", tmp_path / "src"
+    folder.mkdir()
+    root.mkdir()
+    hanging_target(root, folder)
+    cli = subprocess.Popen(
+        [DIAGTOOLS, "scan", "daemonic", "--path", str(root), "--driver", "simulated", "--timeout", "120"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        wait_for_pids(folder, 2)
+        cli.send_signal(signum)
+        _, stderr = cli.communicate(timeout=30)
+    finally:
+        cli.kill()
+    assert cli.returncode == code, stderr
+    assert "Traceback" not in stderr
+    assert len(stderr.strip().splitlines()) == 1
+    assert_all_dead(folder)
+
+
+def wait_for_pids(folder: Path, count: int, timeout: float = 60.0) -> None:
+    stop = time.monotonic() + timeout
+    while len(recorded_pids(folder)) < count:
+        assert time.monotonic() < stop, "the target never started its processes"
+        time.sleep(0.05)
+
+
+NOTEBOOK = """
+import _thread, os, sys, threading, time
+import diagtools
+
+folder, root = sys.argv[1], sys.argv[2]
+
+def interrupt_when_started():
+    while len(os.listdir(folder)) < 2:
+        time.sleep(0.05)
+    _thread.interrupt_main()
+
+threading.Thread(target=interrupt_when_started, daemon=True).start()
+started = time.monotonic()
+try:
+    diagtools.scan("daemonic", path=[root], driver="simulated", timeout=120)
+except KeyboardInterrupt:
+    print(f"interrupted after {time.monotonic() - started:.1f} s")
+"""
+
+
+def test_keyboard_interrupt_in_the_python_api_kills_the_tree(tmp_path):
+    folder, root = tmp_path / "pids", tmp_path / "src"
+    folder.mkdir()
+    root.mkdir()
+    hanging_target(root, folder)
+    done = subprocess.run(
+        [sys.executable, "-c", NOTEBOOK, str(folder), str(root)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "interrupted after" in done.stdout
+    assert_all_dead(folder)
+
+
+def test_replay_leaves_no_temporary_directory(tmp_path, make_tree, monkeypatch):
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    root = make_tree({"setup_only.py": "X = 1\n"})
+    result = diagtools.replay_fork("setup_only", path=[root], driver="simulated", timeout=60)
+    assert result.status == "ok", result.error
+    hung = make_tree({"hangs_child.py": "def act():\n    import time\n    time.sleep(600)\n"})
+    diagtools.replay_fork("setup_only", child="hangs_child:act", path=[root, hung], driver="simulated", timeout=4)
+    assert list(scratch.iterdir()) == []
