@@ -203,6 +203,9 @@ class ReplayResult:
     def _repr_html_(self) -> str:
         return str(present("replay.html", self))
 
+    def __str__(self) -> str:
+        return str(present("replay.text", self))
+
 
 @dataclass(frozen=True)
 class ReplayComparison:
@@ -242,6 +245,25 @@ class ReplayComparison:
             sentences.append("spawn-like start methods avoid it: the child starts a fresh interpreter")
         return "; ".join(sentences)
 
+    def findings(self) -> tuple[str, tuple[str, ...]]:
+        """The verdict as a short headline and one sentence per finding (the parts of :meth:`verdict`)."""
+        failing = [f"{label}/{r.start_method}" for label, r in self.runs if r.reproduced]
+        if not failing:
+            return "no run failed", ()
+        fixed = "after" in self.variants and not any(r.reproduced for r in self.runs_of("after"))
+        headline = f"{', '.join(failing)} failed" + ("; the fix removes the failure" if fixed else "")
+        findings = []
+        for variant in self.variants:
+            parent = self.runs_of(variant)[0].parent
+            if parent is not None:
+                did = "initialized CUDA" if parent.cuda_initialized else "did not initialize CUDA"
+                findings.append(f"{variant}: the parent {did} before starting the child")
+        if fixed:
+            findings.append("after the fix every start method passes")
+        if any(r.start_method != "fork" and not r.reproduced for r in self.runs_of("before")):
+            findings.append("spawn-like start methods avoid it: the child starts a fresh interpreter")
+        return headline, tuple(findings)
+
     def runs_of(self, variant: str) -> tuple[ReplayResult, ...]:
         return tuple(result for label, result in self.runs if label == variant)
 
@@ -261,3 +283,6 @@ class ReplayComparison:
 
     def _repr_html_(self) -> str:
         return str(present("comparison.html", self))
+
+    def __str__(self) -> str:
+        return str(present("comparison.text", self))

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from diagtools.model._display import present
 from diagtools.model.scan import Culprit, ScanResult
 
 __all__ = ["SWEEP_SCHEMA", "SweepResult", "SweepRow"]
@@ -91,6 +92,9 @@ class SweepResult:
             if row.module == module:
                 return row
         raise KeyError(module)
+
+    def __str__(self) -> str:
+        return str(present("sweep.text", self))
 
     def to_json(self) -> dict[str, Any]:
         return {"schema": SWEEP_SCHEMA, "package": self.package, "rows": [row.to_json() for row in self.rows]}

@@ -21,7 +21,10 @@ _PRESENTATIONS = {
     "diff.text": ("diagtools.render.text", "render_diff"),
     "diff.html": ("diagtools.render.html", "diff_html"),
     "diff.graph": ("diagtools.render.graph", "diff_graph"),
+    "replay.text": ("diagtools.render.text", "render_replay"),
     "replay.html": ("diagtools.render.html", "replay_html"),
+    "comparison.text": ("diagtools.render.text", "render_comparison"),
+    "sweep.text": ("diagtools.render.text", "render_sweep"),
     "comparison.html": ("diagtools.render.html", "comparison_html"),
 }
 

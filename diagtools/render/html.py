@@ -27,7 +27,7 @@ _STYLE = (
     ".dt .bad{color:#b00020;font-weight:600}.dt .good{color:#1b7f3b;font-weight:600}"
     ".dt table{border-collapse:collapse}.dt td,.dt th{border:1px solid #ddd;padding:3px 8px;text-align:left;"
     "vertical-align:top}.dt pre{background:#f8f8f8;padding:6px;overflow-x:auto}"
-    ".dt-graph svg{max-width:100%;height:auto}</style>"
+    ".dt-graph{max-width:100%}</style>"
 )
 
 
@@ -60,12 +60,19 @@ def svg_of(graph: Any) -> str:
     return svg[svg.find("<svg") :]
 
 
-def graph_block(draw: Callable[[], Any]) -> str:
-    """The graph ``draw()`` builds, inline as SVG; a one-line note when graphviz is not installed."""
+def graph_block(
+    draw: Callable[[], Any], details: dict[str, dict[str, Any]] | None = None, *, selected: str | None = None
+) -> str:
+    """The graph ``draw()`` builds as the interactive view (inline SVG and script); a note without graphviz."""
+    from diagtools.render.graphview import graph_view_html
+
     try:
-        return f'<div class="dt-graph">{svg_of(draw())}</div>'
+        svg = svg_of(draw())
     except MissingExtraError as exc:
         return f"<p><i>{escape(str(exc))}</i></p>"
+    if "<svg" not in svg:
+        return svg
+    return f'<div class="dt-graph">{graph_view_html(svg, details, selected=selected)}</div>'
 
 
 def scan_html(result: ScanResult, *, graph: bool = False) -> str:
@@ -84,9 +91,15 @@ def scan_html(result: ScanResult, *, graph: bool = False) -> str:
         parts.append(f'<p class="bad">{escape(result.error.message)}</p>')
     parts += [_culprit_html(culprit) for culprit in result.culprits]
     if graph:
-        parts.append(graph_block(result.graph))
+        parts.append(graph_block(result.graph, _graph_details(result)))
     parts.append("</div>")
     return "".join(parts)
+
+
+def _graph_details(result: ScanResult) -> dict[str, dict[str, Any]]:
+    from diagtools.render.graphview import node_details
+
+    return node_details(result)
 
 
 def _child_cell(child: ChildOutcome | None) -> str:
@@ -153,7 +166,7 @@ def diff_html(diff: ScanDiff, *, limit: int = 50, graph: bool = False) -> str:
         f'{_STYLE}<div class="dt"><p><b>diagtools diff</b> &mdash; {verdict}</p>'
         f"{cut}<p>No longer imported ({len(diff.removed_modules)}):</p><ul>{removed}</ul>"
         f"<p>Newly imported ({len(diff.added_modules)}):</p><ul>{added}</ul>"
-        f"{graph_block(diff.graph) if graph else ''}</div>"
+        f"{graph_block(diff.graph, _graph_details(diff.before)) if graph else ''}</div>"
     )
 
 
