@@ -27,6 +27,7 @@ __all__ = [
     "compare_replays",
     "diff_scans",
     "notebook_progress",
+    "postmortem",
     "process_cuda_state",
     "render_scan",
     "replay_fork",
@@ -56,6 +57,7 @@ _LOCATIONS = {
     "replay_fork": "diagtools.usecases.replay",
     "diff_scans": "diagtools.model.diff",
     "notebook_progress": "diagtools.frontends.progress",
+    "postmortem": "diagtools.render.postmortem",
     "process_cuda_state": "diagtools.usecases.selfcheck",
     "sweep": "diagtools.usecases.sweep",
 }
@@ -67,6 +69,7 @@ if TYPE_CHECKING:
     from diagtools.model.diff import diff_scans
     from diagtools.model.replay import ChildOutcome, ParentState, ReplayComparison, ReplayResult
     from diagtools.model.scan import Culprit, DriverInfo, ImportNode, RunError, ScanResult, Site, StartupInfo
+    from diagtools.render.postmortem import postmortem
     from diagtools.render.text import render_scan
     from diagtools.usecases.replay import compare_replays, replay_fork
     from diagtools.usecases.scan import scan

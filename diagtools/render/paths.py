@@ -13,11 +13,12 @@ import functools
 import os
 import sysconfig
 from collections.abc import Iterable
+from dataclasses import replace
 from pathlib import Path
 
-from diagtools.model.scan import ScanResult
+from diagtools.model.scan import ScanResult, Site
 
-__all__ = ["display_path", "import_roots"]
+__all__ = ["display_path", "import_roots", "shareable"]
 
 
 @functools.lru_cache(maxsize=256)
@@ -77,3 +78,22 @@ def display_path(path: str | None, roots: Iterable[str] = ()) -> str:
     home = os.path.expanduser("~")
     relative = _under(path, home)
     return f"~/{relative}" if relative is not None else path
+
+
+def _site(site: Site | None, roots: tuple[str, ...]) -> Site | None:
+    return None if site is None else replace(site, file=display_path(site.file, roots))
+
+
+def shareable(result: ScanResult) -> ScanResult:
+    """A copy of ``result`` fit to paste into a ticket: every path shown relative, no driver cache path."""
+    roots = import_roots(result)
+    culprits = tuple(
+        replace(c, site=_site(c.site, roots), stack=tuple(_site(f, roots) or f for f in c.stack))
+        for c in result.culprits
+    )
+    modules = tuple(replace(n, file=display_path(n.file, roots) or None) for n in result.modules)
+    error = result.error
+    if error is not None and error.file:
+        error = replace(error, file=display_path(error.file, roots))
+    driver = replace(result.driver, library=None)
+    return replace(result, culprits=culprits, modules=modules, error=error, driver=driver)
