@@ -75,7 +75,7 @@ def graph_block(
     return f'<div class="dt-graph">{graph_view_html(svg, details, selected=selected)}</div>'
 
 
-def scan_html(result: ScanResult, *, graph: bool = False) -> str:
+def scan_html(result: ScanResult, *, graph: bool = False, selected: str | None = None) -> str:
     """Summary, culprit with its source line, the error if the target failed, and the graph."""
     verdict = _badge(
         not result.cuda_initialized, "CUDA initialized" if result.cuda_initialized else "CUDA not initialized"
@@ -91,7 +91,7 @@ def scan_html(result: ScanResult, *, graph: bool = False) -> str:
         parts.append(f'<p class="bad">{escape(result.error.message)}</p>')
     parts += [_culprit_html(culprit) for culprit in result.culprits]
     if graph:
-        parts.append(graph_block(result.graph, _graph_details(result)))
+        parts.append(graph_block(result.graph, _graph_details(result), selected=selected))
     parts.append("</div>")
     return "".join(parts)
 

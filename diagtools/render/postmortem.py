@@ -11,7 +11,7 @@ every path is shown relative to its repository or import root.
 from __future__ import annotations
 
 import linecache
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from html import escape
 from pathlib import Path
@@ -201,9 +201,9 @@ def _html_sections(report: Postmortem) -> list[str]:
         "<h2>Root cause</h2>",
         scan_html(before, graph=True),
     ]
-    context = report.source_context()
-    if context and before.culprit is not None and before.culprit.site is not None:
-        marked = _line_site(report.before.culprit).line  # type: ignore[union-attr]
+    context, culprit = report.source_context(), report.before.culprit
+    if context and culprit is not None:
+        marked = _line_site(culprit).line
         lines = "\n".join(f"{'&gt;' if n == marked else ' '} {n:>5} | {escape(text)}" for n, text in context)
         sections.append(f"<p>Source around the line to change:</p><pre>{lines}</pre>")
     if report.replay is not None:
@@ -295,7 +295,7 @@ def _md_cell(value: Any) -> str:
 def _write_graphs(folder: Path, report: Postmortem) -> dict[str, str]:
     """The graphs as SVG files beside the Markdown; none when graphviz or ``dot`` is missing."""
     written: dict[str, str] = {}
-    draws = [(GRAPH_FILE, report.shown_before.graph)]
+    draws: list[tuple[str, Callable[[], Any]]] = [(GRAPH_FILE, report.shown_before.graph)]
     diff = report.diff
     if diff is not None:
         draws.append((FIX_GRAPH_FILE, diff.graph))
