@@ -186,6 +186,8 @@ class ScanPanel(_Panel):
         self.result = result
         self.stopwatch.phase("drawing the graph")
         self._fill_picker()
+        if self.module_picker.options and self.module_picker.value is None:
+            self.module_picker.value = self.module_picker.options[0]  # the culprit, when there is one
         self._render()
         self.status.value = f"done: {result.status}, driver {result.driver.kind}"
 

@@ -42,9 +42,10 @@ _CSS = (
     "vertical-align:middle}.dtg-view{overflow:auto;max-height:70vh;border:1px solid #ddd;background:#fff}"
     ".dtg-live .dtg-view{overflow:hidden;position:relative;cursor:grab;touch-action:none}"
     ".dtg-live .dtg-view svg{position:absolute;left:0;top:0;max-width:none!important}"
-    ".dtg-view svg g.node{cursor:pointer}.dtg-view svg g.dtg-sel polygon,.dtg-view svg g.dtg-sel ellipse"
+    ".dtg-info{overflow-wrap:anywhere;word-break:break-word}.dtg-view svg g.node{cursor:pointer}.dtg-view svg g.dtg-sel polygon,.dtg-view svg g.dtg-sel ellipse"
     "{stroke:#1f77b4;stroke-width:4}.dtg-info{font-size:12px;margin:4px 0}.dtg-info table{border-collapse:"
-    "collapse}.dtg-info th{text-align:left;padding:1px 8px 1px 0;font-weight:600}.dtg-info pre{margin:2px 0;"
+    "collapse}.dtg-info th,.dtg-info td{text-align:left!important;padding:1px 8px 1px 0;vertical-align:top}"
+    ".dtg-info th{font-weight:600;white-space:nowrap}.dtg-info pre{margin:2px 0;"
     "white-space:pre-wrap}</style>"
 )
 
@@ -66,8 +67,12 @@ svg.style.transformOrigin='0 0';
 function apply(){svg.style.transform='translate('+x+'px,'+y+'px) scale('+s+')';
 box.setAttribute('data-scale',s.toFixed(3));}
 function fit(){var w=view.clientWidth;if(!w)return false;s=Math.max(minS,Math.min(1.5,(w-8)/W));
-x=Math.max(0,(w-W*s)/2);y=4;view.style.height=Math.round(Math.min(H*s+12,Math.max(260,window.innerHeight*0.7)))+'px';
+x=Math.max(0,(w-W*s)/2);y=4;
+if(W*s>w){centre(svg.querySelector('g.node.culprit'),w);}view.style.height=Math.round(Math.min(H*s+12,Math.max(260,window.innerHeight*0.7)))+'px';
 apply();return true;}
+function centre(node,w){if(!node||!node.getBBox)return;var b=node.getBBox(),g=svg.querySelector('g.graph'),
+tr=g&&/translate\(([-\d.]+)/.exec(g.getAttribute('transform')||''),tx=tr?parseFloat(tr[1]):0;
+x=Math.min(0,Math.max(w-W*s,w/2-(b.x+tx+b.width/2)*s));}
 function zoom(f,cx,cy){var n=Math.max(minS/4,Math.min(8,s*f));if(cx===undefined){cx=view.clientWidth/2;
 cy=view.clientHeight/2;}x=cx-(cx-x)*n/s;y=cy-(cy-y)*n/s;s=n;touched=true;apply();}
 function row(t,k,v){var tr=document.createElement('tr'),th=document.createElement('th'),td=document.createElement('td');
@@ -99,6 +104,8 @@ view.addEventListener('pointermove',function(e){if(!drag)return;var dx=e.clientX
 if(Math.abs(dx)+Math.abs(dy)>3){moved=true;touched=true;view.style.cursor='grabbing';}
 if(moved){x=drag[2]+dx;y=drag[3]+dy;apply();}});
 function up(){drag=null;view.style.cursor='';}
+view.addEventListener('scroll',function(){if(view.scrollLeft||view.scrollTop){x-=view.scrollLeft;y-=view.scrollTop;
+view.scrollLeft=0;view.scrollTop=0;apply();}});
 view.addEventListener('pointerup',up);view.addEventListener('pointerleave',up);
 view.addEventListener('click',function(e){if(moved)return;var g=e.target.closest&&e.target.closest('g.node');
 if(g)show(g);});
@@ -167,8 +174,8 @@ def graph_view_html(
     """The self-contained interactive block for one graphviz SVG; ``details`` maps node names to their facts."""
     prefix = f"dtg{next(_IDS)}"
     shown = {unescape(title) for title in _TITLE.findall(svg)}
-    data = {key: value for key, value in (details or {}).items() if key in shown}
-    payload = json.dumps(data, sort_keys=True).replace("<", "\\u003c").replace(">", "\\u003e")
+    data = {key: (details or {})[key] for key in sorted(shown & set(details or {}))}
+    payload = json.dumps(data).replace("<", "\\u003c").replace(">", "\\u003e")
     buttons = "".join(
         f'<button type="button" data-act="{act}" title="{escape(tip)}">{escape(label)}</button>'
         for act, label, tip in (

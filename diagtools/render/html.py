@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from html import escape
 from typing import Any
 
@@ -84,7 +85,7 @@ def scan_html(result: ScanResult, *, graph: bool = False, selected: str | None =
         _STYLE,
         '<div class="dt">',
         f"<p><b>diagtools scan</b> <code>{escape(' '.join(result.targets))}</code> &mdash; {verdict}</p>",
-        f"<p>Driver: {escape(result.driver.describe())}. Status: <code>{escape(result.status)}</code>; "
+        f"<p>Driver: {escape(_driver_label(result))}. Status: <code>{escape(result.status)}</code>; "
         f"{len(result.modules)} modules in {result.duration_s:.2f} s.</p>",
     ]
     if result.error is not None:
@@ -94,6 +95,11 @@ def scan_html(result: ScanResult, *, graph: bool = False, selected: str | None =
         parts.append(graph_block(result.graph, _graph_details(result), selected=selected))
     parts.append("</div>")
     return "".join(parts)
+
+
+def _driver_label(result: ScanResult) -> str:
+    """The driver without its library path: pages get shared, and that path is a cache folder."""
+    return replace(result.driver, library=None).describe()
 
 
 def _graph_details(result: ScanResult) -> dict[str, dict[str, Any]]:
@@ -126,7 +132,7 @@ def replay_html(result: ReplayResult) -> str:
         f"<p><b>diagtools replay</b> <code>{escape(result.target)}</code> with "
         f"<code>{escape(result.start_method)}</code>, child <code>{escape(result.child_action)}</code> "
         f"&mdash; status <code>{escape(result.status)}</code></p>",
-        f"<p>Driver: {escape(result.driver.describe())}; {escape(parent_text)}.</p>",
+        f"<p>Driver: {escape(_driver_label(result))}; {escape(parent_text)}.</p>",
         f"<table><tr><th>child</th></tr><tr>{_child_cell(result.child)}</tr></table>",
     ]
     if result.child is not None and result.child.traceback:
