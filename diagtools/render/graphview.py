@@ -42,7 +42,8 @@ _CSS = (
     "vertical-align:middle}.dtg-view{overflow:auto;max-height:70vh;border:1px solid #ddd;background:#fff}"
     ".dtg-live .dtg-view{overflow:hidden;position:relative;cursor:grab;touch-action:none}"
     ".dtg-live .dtg-view svg{position:absolute;left:0;top:0;max-width:none!important}"
-    ".dtg-info{overflow-wrap:anywhere;word-break:break-word}.dtg-view svg g.node{cursor:pointer}.dtg-view svg g.dtg-sel polygon,.dtg-view svg g.dtg-sel ellipse"
+    ".dtg-info{overflow-wrap:anywhere;word-break:break-word}.dtg-view svg g.node{cursor:pointer}"
+    ".dtg-view svg g.dtg-sel polygon,.dtg-view svg g.dtg-sel ellipse"
     "{stroke:#1f77b4;stroke-width:4}.dtg-info{font-size:12px;margin:4px 0}.dtg-info table{border-collapse:"
     "collapse}.dtg-info th,.dtg-info td{text-align:left!important;padding:1px 8px 1px 0;vertical-align:top}"
     ".dtg-info th{font-weight:600;white-space:nowrap}.dtg-info pre{margin:2px 0;"
@@ -51,7 +52,7 @@ _CSS = (
 
 # Plain ES5 so that any browser an exported report lands in runs it; user strings only ever reach the page
 # through textContent.
-_SCRIPT = """(function(){
+_SCRIPT = r"""(function(){
 function dl(blob,name){var a=document.createElement('a');a.href=URL.createObjectURL(blob);a.download=name;
 document.body.appendChild(a);a.click();setTimeout(function(){URL.revokeObjectURL(a.href);a.remove();},1500);}
 function setup(box){
@@ -84,7 +85,7 @@ if(!d){return;}var tb=document.createElement('table');Object.keys(d).forEach(fun
 if(k!=='stack')row(tb,k,d[k]);});info.appendChild(tb);
 if(d.stack&&d.stack.length){var p=document.createElement('div');
 p.textContent='Python stack when CUDA was initialized (outermost first):';
-var pre=document.createElement('pre');pre.textContent=d.stack.join('\\n');info.appendChild(p);info.appendChild(pre);}}
+var pre=document.createElement('pre');pre.textContent=d.stack.join('\n');info.appendChild(p);info.appendChild(pre);}}
 function serialized(){var c=svg.cloneNode(true);c.removeAttribute('style');
 c.setAttribute('xmlns','http://www.w3.org/2000/svg');c.setAttribute('xmlns:xlink','http://www.w3.org/1999/xlink');
 return new XMLSerializer().serializeToString(c);}

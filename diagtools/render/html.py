@@ -26,8 +26,9 @@ __all__ = [
 _STYLE = (
     "<style>.dt{font-family:system-ui,sans-serif;font-size:13px}.dt code{background:#f4f4f4;padding:1px 3px}"
     ".dt .bad{color:#b00020;font-weight:600}.dt .good{color:#1b7f3b;font-weight:600}"
-    ".dt table{border-collapse:collapse}.dt td,.dt th{border:1px solid #ddd;padding:3px 8px;text-align:left;"
-    "vertical-align:top}.dt pre{background:#f8f8f8;padding:6px;overflow-x:auto}"
+    ".dt table{border-collapse:collapse}.dt td,.dt th{border:1px solid #ddd;padding:3px 8px;text-align:left!important;"
+    "vertical-align:top}.dt td.num{text-align:right!important;font-variant-numeric:tabular-nums}"
+    ".dt pre{background:#f8f8f8;padding:6px;overflow-x:auto}"
     ".dt-graph{max-width:100%}</style>"
 )
 
@@ -97,7 +98,7 @@ def scan_html(result: ScanResult, *, graph: bool = False, selected: str | None =
     return "".join(parts)
 
 
-def _driver_label(result: ScanResult) -> str:
+def _driver_label(result: ScanResult | ReplayResult) -> str:
     """The driver without its library path: pages get shared, and that path is a cache folder."""
     return replace(result.driver, library=None).describe()
 
@@ -155,8 +156,14 @@ def comparison_html(comparison: ReplayComparison) -> str:
         rows.append(f"<tr><td>{escape(variant)}</td><td>{escape(state)}</td>{cells}</tr>")
     return (
         f'{_STYLE}<div class="dt"><p><b>Fork replay</b> <code>{escape(comparison.target)}</code></p>'
-        f"<table>{header}{''.join(rows)}</table><p>{escape(comparison.verdict())}</p></div>"
+        f"<table>{header}{''.join(rows)}</table>{_findings_html(comparison)}</div>"
     )
+
+
+def _findings_html(comparison: ReplayComparison) -> str:
+    headline, findings = comparison.findings()
+    items = "".join(f"<li>{escape(finding)}</li>" for finding in findings)
+    return f"<p><b>Verdict:</b> {escape(headline)}</p>" + (f"<ul>{items}</ul>" if items else "")
 
 
 def diff_html(diff: ScanDiff, *, limit: int = 50, graph: bool = False) -> str:
@@ -203,10 +210,13 @@ def module_html(result: ScanResult, name: str) -> str:
 def bench_table_html(rows: list[dict[str, Any]], columns: list[str]) -> str:
     """A plain results table: one row per measurement, the given columns in order."""
     head = "".join(f"<th>{escape(column)}</th>" for column in columns)
-    body = "".join(
-        "<tr>" + "".join(f"<td>{escape(_cell(row.get(column)))}</td>" for column in columns) + "</tr>" for row in rows
-    )
+    body = "".join("<tr>" + "".join(_td(row.get(column)) for column in columns) + "</tr>" for row in rows)
     return f'{_STYLE}<div class="dt"><table><tr>{head}</tr>{body}</table></div>'
+
+
+def _td(value: Any) -> str:
+    numeric = isinstance(value, int | float) and not isinstance(value, bool)
+    return f'<td class="num">{escape(_cell(value))}</td>' if numeric else f"<td>{escape(_cell(value))}</td>"
 
 
 def _cell(value: Any) -> str:
