@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from html import escape
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from diagtools.errors import MissingExtraError
 from diagtools.model.diff import ScanDiff, diff_scans
@@ -25,7 +25,7 @@ from diagtools.render.html import _STYLE, bench_table_html, comparison_html, gra
 from diagtools.render.paths import shareable
 from diagtools.render.text import render_comparison, render_diff, render_scan
 
-__all__ = ["HOW_TO_FIX", "Postmortem", "bench_rows_of", "postmortem", "write_postmortem"]
+__all__ = ["HOW_TO_FIX", "Postmortem", "PostmortemFiles", "bench_rows_of", "postmortem", "write_postmortem"]
 
 BENCH_COLUMNS = ["size", "backend", "median_ms", "GB/s", "copy_fraction", "max_rel_error"]
 GRAPH_FILE, FIX_GRAPH_FILE = "postmortem-graph.svg", "postmortem-fix.svg"
@@ -45,6 +45,23 @@ HOW_TO_FIX = (
         "import the leaf module where they use it (the common/ops fix).",
     ),
 )
+
+
+class PostmortemFiles(NamedTuple):
+    """Where the postmortem went; in a notebook it shows the report itself."""
+
+    html: Path
+    markdown: Path
+
+    def _repr_html_(self) -> str:
+        page = self.html.read_text(encoding="utf-8")
+        start, end = page.find(_BODY_OPEN), page.rfind("</body>")
+        if start < 0 or end <= start:
+            return page
+        return f'{_STYLE}<div class="dt">{page[start + len(_BODY_OPEN) : end]}</div>'
+
+
+_BODY_OPEN = '<body class="dt">'
 
 
 @dataclass(frozen=True)
@@ -310,19 +327,19 @@ def _write_graphs(folder: Path, report: Postmortem) -> dict[str, str]:
     return written
 
 
-def write_postmortem(out: str | Path, report: Postmortem) -> tuple[Path, Path]:
+def write_postmortem(out: str | Path, report: Postmortem) -> PostmortemFiles:
     """Write ``postmortem.html`` (self-contained: inline CSS, SVG and script), ``postmortem.md`` and its SVGs."""
     folder = Path(out)
     folder.mkdir(parents=True, exist_ok=True)
     body = "".join(_html_sections(report))
     page = (
         f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>{escape(report.title)}</title>{_STYLE}'
-        f'</head><body class="dt">{body}</body></html>'
+        f"</head>{_BODY_OPEN}{body}</body></html>"
     )
     html_path, md_path = folder / "postmortem.html", folder / "postmortem.md"
     html_path.write_text(page, encoding="utf-8")
     md_path.write_text(_markdown(report, _write_graphs(folder, report)), encoding="utf-8")
-    return html_path, md_path
+    return PostmortemFiles(html_path, md_path)
 
 
 def postmortem(
@@ -334,7 +351,7 @@ def postmortem(
     title: str | None = None,
     bench_rows: Sequence[dict[str, Any]] = (),
     bench_note: str = "",
-) -> tuple[Path, Path]:
+) -> PostmortemFiles:
     """Write the postmortem of ``before`` (and its fix ``after``) under ``out``; returns the HTML and Markdown paths."""
     report = Postmortem(
         title=title or f"Postmortem: importing {' '.join(before.targets)} initialized CUDA",

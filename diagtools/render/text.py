@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 
 from diagtools.model.bisect import BisectResult
 from diagtools.model.diff import ScanDiff
@@ -11,6 +12,7 @@ from diagtools.model.replay import ChildOutcome, ParentState, ReplayComparison, 
 from diagtools.model.scan import Culprit, ScanResult
 from diagtools.model.sweep import SweepResult
 from diagtools.render.ordering import ModuleGroups, group_modules
+from diagtools.render.paths import display_path
 
 __all__ = [
     "paint",
@@ -31,7 +33,7 @@ def render_scan(result: ScanResult, *, stack: bool = False) -> str:
     """A short report a person can act on; ``stack`` adds the whole Python stack."""
     lines = [
         f"diagtools scan {' '.join(result.targets)}",
-        f"  driver: {result.driver.describe()}",
+        f"  driver: {_driver_text(result)}",
         f"  status: {result.status}  ({len(result.modules)} modules imported in {result.duration_s:.2f} s)",
     ]
     lines += _error_lines(result)
@@ -39,6 +41,12 @@ def render_scan(result: ScanResult, *, stack: bool = False) -> str:
     for culprit in result.culprits:
         lines += _culprit_lines(culprit, stack=stack)
     return "\n".join(lines)
+
+
+def _driver_text(result: ScanResult) -> str:
+    """The driver, its library shown home-relative (``~/.cache/...``) like every path a report prints."""
+    library = result.driver.library
+    return replace(result.driver, library=display_path(library) if library else None).describe()
 
 
 def _error_lines(result: ScanResult) -> list[str]:
