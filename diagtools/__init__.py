@@ -29,6 +29,7 @@ __all__ = [
     "diff_scans",
     "load_ipython_extension",
     "notebook_progress",
+    "postmortem",
     "process_cuda_state",
     "render_scan",
     "replay_fork",
@@ -59,6 +60,7 @@ _LOCATIONS = {
     "replay_fork": "diagtools.usecases.replay",
     "diff_scans": "diagtools.model.diff",
     "notebook_progress": "diagtools.frontends.progress",
+    "postmortem": "diagtools.render.postmortem",
     "process_cuda_state": "diagtools.usecases.selfcheck",
     "sweep": "diagtools.usecases.sweep",
     "RunResult": "diagtools.model.run",
@@ -75,6 +77,7 @@ if TYPE_CHECKING:
     from diagtools.model.replay import ChildOutcome, ParentState, ReplayComparison, ReplayResult
     from diagtools.model.run import RunResult
     from diagtools.model.scan import Culprit, DriverInfo, ImportNode, RunError, ScanResult, Site, StartupInfo
+    from diagtools.render.postmortem import postmortem
     from diagtools.render.text import render_scan
     from diagtools.usecases.replay import compare_replays, replay_fork
     from diagtools.usecases.run import run

@@ -81,11 +81,9 @@ class BenchReport:
 
     def table(self) -> str:
         """A text table with the columns in :data:`COLUMNS`."""
-        lines = ["  ".join(f"{c:>14}" for c in COLUMNS[:-1]) + "  note"]
-        for row in self.rows:
-            cells = [f"{_fmt(row.get(c)):>14}" for c in COLUMNS[:-1]]
-            lines.append("  ".join(cells) + f"  {row.get('note', '')}")
-        return "\n".join(lines)
+        from diagtools.render.text import text_table
+
+        return "\n".join(text_table(COLUMNS, [[row.get(c) for c in COLUMNS] for row in self.rows]))
 
     def _repr_html_(self) -> str:
         from diagtools.render.html import bench_table_html
@@ -99,12 +97,6 @@ class BenchReport:
         target = Path(path)
         target.write_bytes(bandwidth_chart_png(self.rows))
         return target
-
-
-def _fmt(value: Any) -> str:
-    if value is None:
-        return "-"
-    return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
 def compare(

@@ -49,12 +49,19 @@ class _Parser(argparse.ArgumentParser):
     """argparse that reports usage errors in one line with exit code 2."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
-        self.exit(EXIT_USAGE, f"diagtools: error: {message} (see diagtools {self.prog.split()[-1]} --help)\n")
+        self.exit(EXIT_USAGE, f"diagtools: error: {message} (see {self.prog} --help)\n")
+
+
+def _version() -> str:
+    from diagtools import __version__
+
+    return __version__
 
 
 def _build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="diagtools", description="Find which import initializes the CUDA driver.")
     parser.add_argument("--debug", action="store_true", help="show tracebacks for diagtools' own errors")
+    parser.add_argument("--version", action="version", version=f"diagtools {_version()}")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     _add_scan(commands.add_parser("scan", help="import targets in a fresh subkernel and name the culprit"))
     _add_replay(commands.add_parser("replay", help="reproduce the poisoned-fork failure in a subkernel"))
@@ -87,6 +94,7 @@ def _add_scan(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--fail-on-cuda", action="store_true", help="exit 1 when CUDA got initialized")
     parser.add_argument("--stack", action="store_true", help="print the whole Python stack of the culprit")
+    parser.add_argument("--svg", metavar="FILE", help="write the import graph (culprit chains) as SVG")
     _add_debug(parser)
 
 
@@ -236,6 +244,10 @@ def _run_scan(args: argparse.Namespace) -> int:
 
     _check_writable(args.json, "--json")
     result = scan(args.targets, path=args.path, driver=args.driver, timeout=args.timeout, settle=args.settle)
+    if args.svg:
+        from diagtools.render.graph import write_svg
+
+        write_svg(result, args.svg)
     _emit(result.to_json(), render_scan(result, stack=args.stack), args.json)
     if not result.ok:
         return EXIT_TARGET_FAILED
@@ -268,9 +280,18 @@ def _emit(document: dict[str, Any], text: str, json_destination: str | None) -> 
         except OSError as exc:
             failure = UsageError(f"cannot write {json_destination}: {exc.strerror or exc}")
     if json_destination != "-" or failure is not None:
-        print(text)
+        _print(text)
     if failure is not None:
         raise failure
+
+
+def _print(text: str) -> None:
+    """Print a report, coloured when stdout is a terminal (``NO_COLOR`` and ``FORCE_COLOR`` respected)."""
+    import os
+
+    from diagtools.render.text import paint, use_color
+
+    print(paint(text) if use_color(sys.stdout.isatty(), os.environ) else text)
 
 
 def _run_sweep(args: argparse.Namespace) -> int:
@@ -296,7 +317,7 @@ def _run_sweep(args: argparse.Namespace) -> int:
         fresh=args.fresh,
         exclude=args.exclude,
     )
-    print(render_sweep(result))
+    _print(render_sweep(result))
     return EXIT_CUDA if (args.fail_on_cuda and result.culprits) else EXIT_OK
 
 
@@ -371,7 +392,7 @@ def _run_demo(args: argparse.Namespace) -> int:
 
     _check_directory(args.out, "--out")
     report = write_demo_report(Path(args.out), driver=args.driver, notebooks=None if args.no_notebooks else NOTEBOOKS)
-    print(report.summary)
+    _print(report.summary)
     print(f"report written to {report.index.resolve()}")
     postmortem = report.index.parent / "postmortem.html"
     if postmortem.exists():

@@ -12,6 +12,7 @@ from typing import Any
 
 from diagtools.model.scan import ScanResult
 from diagtools.model.verdict import Verdict
+from diagtools.render.paths import shareable
 from diagtools.render.text import render_scan
 from diagtools.specimens import Specimen, all_specimens
 from diagtools.usecases.scan import scan
@@ -91,13 +92,13 @@ class DemoReport:
 def _markdown(report_outcomes: tuple[SpecimenOutcome, ...]) -> str:
     lines = ["# diagtools: built-in specimens", ""]
     if report_outcomes:
-        lines += [f"Driver: {report_outcomes[0].result.driver.describe()}", ""]
+        lines += [f"Driver: {shareable(report_outcomes[0].result).driver.describe()}", ""]
     for outcome in report_outcomes:
         specimen = outcome.specimen
         lines += [f"## {specimen.title} ({outcome.variant}/)", "", specimen.story, ""]
         if outcome.variant == "after":
             lines += [f"Fix: {specimen.fix}.", ""]
-        lines += ["```text", render_scan(outcome.result, stack=True), "```", ""]
+        lines += ["```text", render_scan(shareable(outcome.result), stack=True), "```", ""]
     return "\n".join(lines)
 
 
@@ -115,11 +116,14 @@ def run_notebook(source: Path, out: Path, parameters: dict[str, Any], *, timeout
     client = NotebookClient(
         notebook, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(source.parent)}}
     )
-    try:
-        client.execute()
-    except (CellExecutionError, DeadKernelError, TimeoutError) as exc:
-        error = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
     out.mkdir(parents=True, exist_ok=True)
+    # The kernel's own stderr (IPKernelApp warnings, debugger notes) goes to a log beside the notebook,
+    # not to the terminal of whoever runs the demo.
+    with (out / f"{source.stem}.kernel.log").open("wb") as kernel_log:
+        try:
+            client.execute(stderr=kernel_log, stdout=kernel_log)
+        except (CellExecutionError, DeadKernelError, TimeoutError) as exc:
+            error = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
     nbformat.write(notebook, out / source.name)
     html, _ = HTMLExporter().from_notebook_node(notebook)
     html_path = out / f"{source.stem}.html"
@@ -136,20 +140,23 @@ def _inject_parameters(notebook: Any, parameters: dict[str, Any], nbformat: Any)
     notebook.cells.insert(index + 1, cell)
 
 
-def _index_html(report_outcomes: tuple[SpecimenOutcome, ...], notebooks: tuple[NotebookOutcome, ...]) -> str:
+def _index_html(
+    report_outcomes: tuple[SpecimenOutcome, ...], notebooks: tuple[NotebookOutcome, ...], *, postmortem: bool = False
+) -> str:
     items = "".join(
         f'<li><a href="notebooks/{escape(n.name)}.html">{escape(n.name)}</a>'
         + (f' <b style="color:#b00020">failed: {escape(n.error)}</b>' if n.error else "")
         + "</li>"
         for n in notebooks
     )
+    postmortem_link = "<a href='postmortem.html'>Postmortem</a> &middot; " if postmortem else ""
     verdicts = "".join(
         f"<li>{escape(o.specimen.name)}/{o.variant}: {escape(o.headline())}</li>" for o in report_outcomes
     )
     return (
-        "<!DOCTYPE html><html><head><meta charset='utf-8'><title>diagtools report</title></head><body>"
-        "<h1>diagtools report</h1><p><a href='postmortem.html'>Postmortem</a> &middot; "
-        "<a href='specimens.md'>Specimen scans (Markdown)</a></p>"
+        "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>diagtools report</title></head><body>"
+        "<h1>diagtools report</h1><p>"
+        f"{postmortem_link}<a href='specimens.md'>Specimen scans (Markdown)</a></p>"
         f"<h2>Notebooks</h2><ul>{items}</ul><h2>Specimens</h2><ul>{verdicts}</ul></body></html>"
     )
 
@@ -174,5 +181,5 @@ def write_demo_report(
             run_notebook(path, out / "notebooks", parameters) for path in sorted(notebooks.glob("*.ipynb"))
         )
     index = out / "index.html"
-    index.write_text(_index_html(outcomes, executed), encoding="utf-8")
+    index.write_text(_index_html(outcomes, executed, postmortem=(out / "postmortem.html").exists()), encoding="utf-8")
     return DemoReport(index, outcomes, executed)

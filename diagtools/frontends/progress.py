@@ -1,14 +1,15 @@
-"""Progress bars for sweeps: tqdm in a terminal, an ipywidgets bar in a notebook."""
+"""Progress for long calls: tqdm or an ipywidgets bar for sweeps, a stopwatch with phases for panels."""
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from diagtools.errors import MissingExtraError
 
-__all__ = ["notebook_progress", "terminal_progress"]
+__all__ = ["Stopwatch", "notebook_progress", "terminal_progress"]
 
 
 def terminal_progress(description: str = "sweep") -> Callable[[int, int, Any], None]:
@@ -49,3 +50,43 @@ def notebook_progress(description: str = "sweep") -> Callable[[int, int, Any], N
         label.value = f"{done}/{total} {row.module}"
 
     return update
+
+
+class Stopwatch:
+    """Elapsed time and the current phase of a long call, for a live "busy" line.
+
+    The work calls :meth:`phase` as it goes (or runs through :meth:`phased`);
+    a display reads :meth:`line` as often as it likes.  ``clock`` is the seam
+    tests replace.
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self.started = clock()
+        self.current = ""
+        self.running = False
+
+    def start(self, phase: str) -> None:
+        self.started, self.current, self.running = self.clock(), phase, True
+
+    def phase(self, text: str) -> None:
+        self.current = text
+
+    def stop(self) -> float:
+        self.running = False
+        return self.clock() - self.started
+
+    def line(self) -> str:
+        return f"{self.current} ({self.clock() - self.started:.1f} s)"
+
+    def phased(self, runner: Callable[[Any], Any], labels: Sequence[str]) -> Callable[[Any], Any]:
+        """``runner`` that names its n-th call ``labels[n]`` as the phase (then "subkernel n")."""
+        calls = [0]
+
+        def run(request: Any) -> Any:
+            index = calls[0]
+            calls[0] += 1
+            self.phase(labels[index] if index < len(labels) else f"subkernel {index + 1}")
+            return runner(request)
+
+        return run

@@ -8,16 +8,20 @@ view.  Every call runs in a fresh subkernel, never in the notebook's kernel.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Sequence
 from html import escape
 from typing import Any
 
 from diagtools.driver import DRIVER_CHOICES
 from diagtools.errors import DiagtoolsError, MissingExtraError
+from diagtools.frontends.progress import Stopwatch
 from diagtools.model.replay import CHILD_ACTIONS
 from diagtools.model.scan import ScanResult
 from diagtools.render.chart import bandwidth_chart_png
 from diagtools.render.html import bench_table_html, comparison_html, module_html, scan_html
+from diagtools.render.ordering import picker_options
+from diagtools.runner.subkernel import run_subkernel
 from diagtools.usecases.replay import compare_replays
 from diagtools.usecases.scan import scan
 
@@ -33,20 +37,65 @@ def _split_paths(text: str) -> list[str]:
     return [part.strip() for part in text.replace(",", ":").split(":") if part.strip()]
 
 
+_BUSY_STYLE = (
+    "<style>.dt-busy{display:inline-flex;align-items:center;gap:8px;font:13px system-ui,sans-serif}"
+    ".dt-busy i{width:14px;height:14px;border:2px solid #9ecae1;border-top-color:#1f77b4;border-radius:50%;"
+    "animation:dt-spin .8s linear infinite}@keyframes dt-spin{to{transform:rotate(360deg)}}</style>"
+)
+_WAITING = "<p><i>No result yet: press the button above. The last result stays here, saved with the notebook.</i></p>"
+
+
+class _StaticView:
+    """The panel's last result as plain HTML output of the cell: saved with the notebook and exported.
+
+    Widgets need the live kernel and saved widget state; this copy does not,
+    so a reopened or exported notebook still shows the result (and its graph
+    view's script runs wherever the page is trusted).
+    """
+
+    def __init__(self) -> None:
+        self.value = ""
+        self.handle: Any = None
+
+    def attach(self) -> None:
+        from IPython.display import HTML, display
+
+        self.handle = display(HTML(self.value or _WAITING), display_id=True)
+
+    def show(self, html: str) -> None:
+        self.value = html
+        if self.handle is not None:
+            from IPython.display import HTML
+
+            self.handle.update(HTML(html))
+
+
 class _Panel:
-    """Shared plumbing: a status line, a busy bar, and running work off the kernel's thread."""
+    """Shared plumbing: a status line, a live busy line (phase and elapsed time), work off the kernel's thread."""
 
     widget: Any
 
     def __init__(self, background: bool) -> None:
         self.background = background
-        self.status = w.HTML()
-        self.busy = w.IntProgress(value=0, min=0, max=1, bar_style="info", layout=w.Layout(visibility="hidden"))
+        self.status = w.HTML(layout=w.Layout(max_width="100%"))
+        self.busy = w.HTML(layout=w.Layout(display="none"))
+        self.stopwatch = Stopwatch()
+        self.view = _StaticView()
         self.worker: threading.Thread | None = None
 
-    def _run(self, work: Callable[[], None], message: str) -> None:
+    def _tick(self) -> None:
+        self.busy.value = f'{_BUSY_STYLE}<span class="dt-busy"><i></i>{escape(self.stopwatch.line())}</span>'
+
+    def _ticker(self) -> None:
+        while self.stopwatch.running:
+            self._tick()
+            time.sleep(0.25)
+
+    def _run(self, work: Callable[[], None], message: str, phase: str) -> None:
         self.status.value = message
-        self.busy.layout.visibility = "visible"
+        self.stopwatch.start(phase)
+        self._tick()
+        self.busy.layout.display = ""
 
         def guarded() -> None:
             try:
@@ -57,9 +106,12 @@ class _Panel:
                 self.status.value = f'<span style="color:#b00020">internal error: {escape(repr(exc))}</span>'
                 raise
             finally:
-                self.busy.layout.visibility = "hidden"
+                seconds = self.stopwatch.stop()
+                self.busy.layout.display = "none"
+                self.status.value += f" <small>({seconds:.1f} s)</small>"
 
         if self.background:
+            threading.Thread(target=self._ticker, daemon=True).start()
             self.worker = threading.Thread(target=guarded, daemon=True)
             self.worker.start()
         else:
@@ -74,10 +126,21 @@ class _Panel:
         from IPython.display import display
 
         display(self.widget)
+        self.view.attach()
+
+
+def _wrapping_row(children: list[Any]) -> Any:
+    return w.HBox(children, layout=w.Layout(flex_flow="row wrap", width="100%", align_items="center"))
+
+
+def _field(widget: Any, basis: str) -> Any:
+    widget.layout = w.Layout(flex=f"1 1 {basis}", min_width="160px", width="auto")
+    widget.style = {"description_width": "56px"}
+    return widget
 
 
 class ScanPanel(_Panel):
-    """Target and path inputs, a driver choice, a Scan button, the result and module details."""
+    """Target and path inputs, a driver choice, a Scan button, the result with its graph, and module details."""
 
     def __init__(
         self,
@@ -91,36 +154,69 @@ class ScanPanel(_Panel):
         super().__init__(background)
         self.scanner = scanner
         self.result: ScanResult | None = None
-        self.target = w.Text(value=target, description="target", placeholder="pkg.module")
-        self.path = w.Text(value=path if isinstance(path, str) else ":".join(map(str, path)), description="path")
-        self.driver = w.Dropdown(options=list(DRIVER_CHOICES), value=driver, description="driver")
+        self.target = _field(w.Text(value=target, description="target", placeholder="pkg.module"), "200px")
+        path_text = path if isinstance(path, str) else ":".join(map(str, path))
+        self.path = _field(w.Text(value=path_text, description="path", placeholder="DIR[:DIR]"), "260px")
+        self.driver = _field(w.Dropdown(options=list(DRIVER_CHOICES), value=driver, description="driver"), "140px")
         self.scan_button = w.Button(description="Scan", button_style="primary", icon="search")
-        self.view = w.HTML()
-        self.module_picker = w.Dropdown(options=[], description="module")
-        self.details = w.HTML()
+        self.module_picker = _field(w.Dropdown(options=[], description="module"), "300px")
+        self.all_modules = w.Checkbox(value=False, description="all modules", indent=False)
+        self.details = w.HTML(layout=w.Layout(max_width="100%", overflow="auto"))
         self.scan_button.on_click(lambda _: self.run_scan())
         self.module_picker.observe(lambda change: self.show_module(change["new"]), names="value")
-        controls = w.HBox([self.target, self.path, self.driver, self.scan_button])
-        self.widget = w.VBox([controls, w.HBox([self.busy, self.status]), self.view, self.module_picker, self.details])
+        self.all_modules.observe(lambda _: self._fill_picker(), names="value")
+        controls = _wrapping_row([self.target, self.path, self.driver, self.scan_button])
+        picker = _wrapping_row([self.module_picker, self.all_modules])
+        self.widget = w.VBox(
+            [controls, _wrapping_row([self.busy, self.status]), picker, self.details],
+            layout=w.Layout(width="100%", max_width="100%", overflow="hidden"),
+        )
 
     def run_scan(self) -> None:
         """Scan the target in a fresh subkernel and show the result."""
         target, paths, driver = self.target.value.strip(), _split_paths(self.path.value), self.driver.value
+        runner = self.stopwatch.phased(run_subkernel, SCAN_PHASES)
         self._run(
-            lambda: self.show(self.scanner(target, path=paths, driver=driver)),
-            f"scanning <code>{target}</code> in a fresh subkernel&hellip;",
+            lambda: self.show(self.scanner(target, path=paths, driver=driver, runner=runner)),
+            f"scanning <code>{escape(target)}</code> in a fresh subkernel&hellip;",
+            SCAN_PHASES[0],
         )
 
     def show(self, result: ScanResult) -> None:
         self.result = result
-        self.view.value = scan_html(result, graph=True)
-        culprits = [c.module for c in result.culprits if c.module]
-        self.module_picker.options = culprits + sorted(set(result.module_names()) - set(culprits))
+        self.stopwatch.phase("drawing the graph")
+        self._fill_picker()
+        if self.module_picker.options and self.module_picker.value is None:
+            self.module_picker.value = self.module_picker.options[0]  # the culprit, when there is one
+        self._render()
         self.status.value = f"done: {result.status}, driver {result.driver.kind}"
 
+    def _fill_picker(self) -> None:
+        if self.result is not None:
+            self.module_picker.options = picker_options(self.result, everything=self.all_modules.value)
+
+    def _render(self) -> None:
+        if self.result is None:
+            return
+        selected = self.module_picker.value
+        html = scan_html(self.result, graph=True, selected=selected)
+        if selected:
+            html += module_html(self.result, selected)
+        self.view.show(html)
+
     def show_module(self, name: str | None) -> None:
+        """The module's details beside the picker, and the same module selected in the graph below."""
         if self.result is not None and name:
             self.details.value = module_html(self.result, name)
+            self._render()
+
+
+SCAN_PHASES = ("importing the target in a fresh subkernel", "tracing lines in the culprit module (second run)")
+REPLAY_PHASES = tuple(
+    f"replay {variant}/{method}: parent imports the target, child calls CUDA"
+    for variant in ("before", "after")
+    for method in ("fork", "spawn")
+)
 
 
 class ReplayPanel(_Panel):
@@ -137,19 +233,30 @@ class ReplayPanel(_Panel):
         background: bool = True,
     ) -> None:
         super().__init__(background)
-        self.target = w.Text(value=target, description="target")
-        self.before = w.Text(value=str(before), description="before/")
-        self.after = w.Text(value=str(after), description="after/")
-        self.child = w.Dropdown(options=list(CHILD_ACTIONS), value=child, description="child")
-        self.driver = w.Dropdown(options=list(DRIVER_CHOICES), value=driver, description="driver")
+        self.target = _field(w.Text(value=target, description="target"), "200px")
+        self.before = _field(w.Text(value=str(before), description="before/"), "300px")
+        self.after = _field(w.Text(value=str(after), description="after/"), "300px")
+        self.child = _field(w.Dropdown(options=list(CHILD_ACTIONS), value=child, description="child"), "140px")
+        self.driver = _field(w.Dropdown(options=list(DRIVER_CHOICES), value=driver, description="driver"), "140px")
         self.compare_button = w.Button(description="Replay", button_style="warning", icon="play")
-        self.view = w.HTML()
         self.comparison: Any = None
         self.compare_button.on_click(lambda _: self.run_compare())
-        inputs = w.VBox([self.target, self.before, self.after, w.HBox([self.child, self.driver, self.compare_button])])
-        self.widget = w.VBox([inputs, w.HBox([self.busy, self.status]), self.view])
+        inputs = w.VBox(
+            [
+                _wrapping_row([self.target]),
+                _wrapping_row([self.before, self.after]),
+                _wrapping_row([self.child, self.driver, self.compare_button]),
+            ],
+            layout=w.Layout(width="100%"),
+        )
+        self.widget = w.VBox(
+            [inputs, _wrapping_row([self.busy, self.status])],
+            layout=w.Layout(width="100%", max_width="100%", overflow="hidden"),
+        )
 
     def run_compare(self) -> None:
+        runner = self.stopwatch.phased(run_subkernel, REPLAY_PHASES)
+
         def work() -> None:
             self.comparison = compare_replays(
                 self.target.value.strip(),
@@ -157,11 +264,12 @@ class ReplayPanel(_Panel):
                 after=self.after.value,
                 child=self.child.value,
                 driver=self.driver.value,
+                runner=runner,
             )
-            self.view.value = comparison_html(self.comparison)
+            self.view.show(comparison_html(self.comparison))
             self.status.value = "done"
 
-        self._run(work, "replaying before/after under fork and spawn&hellip;")
+        self._run(work, "replaying before/after under fork and spawn&hellip;", REPLAY_PHASES[0])
 
 
 class BenchPanel:

@@ -279,6 +279,9 @@ class ReplayResult:
     def _repr_html_(self) -> str:
         return str(present("replay.html", self))
 
+    def __str__(self) -> str:
+        return str(present("replay.text", self))
+
 
 @dataclass(frozen=True)
 class ReplayComparison:
@@ -350,3 +353,6 @@ class ReplayComparison:
 
     def _repr_html_(self) -> str:
         return str(present("comparison.html", self))
+
+    def __str__(self) -> str:
+        return str(present("comparison.text", self))

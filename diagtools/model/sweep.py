@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from diagtools.model._display import present
 from diagtools.model.scan import Culprit, ScanResult
 from diagtools.model.verdict import Verdict, combine
 
@@ -58,12 +59,20 @@ class SweepRow:
     error: str = ""
     started: float = 0.0
     finished: float = 0.0
-    verdict: Verdict = Verdict.UNKNOWN
+    verdict: Verdict = None  # type: ignore[assignment]  # not given: derived in __post_init__
     cuda_source: str = "none"
     mode: str = "fresh"
     preloaded: bool = False
     fingerprint: str = ""
     deps: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.verdict is not None:
+            object.__setattr__(self, "verdict", Verdict(self.verdict))
+        elif self.cuda_initialized:  # a row not built from a scan is judged by what it says
+            object.__setattr__(self, "verdict", Verdict.INITIALIZES_CUDA)
+        else:
+            object.__setattr__(self, "verdict", Verdict.CLEAN if self.status == "ok" else Verdict.UNKNOWN)
 
     @classmethod
     def from_scan(
@@ -137,7 +146,7 @@ class SweepRow:
             error=data.get("error", ""),
             started=float(data.get("started", 0.0)),
             finished=float(data.get("finished", 0.0)),
-            verdict=Verdict(data.get("verdict", Verdict.UNKNOWN)),
+            verdict=Verdict(data["verdict"]) if "verdict" in data else None,  # type: ignore[arg-type]
             cuda_source=data.get("cuda_source", "self" if data["cuda_initialized"] else "none"),
             mode=data.get("mode", "fresh"),
             preloaded=bool(data.get("preloaded", False)),
@@ -182,6 +191,9 @@ class SweepResult:
             if row.module == module:
                 return row
         raise KeyError(module)
+
+    def __str__(self) -> str:
+        return str(present("sweep.text", self))
 
     def to_json(self) -> dict[str, Any]:
         return {

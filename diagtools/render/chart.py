@@ -12,7 +12,7 @@ __all__ = ["bandwidth_chart_png"]
 
 
 def bandwidth_chart_png(rows: Sequence[dict[str, Any]], title: str = "compress_norm_rope_store") -> bytes:
-    """Bars of achieved GB/s per size, one colour per backend."""
+    """Bars of achieved GB/s per size, one colour per backend, labelled; log scale when they span 100x."""
     try:
         import matplotlib
     except ImportError:
@@ -24,10 +24,15 @@ def bandwidth_chart_png(rows: Sequence[dict[str, Any]], title: str = "compress_n
     backends = sorted({str(row["backend"]) for row in rows})
     figure, axis = plt.subplots(figsize=(8, 3.2))
     width = 0.8 / max(1, len(backends))
+    measured = [v for backend in backends for size in sizes if (v := _gbps(rows, size, backend)) > 0]
     for index, backend in enumerate(backends):
         values = [_gbps(rows, size, backend) for size in sizes]
-        axis.bar([i + index * width for i in range(len(sizes))], values, width, label=backend)
+        label = backend if any(values) else f"{backend} (not timed here)"
+        bars = axis.bar([i + index * width for i in range(len(sizes))], values, width, label=label)
+        axis.bar_label(bars, labels=[f"{v:.3g}" if v else "n/a" for v in values], fontsize=8)
     axis.set_xticks([i + width * (len(backends) - 1) / 2 for i in range(len(sizes))], sizes, rotation=20)
+    if measured and max(measured) / min(measured) > 100:  # interpreter vs compiled: only a log scale shows both
+        axis.set_yscale("log")
     axis.set_ylabel("GB/s (minimal bytes)")
     axis.set_title(title)
     axis.legend()

@@ -13,13 +13,15 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from diagtools.errors import MissingExtraError, UsageError
 from diagtools.model.diff import ScanDiff
 from diagtools.model.scan import ImportNode, ScanResult
+from diagtools.render.graphview import BASE_FONT_PX
 
-__all__ = ["GRAPH_VIEWS", "diff_graph", "scan_graph"]
+__all__ = ["GRAPH_VIEWS", "diff_graph", "scan_graph", "write_svg"]
 
 GRAPH_VIEWS = ("culprits", "full")
 CULPRIT_FILL, CHAIN_FILL, REMOVED = "#d62728", "#ffbb78", "#7f7f7f"
@@ -165,7 +167,7 @@ def scan_graph(
     graph = graphviz.Digraph(
         "imports",
         graph_attr={"rankdir": "LR", "fontname": "DejaVu Sans", "label": label},
-        node_attr={"shape": "box", "fontname": "DejaVu Sans", "fontsize": "10"},
+        node_attr={"shape": "box", "fontname": "DejaVu Sans", "fontsize": str(BASE_FONT_PX)},
     )
     _add_clusters(graph, names, lambda name: _draw_node(name, tree, hidden, result, marks))
     _add_edges(graph, names, tree, marks)
@@ -221,3 +223,15 @@ def diff_graph(diff: ScanDiff, *, max_children: int = 12) -> Any:
     """The before graph with what the fix removed greyed and dashed, and the verdict as its title."""
     marks = _Marks(frozenset(diff.removed_modules), frozenset(diff.removed_edges))
     return scan_graph(diff.before, "culprits", max_children=max_children, title=f"diff: {diff.summary()}", marks=marks)
+
+
+def write_svg(result: ScanResult, path: str | Path, view: str = "culprits") -> Path:
+    """Render the scan's graph with graphviz ``dot`` and write it as a standalone SVG file."""
+    graph = scan_graph(result, view)
+    try:
+        svg = graph.pipe(format="svg")
+    except Exception as exc:  # graphviz raises ExecutableNotFound, CalledProcessError
+        raise UsageError(f"cannot render the graph: {str(exc).splitlines()[0]}") from None
+    target = Path(path)
+    target.write_bytes(svg)
+    return target

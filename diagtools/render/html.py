@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from html import escape
 from typing import Any
 
@@ -27,9 +28,10 @@ _STYLE = (
     "<style>.dt{font-family:system-ui,sans-serif;font-size:13px}.dt code{background:#f4f4f4;padding:1px 3px}"
     ".dt .bad{color:#b00020;font-weight:600}.dt .good{color:#1b7f3b;font-weight:600}"
     ".dt .unknown{color:#a15c00;font-weight:600}"
-    ".dt table{border-collapse:collapse}.dt td,.dt th{border:1px solid #ddd;padding:3px 8px;text-align:left;"
-    "vertical-align:top}.dt pre{background:#f8f8f8;padding:6px;overflow-x:auto}"
-    ".dt-graph svg{max-width:100%;height:auto}</style>"
+    ".dt table{border-collapse:collapse}.dt td,.dt th{border:1px solid #ddd;padding:3px 8px;text-align:left!important;"
+    "vertical-align:top}.dt td.num{text-align:right!important;font-variant-numeric:tabular-nums}"
+    ".dt pre{background:#f8f8f8;padding:6px;overflow-x:auto}"
+    ".dt-graph{max-width:100%}</style>"
 )
 
 
@@ -79,22 +81,29 @@ def svg_of(graph: Any) -> str:
     return svg[svg.find("<svg") :]
 
 
-def graph_block(draw: Callable[[], Any]) -> str:
-    """The graph ``draw()`` builds, inline as SVG; a one-line note when graphviz is not installed."""
+def graph_block(
+    draw: Callable[[], Any], details: dict[str, dict[str, Any]] | None = None, *, selected: str | None = None
+) -> str:
+    """The graph ``draw()`` builds as the interactive view (inline SVG and script); a note without graphviz."""
+    from diagtools.render.graphview import graph_view_html
+
     try:
-        return f'<div class="dt-graph">{svg_of(draw())}</div>'
+        svg = svg_of(draw())
     except MissingExtraError as exc:
         return f"<p><i>{escape(str(exc))}</i></p>"
+    if "<svg" not in svg:
+        return svg
+    return f'<div class="dt-graph">{graph_view_html(svg, details, selected=selected)}</div>'
 
 
-def scan_html(result: ScanResult, *, graph: bool = False) -> str:
+def scan_html(result: ScanResult, *, graph: bool = False, selected: str | None = None) -> str:
     """Summary, culprit with its source line, the error if the target failed, and the graph."""
     verdict = _verdict_badge(result.verdict)
     parts = [
         _STYLE,
         '<div class="dt">',
         f"<p><b>diagtools scan</b> <code>{escape(' '.join(result.targets))}</code> &mdash; {verdict}</p>",
-        f"<p>Driver: {escape(result.driver.describe())}. Status: <code>{escape(result.status)}</code>; "
+        f"<p>Driver: {escape(_driver_label(result))}. Status: <code>{escape(result.status)}</code>; "
         f"{len(result.modules)} modules in {result.duration_s:.2f} s.</p>",
     ]
     if result.error is not None:
@@ -104,9 +113,20 @@ def scan_html(result: ScanResult, *, graph: bool = False) -> str:
         parts.append(f'<p class="unknown">Not called clean: the run could not see everything.</p><ul>{reasons}</ul>')
     parts += [_culprit_html(culprit) for culprit in result.culprits]
     if graph:
-        parts.append(graph_block(result.graph))
+        parts.append(graph_block(result.graph, _graph_details(result), selected=selected))
     parts.append("</div>")
     return "".join(parts)
+
+
+def _driver_label(result: ScanResult | ReplayResult) -> str:
+    """The driver without its library path: pages get shared, and that path is a cache folder."""
+    return replace(result.driver, library=None).describe()
+
+
+def _graph_details(result: ScanResult) -> dict[str, dict[str, Any]]:
+    from diagtools.render.graphview import node_details
+
+    return node_details(result)
 
 
 def _child_cell(child: ChildOutcome | None) -> str:
@@ -134,7 +154,7 @@ def replay_html(result: ReplayResult) -> str:
         f"<p><b>diagtools replay</b> <code>{escape(result.target)}</code> with "
         f"<code>{escape(result.start_method)}</code>, child <code>{escape(result.child_action)}</code> "
         f"&mdash; {_verdict_badge(result.verdict)}, status <code>{escape(result.status)}</code></p>",
-        f"<p>Driver: {escape(result.driver.describe())}; {escape(parent_text)}.</p>",
+        f"<p>Driver: {escape(_driver_label(result))}; {escape(parent_text)}.</p>",
         f"<table><tr><th>child</th></tr><tr>{_child_cell(result.child)}</tr></table>",
     ]
     if result.child is not None and result.child.traceback:
@@ -148,7 +168,6 @@ def replay_html(result: ReplayResult) -> str:
 def comparison_html(comparison: ReplayComparison) -> str:
     """Before/after rows, start-method columns, and the verdict."""
     methods = comparison.start_methods
-    explanation = "<ul>" + "".join(f"<li>{escape(line)}</li>" for line in comparison.explanation()) + "</ul>"
     header = "<tr><th>variant</th><th>parent</th>" + "".join(f"<th>{escape(m)}</th>" for m in methods) + "</tr>"
     rows = []
     for variant in comparison.variants:
@@ -159,8 +178,14 @@ def comparison_html(comparison: ReplayComparison) -> str:
     return (
         f'{_STYLE}<div class="dt"><p><b>Fork replay</b> <code>{escape(comparison.target)}</code></p>'
         f"<table>{header}{''.join(rows)}</table>"
-        f"<p>{_verdict_badge(comparison.verdict)} (after the fix)</p>{explanation}</div>"
+        f"<p>{_verdict_badge(comparison.verdict)} (after the fix)</p>{_findings_html(comparison)}</div>"
     )
+
+
+def _findings_html(comparison: ReplayComparison) -> str:
+    headline, *findings = comparison.explanation()
+    items = "".join(f"<li>{escape(finding)}</li>" for finding in findings)
+    return f"<p><b>Verdict:</b> {escape(headline)}</p>" + (f"<ul>{items}</ul>" if items else "")
 
 
 def diff_html(diff: ScanDiff, *, limit: int = 50, graph: bool = False) -> str:
@@ -176,7 +201,7 @@ def diff_html(diff: ScanDiff, *, limit: int = 50, graph: bool = False) -> str:
         f'{_STYLE}<div class="dt"><p><b>diagtools diff</b> &mdash; {verdict}</p>'
         f"{cut}<p>No longer imported ({len(diff.removed_modules)}):</p><ul>{removed}</ul>"
         f"<p>Newly imported ({len(diff.added_modules)}):</p><ul>{added}</ul>"
-        f"{graph_block(diff.graph) if graph else ''}</div>"
+        f"{graph_block(diff.graph, _graph_details(diff.before)) if graph else ''}</div>"
     )
 
 
@@ -207,10 +232,13 @@ def module_html(result: ScanResult, name: str) -> str:
 def bench_table_html(rows: list[dict[str, Any]], columns: list[str]) -> str:
     """A plain results table: one row per measurement, the given columns in order."""
     head = "".join(f"<th>{escape(column)}</th>" for column in columns)
-    body = "".join(
-        "<tr>" + "".join(f"<td>{escape(_cell(row.get(column)))}</td>" for column in columns) + "</tr>" for row in rows
-    )
+    body = "".join("<tr>" + "".join(_td(row.get(column)) for column in columns) + "</tr>" for row in rows)
     return f'{_STYLE}<div class="dt"><table><tr>{head}</tr>{body}</table></div>'
+
+
+def _td(value: Any) -> str:
+    numeric = isinstance(value, int | float) and not isinstance(value, bool)
+    return f'<td class="num">{escape(_cell(value))}</td>' if numeric else f"<td>{escape(_cell(value))}</td>"
 
 
 def _cell(value: Any) -> str:

@@ -1,36 +1,78 @@
-"""The postmortem: one self-contained HTML page and its Markdown twin.
+"""The postmortem: one self-contained HTML page and a paste-ready Markdown twin with its graphs beside it.
 
-Sections: summary, timeline, root cause (culprit, chain, source line, graph),
-replay transcript, the fix's diff, kernel timing, and the regression guard to
-add.  Everything is built from result objects, so the same analysis a notebook
-ran is what the report says.
+Sections: a summary (what broke, the line to change, the fix, the guard),
+how to fix this class of bug, the root cause (culprit, chain, source line,
+graph), the replay transcript, the fix's diff, kernel timing, the regression
+guard, and the timeline of the analysis itself.  Everything is built from
+result objects, so the same analysis a notebook ran is what the report says;
+every path is shown relative to its repository or import root.
 """
 
 from __future__ import annotations
 
 import linecache
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from html import escape
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from diagtools.errors import MissingExtraError
 from diagtools.model.diff import ScanDiff, diff_scans
 from diagtools.model.replay import ReplayComparison
-from diagtools.model.scan import ScanResult
+from diagtools.model.scan import Culprit, ScanResult, Site
 from diagtools.render.html import _STYLE, bench_table_html, comparison_html, graph_block, scan_html
+from diagtools.render.paths import shareable
 from diagtools.render.text import render_comparison, render_diff, render_scan, terminal_safe
 
-__all__ = ["Postmortem", "write_postmortem"]
+__all__ = ["HOW_TO_FIX", "Postmortem", "PostmortemFiles", "bench_rows_of", "postmortem", "write_postmortem"]
 
 BENCH_COLUMNS = ["size", "backend", "median_ms", "GB/s", "copy_fraction", "max_rel_error"]
+GRAPH_FILE, FIX_GRAPH_FILE = "postmortem-graph.svg", "postmortem-fix.svg"
+TIMELINE_NOTE = "When each step of this analysis ran (UTC): the analysis, not the incident."
+
+HOW_TO_FIX = (
+    (
+        "Import the leaf lazily, behind the platform gate",
+        "Move the import of the module that touches the driver (a CuTe DSL or Triton kernel, a platform probe) "
+        "into the function that uses it, after the check that CUDA is wanted, so that importing the package "
+        "costs nothing and initializes nothing (the DeepSeek-V4 ops and Triton is_active() fixes).",
+    ),
+    (
+        "Keep package __init__ free of heavy re-exports",
+        "A package __init__ that re-exports a kernel module imports it for everyone who imports the package; "
+        "keep the __init__ to its docstring (or resolve names lazily with a module __getattr__) and let callers "
+        "import the leaf module where they use it (the common/ops fix).",
+    ),
+)
+
+
+class PostmortemFiles(NamedTuple):
+    """Where the postmortem went; in a notebook it shows the report itself."""
+
+    html: Path
+    markdown: Path
+
+    def _repr_html_(self) -> str:
+        page = self.html.read_text(encoding="utf-8")
+        start, end = page.find(_BODY_OPEN), page.rfind("</body>")
+        if start < 0 or end <= start:
+            return page
+        return f'{_STYLE}<div class="dt">{page[start + len(_BODY_OPEN) : end]}</div>'
+
+
+_BODY_OPEN = '<body class="dt">'
 
 
 @dataclass(frozen=True)
 class Postmortem:
-    """What the postmortem is made of; ``after`` and ``replay`` are optional."""
+    """What the postmortem is made of; ``after`` and ``replay`` are optional.
+
+    The scans are kept as given; :attr:`shown_before` and :attr:`shown_after`
+    are their shareable copies (relative paths, no driver cache path) that
+    every section renders.
+    """
 
     title: str
     before: ScanResult
@@ -44,8 +86,17 @@ class Postmortem:
         return " ".join(self.before.targets)
 
     @property
+    def shown_before(self) -> ScanResult:
+        return shareable(self.before)
+
+    @property
+    def shown_after(self) -> ScanResult | None:
+        return shareable(self.after) if self.after is not None else None
+
+    @property
     def diff(self) -> ScanDiff | None:
-        return diff_scans(self.before, self.after) if self.after is not None else None
+        after = self.shown_after
+        return diff_scans(self.shown_before, after) if after is not None else None
 
     def timeline(self) -> list[tuple[str, str]]:
         """(time, what happened) for each analysis step, in the order they ran."""
@@ -67,6 +118,81 @@ class Postmortem:
             f"diagtools scan {self.target} --fail-on-cuda\n"
         )
 
+    def summary(self) -> list[tuple[str, str]]:
+        """(heading, one or two sentences): what broke, the line to change, the fix, the guard."""
+        before, culprit = self.shown_before, self.shown_before.culprit
+        items = [("What broke", _what_broke(self, before, culprit))]
+        line = _line_to_change(culprit)
+        items.append(("The line to change", line or "no culprit line was recorded"))
+        items.append(("The fix", _the_fix(self.diff)))
+        items.append(
+            (
+                "The guard",
+                f"`diagtools scan {self.target} --fail-on-cuda` in CI, and a test calling "
+                f"`assert_import_cuda_free({self.target!r})` (below).",
+            )
+        )
+        return items
+
+    def source_context(self) -> list[tuple[int, str]]:
+        """The culprit line and three lines either side, read from the scanned file."""
+        culprit = self.before.culprit
+        if culprit is None or culprit.site is None:
+            return []
+        site = _line_site(culprit)
+        return _source_context(site.file, site.line)
+
+
+def _line_site(culprit: Culprit) -> Site:
+    """The line to change: the culprit module's own line when known (``module_site``), else the call site."""
+    site = culprit.line_to_change
+    assert site is not None  # callers check culprit.site first
+    return site
+
+
+def _code(text: object) -> str:
+    """Inline Markdown code that no backtick inside the text can close early."""
+    flat = terminal_safe(str(text)).replace("\n", " ")
+    fence = "`" * (max((len(run) for run in re.findall(r"`+", flat)), default=0) + 1)
+    pad = " " if flat.startswith("`") or flat.endswith("`") or fence != "`" else ""
+    return f"{fence}{pad}{flat}{pad}{fence}"
+
+
+def _line_to_change(culprit: Culprit | None) -> str:
+    if culprit is None or culprit.site is None:
+        return ""
+    site = _line_site(culprit)
+    via = "" if site is culprit.site else f" (via {_code(f'{culprit.site.file}:{culprit.site.line}')})"
+    return f"{_code(f'{site.file}:{site.line}')} in {_code(culprit.module)}: {_code(site.source.strip())}{via}"
+
+
+def _what_broke(report: Postmortem, before: ScanResult, culprit: Culprit | None) -> str:
+    if not before.cuda_initialized:
+        return f"Importing {_code(report.target)} did not initialize CUDA in this analysis ({before.verdict})."
+    who = f" through {_code(culprit.module)}" if culprit and culprit.module else ""
+    text = f"Importing {_code(report.target)} initializes the CUDA driver{who}, so a process forked after that import "
+    failing = [f"{label}/{r.start_method}" for label, r in report.replay.runs if r.reproduced] if report.replay else []
+    if failing and report.replay is not None:
+        label, method = failing[0].split("/")
+        child = report.replay.run(label, method).child
+        error = f": {_code(child.summary())}" if child is not None else ""
+        return text + f"gets a poisoned driver (replayed: {', '.join(failing)}{error})."
+    return (
+        text + "gets a poisoned driver (CUDA_ERROR_NOT_INITIALIZED, 'Cannot re-initialize CUDA in forked subprocess')."
+    )
+
+
+def _the_fix(diff: ScanDiff | None) -> str:
+    if diff is None:
+        return "not analysed yet: scan the fixed tree and pass it as `after`."
+    if diff.fixed and diff.broken_edge:
+        importer, imported = diff.broken_edge
+        return (
+            f"`{importer}` no longer imports `{imported}` at import time; after the fix the import initializes "
+            f"no CUDA and {len(diff.removed_modules)} modules are no longer imported."
+        )
+    return diff.summary()
+
 
 def _verdict(result: ScanResult) -> str:
     if not result.cuda_initialized:
@@ -84,22 +210,29 @@ def _source_context(file: str, line: int, around: int = 3) -> list[tuple[int, st
     ]
 
 
+def _inline_md(text: str) -> str:
+    """Markdown's `code` spans as HTML, everything else escaped."""
+    parts = escape(text).split("`")
+    return "".join(f"<code>{part}</code>" if i % 2 else part for i, part in enumerate(parts))
+
+
 def _html_sections(report: Postmortem) -> list[str]:
-    culprit = report.before.culprit
+    before = report.shown_before
+    summary = "".join(f"<dt>{escape(h)}</dt><dd>{_inline_md(t)}</dd>" for h, t in report.summary())
+    fixes = "".join(f"<li><b>{escape(h)}.</b> {escape(t)}</li>" for h, t in HOW_TO_FIX)
     sections = [
         f"<h1>{escape(report.title)}</h1>",
-        f"<p>Target <code>{escape(report.target)}</code>; driver: {escape(report.before.driver.describe())}.</p>",
-        "<h2>Timeline</h2><table><tr><th>time (UTC)</th><th>step</th></tr>"
-        + "".join(f"<tr><td>{escape(t)}</td><td>{escape(what)}</td></tr>" for t, what in report.timeline())
-        + "</table>",
+        f"<p>Target <code>{escape(report.target)}</code>; driver: {escape(before.driver.describe())}.</p>",
+        f'<h2>Summary</h2><dl class="summary">{summary}</dl>',
+        f"<h2>How to fix</h2><ol>{fixes}</ol>",
         "<h2>Root cause</h2>",
-        scan_html(report.before),
+        scan_html(before, graph=True),
     ]
-    if culprit is not None and culprit.site is not None:
-        context = _source_context(culprit.site.file, culprit.site.line)
-        lines = "\n".join(f"{'&gt;' if n == culprit.site.line else ' '} {n:>5} | {escape(text)}" for n, text in context)
-        sections.append(f"<p>Source around the culprit line:</p><pre>{lines}</pre>")
-    sections.append(graph_block(report.before.graph))
+    context, culprit = report.source_context(), report.before.culprit
+    if context and culprit is not None:
+        marked = _line_site(culprit).line
+        lines = "\n".join(f"{'&gt;' if n == marked else ' '} {n:>5} | {escape(text)}" for n, text in context)
+        sections.append(f"<p>Source around the line to change:</p><pre>{lines}</pre>")
     if report.replay is not None:
         sections += [
             "<h2>Replay</h2>",
@@ -115,6 +248,12 @@ def _html_sections(report: Postmortem) -> list[str]:
         ]
     sections += ["<h2>Kernel timing after the fix</h2>", _bench_html(report)]
     sections += ["<h2>Regression guard</h2>", f"<pre>{escape(report.guard_snippet())}</pre>"]
+    sections += [
+        "<h2>Timeline of the analysis</h2>",
+        f"<p>{escape(TIMELINE_NOTE)}</p><table><tr><th>time (UTC)</th><th>analysis step</th></tr>"
+        + "".join(f"<tr><td>{escape(t)}</td><td>{escape(what)}</td></tr>" for t, what in report.timeline())
+        + "</table>",
+    ]
     return sections
 
 
@@ -125,34 +264,55 @@ def _bench_html(report: Postmortem) -> str:
     return note + bench_table_html(list(report.bench_rows), BENCH_COLUMNS)
 
 
-def _markdown(report: Postmortem) -> str:
-    lines = [
-        f"# {report.title}",
-        "",
-        f"Target `{report.target}`; driver: {report.before.driver.describe()}.",
-        "",
-        "## Timeline",
-        "",
-        "| time (UTC) | step |",
-        "| --- | --- |",
-    ]
-    lines += [f"| {_md_cell(t)} | {_md_cell(what)} |" for t, what in report.timeline()]
-    lines += ["", "## Root cause", "", *_fenced(render_scan(report.before, stack=True), "text"), ""]
-    lines += [*_fenced(_dot(report.before), "dot"), ""]
+def _markdown(report: Postmortem, graphs: dict[str, str]) -> str:
+    before = report.shown_before
+    lines = [f"# {report.title}", "", f"Target `{report.target}`; driver: {before.driver.describe()}.", ""]
+    lines += ["## Summary", ""] + [f"- **{heading}:** {text}" for heading, text in report.summary()] + [""]
+    lines += ["## How to fix", ""] + [f"{i}. **{h}.** {t}" for i, (h, t) in enumerate(HOW_TO_FIX, 1)] + [""]
+    lines += ["## Root cause", "", *_fenced(render_scan(before, stack=True), "text"), ""]
+    context = report.source_context()
+    if context and report.before.culprit is not None:
+        marked = _line_site(report.before.culprit).line
+        lines += [*_fenced("\n".join(f"{'>' if n == marked else ' '} {n:>5} | {t}" for n, t in context), "python"), ""]
+    lines += _graph_markdown(GRAPH_FILE, "Import graph: the culprit in red, its chain in orange", graphs, before)
     if report.replay is not None:
         lines += ["## Replay", "", *_fenced(render_comparison(report.replay), "text"), ""]
     if report.diff is not None:
         lines += ["## The fix", "", *_fenced(render_diff(report.diff), "text"), ""]
+        lines += _graph_markdown(FIX_GRAPH_FILE, "What the fix removed (dashed grey)", graphs, None)
     lines += ["## Kernel timing after the fix", ""]
     if report.bench_note:
         lines += [report.bench_note, ""]
     if report.bench_rows:
-        lines += ["| " + " | ".join(BENCH_COLUMNS) + " |", "|" + " --- |" * len(BENCH_COLUMNS)]
+        lines += ["| " + " | ".join(BENCH_COLUMNS) + " |", "|" + "".join(_md_align(c) for c in BENCH_COLUMNS)]
         lines += ["| " + " | ".join(_md_cell(row.get(c)) for c in BENCH_COLUMNS) + " |" for row in report.bench_rows]
     elif not report.bench_note:
         lines.append("Not measured.")
-    lines += ["", "## Regression guard", "", *_fenced(report.guard_snippet(), "python"), ""]
+    test, _, ci = report.guard_snippet().partition("# CI step\n")
+    lines += ["", "## Regression guard", "", *_fenced(test.rstrip(), "python"), "", "CI step:", ""]
+    lines += [*_fenced(ci.rstrip(), "sh"), ""]
+    lines += ["## Timeline of the analysis", "", TIMELINE_NOTE, "", "| time (UTC) | analysis step |", "| --- | --- |"]
+    lines += [f"| {_md_cell(t)} | {_md_cell(what)} |" for t, what in report.timeline()] + [""]
     return "\n".join(lines)
+
+
+def _graph_markdown(name: str, caption: str, graphs: dict[str, str], fallback: ScanResult | None) -> list[str]:
+    if name in graphs:
+        return [f"![{caption}]({name})", ""]
+    if fallback is not None and fallback.culprit is not None:
+        return ["```mermaid", _mermaid_chain(fallback.culprit), "```", ""]
+    return []
+
+
+def _mermaid_chain(culprit: Culprit) -> str:
+    chain = list(culprit.chain) or [culprit.module or "?"]
+    nodes = [f'    n{i}["{name.replace(chr(34), "#quot;")}"]' for i, name in enumerate(chain)]
+    edges = [f"    n{i} --> n{i + 1}" for i in range(len(chain) - 1)]
+    return "\n".join(["graph LR", *nodes, *edges, f"    style n{len(chain) - 1} fill:#d62728,color:#fff"])
+
+
+def _md_align(column: str) -> str:
+    return " --- |" if column in ("size", "backend") else " ---: |"
 
 
 def _fenced(text: str, language: str) -> list[str]:
@@ -167,26 +327,59 @@ def _md_cell(value: Any) -> str:
     return terminal_safe(text).replace("\n", " ").replace("|", "\\|")
 
 
-def _dot(result: ScanResult) -> str:
-    try:
-        return result.to_dot()
-    except MissingExtraError as exc:
-        return f"// {exc}"
+def _write_graphs(folder: Path, report: Postmortem) -> dict[str, str]:
+    """The graphs as SVG files beside the Markdown; none when graphviz or ``dot`` is missing."""
+    written: dict[str, str] = {}
+    draws: list[tuple[str, Callable[[], Any]]] = [(GRAPH_FILE, report.shown_before.graph)]
+    diff = report.diff
+    if diff is not None:
+        draws.append((FIX_GRAPH_FILE, diff.graph))
+    for name, draw in draws:
+        try:
+            (folder / name).write_bytes(draw().pipe(format="svg"))
+        except MissingExtraError:
+            return written
+        except Exception:  # graphviz raises ExecutableNotFound or CalledProcessError; Mermaid stands in
+            continue
+        written[name] = str(folder / name)
+    return written
 
 
-def write_postmortem(out: str | Path, report: Postmortem) -> tuple[Path, Path]:
-    """Write ``postmortem.html`` (self-contained: inline CSS and SVG) and ``postmortem.md``."""
+def write_postmortem(out: str | Path, report: Postmortem) -> PostmortemFiles:
+    """Write ``postmortem.html`` (self-contained: inline CSS, SVG and script), ``postmortem.md`` and its SVGs."""
     folder = Path(out)
     folder.mkdir(parents=True, exist_ok=True)
     body = "".join(_html_sections(report))
     page = (
-        f'<!DOCTYPE html><html><head><meta charset="utf-8"><title>{escape(report.title)}</title>{_STYLE}'
-        f'</head><body class="dt">{body}</body></html>'
+        f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>{escape(report.title)}</title>{_STYLE}'
+        f"</head>{_BODY_OPEN}{body}</body></html>"
     )
     html_path, md_path = folder / "postmortem.html", folder / "postmortem.md"
     html_path.write_text(page, encoding="utf-8")
-    md_path.write_text(_markdown(report), encoding="utf-8")
-    return html_path, md_path
+    md_path.write_text(_markdown(report, _write_graphs(folder, report)), encoding="utf-8")
+    return PostmortemFiles(html_path, md_path)
+
+
+def postmortem(
+    before: ScanResult,
+    after: ScanResult | None = None,
+    *,
+    replay: ReplayComparison | None = None,
+    out: str | Path = "postmortem",
+    title: str | None = None,
+    bench_rows: Sequence[dict[str, Any]] = (),
+    bench_note: str = "",
+) -> PostmortemFiles:
+    """Write the postmortem of ``before`` (and its fix ``after``) under ``out``; returns the HTML and Markdown paths."""
+    report = Postmortem(
+        title=title or f"Postmortem: importing {' '.join(before.targets)} initialized CUDA",
+        before=before,
+        after=after,
+        replay=replay,
+        bench_rows=bench_rows_of(bench_rows),
+        bench_note=bench_note,
+    )
+    return write_postmortem(out, report)
 
 
 def bench_rows_of(results: Sequence[dict[str, Any]]) -> tuple[dict[str, Any], ...]:

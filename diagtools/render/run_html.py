@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import html
+import os
 import shlex
 from collections.abc import Sequence
 
 from diagtools.model.run import CudaInit, Finding, RunResult
 from diagtools.model.scan import Site
+from diagtools.render.paths import shorten_paths
 from diagtools.render.run_text import describe_exit, user_site
 
 __all__ = ["run_html", "run_page"]
@@ -57,11 +59,25 @@ def _finding_html(finding: Finding) -> str:
     )
 
 
+def _script_folders(result: RunResult) -> list[str]:
+    """Folders of the scripts the command names (even removed since): paths under them are shown relative."""
+    named = [arg for arg in result.command if os.path.isfile(arg) or (os.path.isabs(arg) and arg.endswith(".py"))]
+    return [os.path.dirname(os.path.abspath(arg)) for arg in named]
+
+
 def run_html(result: RunResult) -> str:
-    """An HTML fragment: the verdict, each finding with both stacks side by side, the notes."""
+    """An HTML fragment: the verdict, each finding with both stacks side by side, the notes.
+
+    Paths are shown relative to the command's script folders and with ``~``
+    for home, so the fragment can be pasted into a report.
+    """
     color = _COLORS.get(result.verdict, "#555")
     findings = "".join(_finding_html(finding) for finding in result.findings)
     notes = "".join(f"<li>{_esc(note)}</li>" for note in result.notes)
+    return shorten_paths(_run_fragment(result, color, findings, notes), _script_folders(result))
+
+
+def _run_fragment(result: RunResult, color: str, findings: str, notes: str) -> str:
     return (
         "<div class='diagtools-run'>"
         f"<p><code>{_esc(shlex.join(result.command))}</code>: {_esc(describe_exit(result.exitcode))}; "

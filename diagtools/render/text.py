@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import ParamSpec
 
 from diagtools.model.bisect import BisectResult
@@ -18,8 +19,11 @@ from diagtools.model.diff import ScanDiff
 from diagtools.model.replay import ChildOutcome, ParentState, ReplayComparison, ReplayResult
 from diagtools.model.scan import Culprit, ScanResult, Site
 from diagtools.model.sweep import SweepResult, SweepRow
+from diagtools.render.ordering import ModuleGroups, group_modules
+from diagtools.render.paths import display_path
 
 __all__ = [
+    "paint",
     "render_bisect",
     "render_comparison",
     "render_diff",
@@ -27,7 +31,10 @@ __all__ = [
     "render_replay",
     "render_scan",
     "render_sweep",
+    "render_verdict",
     "terminal_safe",
+    "text_table",
+    "use_color",
 ]
 
 _P = ParamSpec("_P")
@@ -64,7 +71,7 @@ def render_scan(result: ScanResult, *, stack: bool = False) -> str:
     """A short report a person can act on; ``stack`` adds the whole Python stack."""
     lines = [
         f"diagtools scan {' '.join(map(_one_line, result.targets))}",
-        f"  driver: {result.driver.describe()}",
+        f"  driver: {_one_line(_driver_text(result))}",
         f"  status: {result.status}  ({len(result.modules)} modules imported in {result.duration_s:.2f} s)",
     ]
     lines += _error_lines(result)
@@ -74,6 +81,12 @@ def render_scan(result: ScanResult, *, stack: bool = False) -> str:
     if result.skipped_events:
         lines.append(f"  note: {result.skipped_events} malformed event line(s) from the subkernel were skipped")
     return "\n".join(lines)
+
+
+def _driver_text(result: ScanResult) -> str:
+    """The driver, its library shown home-relative (``~/.cache/...``) like every path a report prints."""
+    library = result.driver.library
+    return replace(result.driver, library=display_path(library) if library else None).describe()
 
 
 def _error_lines(result: ScanResult) -> list[str]:
@@ -170,46 +183,100 @@ def _child_lines(child: ChildOutcome, driver_kind: str) -> list[str]:
 
 @_safe
 def render_comparison(comparison: ReplayComparison) -> str:
-    """A variant x start-method grid, then the parent-state difference that explains it."""
+    """A variant x start-method grid, the parent's CUDA state per variant, then the verdict as bullets."""
     methods = comparison.start_methods
-    lines = [
-        f"diagtools replay {comparison.target} --compare",
-        "  " + "variant".ljust(10) + "".join(m.ljust(44) for m in methods),
-    ]
-    for variant in comparison.variants:
-        cells = [comparison.run(variant, method).child for method in methods]
-        row = "".join(_one_line(cell.summary() if cell else "no child")[:42].ljust(44) for cell in cells)
-        lines.append("  " + variant.ljust(10) + row)
+    rows = []
     for variant in comparison.variants:
         parent = comparison.runs_of(variant)[0].parent
-        if parent is not None:
-            lines.append(
-                f"  parent ({variant}): CUDA {'initialized' if parent.cuda_initialized else 'not initialized'}"
-            )
-    lines.append(f"  verdict (after the fix): {comparison.verdict}")
-    lines += [f"  - {line}" for line in comparison.explanation()]
+        state = "?" if parent is None else ("CUDA initialized" if parent.cuda_initialized else "CUDA not initialized")
+        cells = [comparison.run(variant, method).child for method in methods]
+        rows.append([variant, state, *(_one_line(cell.summary() if cell else "no child") for cell in cells)])
+    lines = [f"diagtools replay {comparison.target} --compare"]
+    lines += ["  " + line for line in text_table(["variant", "parent", *methods], rows)]
+    lines += render_verdict(comparison).splitlines()
     return "\n".join(lines)
+
+
+def render_verdict(comparison: ReplayComparison) -> str:
+    """The comparison's verdict as a short headline and one bullet per finding."""
+    headline, *findings = comparison.explanation()
+    lines = [f"  verdict (after the fix): {comparison.verdict}", f"    {headline}"]
+    return "\n".join([*lines, *(f"    - {finding}" for finding in findings)])
+
+
+def text_table(
+    header: Sequence[str], rows: Sequence[Sequence[object]], *, right: Sequence[int] | None = None
+) -> list[str]:
+    """Aligned columns: numbers right, text left, every column as wide as its widest cell.
+
+    A column is numeric when every value in it is a number or ``None``; ``right`` names the
+    right-aligned columns instead, for numbers already formatted as text.
+    """
+    cells = [[_table_cell(value) for value in row] for row in rows]
+    numeric = [
+        (i in right)
+        if right is not None
+        else bool(rows) and all(isinstance(row[i], int | float) or row[i] is None for row in rows)
+        for i in range(len(header))
+    ]
+    widths = [max([len(header[i])] + [len(row[i]) for row in cells]) for i in range(len(header))]
+
+    def line(values: Sequence[str]) -> str:
+        parts = [v.rjust(w) if right else v.ljust(w) for v, w, right in zip(values, widths, numeric, strict=True)]
+        return "  ".join(parts).rstrip()
+
+    return [line(list(header)), *(line(row) for row in cells)]
+
+
+def _table_cell(value: object) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
 
 
 @_safe
 def render_diff(diff: ScanDiff, *, limit: int = 20) -> str:
-    """The verdict, the edge the fix cut, and what left or joined the import tree."""
+    """The verdict, the edge the fix cut, and what left or joined the import tree, most relevant first.
+
+    The culprit chain and the target's own package are listed one per line
+    (up to ``limit``); other packages get one line each with their count, the
+    standard library one line in all.
+    """
     lines = [f"diagtools diff: {diff.summary()}"]
+    lines.append(f"  verdict: {diff.verdict}")
     if diff.before.culprit is not None:
         culprit = diff.before.culprit
         lines.append(f"  before: culprit {_one_line(culprit.module)} via {' -> '.join(map(_one_line, culprit.chain))}")
     if diff.after.culprit is not None:
         culprit = diff.after.culprit
         lines.append(f"  after:  culprit {_one_line(culprit.module)} via {' -> '.join(map(_one_line, culprit.chain))}")
-    lines.append(
-        f"  modules no longer imported: {len(diff.removed_modules)}; newly imported: {len(diff.added_modules)}"
-    )
-    lines += [f"    - {_one_line(name)}" for name in diff.removed_modules[:limit]]
-    lines += [f"    + {_one_line(name)}" for name in diff.added_modules[:limit]]
-    hidden = len(diff.removed_modules) + len(diff.added_modules) - 2 * limit
-    if hidden > 0:
-        lines.append(f"    ... {hidden} more")
+    chain = diff.before.culprit.chain if diff.before.culprit else ()
+    for label, names, sign in (
+        ("no longer imported", diff.removed_modules, "-"),
+        ("newly imported", diff.added_modules, "+"),
+    ):
+        groups = group_modules(names, targets=diff.before.targets, chain=chain)
+        lines.append(f"  modules {label}: {groups.total}")
+        lines += _group_lines(groups, sign, limit)
     return "\n".join(lines)
+
+
+def _group_lines(groups: ModuleGroups, sign: str, limit: int) -> list[str]:
+    lines = [f"    {sign} {_one_line(name)}  (culprit chain)" for name in groups.chain]
+    lines += [f"    {sign} {_one_line(name)}" for name in groups.own[:limit]]
+    if len(groups.own) > limit:
+        lines.append(f"    {sign} ... {len(groups.own) - limit} more of the target's package")
+    for package, modules in groups.others[:limit]:
+        lines.append(f"    {sign} {_one_line(package)}.*: {len(modules)} module{'s' if len(modules) != 1 else ''}")
+    hidden = groups.others[limit:]
+    if hidden:
+        lines.append(f"    {sign} ... {len(hidden)} more packages, {sum(len(m) for _, m in hidden)} modules")
+    if groups.stdlib:
+        preview = ", ".join(groups.stdlib[:4]) + (", ..." if len(groups.stdlib) > 4 else "")
+        lines.append(f"    {sign} standard library: {len(groups.stdlib)} modules ({preview})")
+    return lines
 
 
 @_safe
@@ -251,13 +318,11 @@ def _sweep_mode(result: SweepResult) -> str:
 def render_sweep(result: SweepResult) -> str:
     """A module -> verdict table, culprits first, then how it ran and the counts."""
     rows = sorted(result.rows, key=lambda row: (not row.cuda_initialized, row.status == "ok", row.module))
-    width = max([len(row.module) for row in rows] + [6])
-    lines = [f"{'module'.ljust(width)}  CUDA?  {'import s':>8}  status        culprit / site"]
+    table: list[list[object]] = []
     for row in rows:
         cuda = {"initializes-cuda": "YES", "clean": "no"}.get(row.verdict.value, "?")
-        lines.append(
-            f"{row.module.ljust(width)}  {cuda:<5}  {row.import_s:8.3f}  {row.status:<12}  {_sweep_where(row)}"
-        )
+        table.append([row.module, cuda, f"{row.import_s:.3f}", row.status, _sweep_where(row)])
+    lines = text_table(["module", "CUDA?", "import s", "status", "culprit / site"], table, right=(2,))
     lines.append(_sweep_mode(result))
     resumed = f", {result.resumed} from the journal" if result.resumed else ""
     inherited = sum(1 for row in result.culprits if row.cuda_source == "parent")
@@ -283,3 +348,39 @@ def render_bisect(result: BisectResult) -> str:
     skipped = sum(1 for step in result.steps if step.verdict == "skip")
     lines.append(f"  {len(result.steps)} commits tested by git bisect, {skipped} skipped (target did not import)")
     return "\n".join(lines)
+
+
+_RED, _GREEN, _AMBER, _RESET = "\x1b[31m", "\x1b[32m", "\x1b[33m", "\x1b[0m"
+_PAINT = (
+    (
+        _RED,
+        r"CUDA initialized: YES|(?<!not )(?<!no longer )initializes CUDA|initializes-cuda|CUDA initialized(?!:)"
+        r"|\bUNEXPECTED\b|\bYES\b",
+    ),
+    (
+        _GREEN,
+        r"CUDA initialized: no|does not initialize CUDA|no longer initializes CUDA|CUDA not initialized|\bclean\b"
+        r"|status: ok\b|\[ok \]|\bok \(\d+ device\(s\)\)",
+    ),
+    (_AMBER, r"\bunknown\b|\bfailed\b|\bimport-error\b|\bcrashed\b|\btimeout\b|\bexited\b|\bFAILED\b"),
+)
+_PAINTER = re.compile("|".join(f"(?P<c{i}>{pattern})" for i, (_, pattern) in enumerate(_PAINT)))
+
+
+def paint(text: str) -> str:
+    """``text`` with ANSI colours: red where CUDA got initialized, green where clean, amber for failed/unknown."""
+
+    def colour(match: re.Match[str]) -> str:
+        group = next(name for name, value in match.groupdict().items() if value is not None)
+        return f"{_PAINT[int(group[1:])][0]}{match.group(0)}{_RESET}"
+
+    return _PAINTER.sub(colour, text)
+
+
+def use_color(isatty: bool, environ: Mapping[str, str]) -> bool:
+    """Colour a terminal unless ``NO_COLOR`` is set; ``FORCE_COLOR`` colours even a pipe."""
+    if environ.get("NO_COLOR"):
+        return False
+    if environ.get("FORCE_COLOR"):
+        return True
+    return isatty and environ.get("TERM") != "dumb"

@@ -1,8 +1,10 @@
-"""A real browser: JupyterLab in Debian's Chromium, driven by Playwright.
+"""A real browser: JupyterLab in Debian's Chromium, driven by Playwright, in a 1024 px window.
 
 Opens 01_root_cause, runs every cell, waits for the import graph, checks the
-culprit node is highlighted and visible in the rendered SVG, clicks the
-widget's Scan button, sees the result, and saves screenshots under build/.
+culprit node is highlighted, its text readable (>= 9 px) and a click shows
+its details, clicks the panel's Scan button, checks the panel fits the
+window, saves, reopens and finds the panel's static copy; then opens
+02_fork_replay and clicks Replay.  Screenshots go under build/browser/.
 """
 
 from __future__ import annotations
@@ -80,6 +82,9 @@ class JupyterLab:
             "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
             "--LabApp.news_url=None",
         ]
+        news = scratch / "config" / "lab" / "user-settings" / "@jupyterlab" / "apputils-extension"
+        news.mkdir(parents=True, exist_ok=True)
+        (news / "notification.jupyterlab-settings").write_text('{"fetchNews": "false"}')
         self.log_handle = self.log.open("wb")
         self.process = subprocess.Popen(
             command, env=env, stdout=self.log_handle, stderr=subprocess.STDOUT, start_new_session=True
@@ -126,6 +131,7 @@ def lab(tmp_path):
     root = tmp_path / "notebooks"
     root.mkdir()
     shutil.copy(ROOT / "notebooks" / "01_root_cause.ipynb", root)
+    shutil.copy(ROOT / "notebooks" / "02_fork_replay.ipynb", root)
     server = JupyterLab(root, tmp_path)
     try:
         server.wait_ready()
@@ -138,18 +144,21 @@ def lab(tmp_path):
         assert survivors(server.marker) == [], "the server or a kernel outlived the test"
 
 
-def wait_kernel_idle(lab: JupyterLab, timeout: float = 120) -> None:
-    """Kernels drop execute requests sent while they start: wait until the server says idle."""
+def wait_kernel_idle(lab: JupyterLab, timeout: float = 120, notebook: str = "") -> None:
+    """Kernels drop execute requests sent while they start: wait until the server says the notebook's is idle."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        sessions = lab.api("/api/sessions") or []
+        sessions = [s for s in lab.api("/api/sessions") or [] if s.get("path", "").endswith(notebook)]
         if any(s.get("kernel", {}).get("execution_state") == "idle" for s in sessions):
             return
         time.sleep(0.5)
     raise AssertionError("the notebook's kernel never became idle")
 
 
-STARTED_JS = "() => [...document.querySelectorAll('.jp-InputPrompt')].some(p => /\\[(\\d+|\\*)\\]/.test(p.textContent))"
+STARTED_JS = (
+    "() => [...document.querySelectorAll('.jp-NotebookPanel:not(.lm-mod-hidden) .jp-InputPrompt')]"
+    ".some(p => /\\[(\\d+|\\*)\\]/.test(p.textContent))"
+)
 
 
 def run_all_cells(page) -> None:
@@ -165,6 +174,53 @@ def run_all_cells(page) -> None:
     raise AssertionError("Run All Cells did not start the notebook")
 
 
+WIDTH = 1024
+MIN_TEXT_PX = 9
+# The smallest rendered text of the first graph view, and its scale, measured in the page.
+TEXT_JS = """box => {
+  const texts = [...box.querySelectorAll('svg text')];
+  const scale = parseFloat(box.getAttribute('data-scale') || '1');
+  const sizes = texts.map(t => parseFloat(t.getAttribute('font-size') || '14') * scale);
+  return {scale, minFont: Math.min(...sizes), minBox: Math.min(...texts.map(t => t.getBoundingClientRect().height))};
+}"""
+# Whether an element sticks out of the window or scrolls sideways.
+OVERFLOW_JS = """el => {
+  const r = el.getBoundingClientRect();
+  return {right: r.right, width: window.innerWidth, scroll: el.scrollWidth - el.clientWidth};
+}"""
+
+
+def open_notebook(page, lab: JupyterLab, name: str) -> None:
+    page.goto(lab.url(f"/lab/tree/{name}"), timeout=120_000)
+    page.wait_for_selector("#jupyterlab-splash", state="detached", timeout=120_000)
+    page.wait_for_selector(".jp-Notebook", timeout=120_000)
+
+
+def assert_fits(page, locator, what: str) -> None:
+    geometry = locator.evaluate(OVERFLOW_JS)
+    assert geometry["right"] <= geometry["width"] + 1, (what, geometry)
+    assert geometry["scroll"] <= 1, (what, geometry)
+
+
+def check_graph_view(page) -> None:
+    view = page.locator(".jp-OutputArea-output .dtg").first
+    culprit = view.locator("svg g.node.culprit").first
+    culprit.wait_for(state="visible", timeout=120_000)
+    assert "vmodels.platforms" in culprit.text_content()
+    assert culprit.locator("polygon").first.get_attribute("fill") == "#d62728"
+    sizes = view.evaluate(TEXT_JS)
+    assert sizes["minFont"] >= MIN_TEXT_PX, sizes
+    assert sizes["minBox"] >= MIN_TEXT_PX, sizes
+    assert view.locator(".dtg-legend").is_visible()
+    assert view.locator(".dtg-bar button", has_text="Export SVG").is_visible()
+    assert_fits(page, view, "graph view")
+    culprit.scroll_into_view_if_needed()
+    culprit.click()
+    assert "Python stack when CUDA was initialized" in view.locator(".dtg-info").text_content()
+    assert "platforms.py" in view.locator(".dtg-info").text_content()
+    view.screenshot(path=str(SCREENSHOTS / "01_root_cause-graph.png"))
+
+
 def test_root_cause_notebook_in_a_real_browser(lab):
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     with playwright_api.sync_playwright() as driver:
@@ -173,35 +229,73 @@ def test_root_cause_notebook_in_a_real_browser(lab):
         except Exception as exc:
             pytest.skip(f"Chromium could not be launched: {exc}")
         errors: list[str] = []
-        page = browser.new_page(viewport={"width": 1500, "height": 1100})
+        page = browser.new_page(viewport={"width": WIDTH, "height": 900})
         page.on("pageerror", lambda error: errors.append(str(error)))
         try:
-            page.goto(lab.url("/lab/tree/01_root_cause.ipynb"), timeout=120_000)
-            page.wait_for_selector("#jupyterlab-splash", state="detached", timeout=120_000)
-            page.wait_for_selector(".jp-Notebook", timeout=120_000)
+            open_notebook(page, lab, "01_root_cause.ipynb")
             wait_kernel_idle(lab)
             run_all_cells(page)
-            culprit = page.locator(".jp-OutputArea-output svg g.node.culprit").first
-            culprit.wait_for(state="visible", timeout=120_000)
-            assert "vmodels.platforms" in culprit.text_content()
-            fill = culprit.locator("polygon").first.get_attribute("fill")
-            assert fill == "#d62728"
-            box = culprit.bounding_box()
-            assert box is not None
-            assert box["width"] > 50
-            assert box["height"] > 20
-            culprit.scroll_into_view_if_needed()
-            page.locator(".jp-OutputArea-output svg").first.screenshot(
-                path=str(SCREENSHOTS / "01_root_cause-graph.png")
-            )
-            scan_button = page.locator(".jupyter-widgets button", has_text="Scan").first
-            scan_button.wait_for(state="visible", timeout=120_000)
-            scan_button.scroll_into_view_if_needed()
-            scan_button.click()
-            page.locator(".jupyter-widgets", has_text="done: ok").first.wait_for(state="visible", timeout=120_000)
-            widget_graph = page.locator(".jupyter-widgets svg g.node.culprit").first
-            widget_graph.wait_for(state="visible", timeout=60_000)
+            check_graph_view(page)
+            check_scan_panel_and_its_saved_copy(page, lab)
+            check_replay_panel(page, lab)
         finally:
-            page.screenshot(path=str(SCREENSHOTS / "01_root_cause.png"), full_page=True)
+            page.screenshot(path=str(SCREENSHOTS / "final.png"), full_page=True)
             browser.close()
         assert errors == [], errors
+
+
+def check_scan_panel_and_its_saved_copy(page, lab: JupyterLab) -> None:
+    scan_button = page.locator(".jupyter-widgets button", has_text="Scan").first
+    scan_button.wait_for(state="visible", timeout=120_000)
+    scan_button.scroll_into_view_if_needed()
+    panel = page.locator(".jp-OutputArea-output .widget-vbox", has=scan_button).first
+    assert_fits(page, panel, "scan panel")
+    scan_button.click()
+    page.locator(".jupyter-widgets", has_text="done: ok").first.wait_for(state="visible", timeout=120_000)
+    panel_cell = page.locator(".jp-CodeCell", has_text="ScanPanel(TARGET")
+    static = panel_cell.locator(".jp-OutputArea-output .dtg").first
+    static.locator("svg g.node.culprit").first.wait_for(state="visible", timeout=60_000)
+    assert_fits(page, static, "the panel's result")
+    panel_cell.screenshot(path=str(SCREENSHOTS / "01_scan_panel.png"))
+    page.screenshot(path=str(SCREENSHOTS / "01_root_cause.png"), full_page=True)
+    page.keyboard.press("Control+s")
+    wait_saved(lab.root / "01_root_cause.ipynb")
+    page.reload()
+    page.wait_for_selector(".jp-Notebook", timeout=120_000)
+    reopened = page.locator(".jp-CodeCell", has_text="ScanPanel(TARGET")
+    reopened.scroll_into_view_if_needed()
+    copy = reopened.locator(".jp-OutputArea-output svg g.node.culprit").first
+    copy.wait_for(state="attached", timeout=60_000)
+    assert "vmodels.platforms" in copy.text_content()
+    reopened.screenshot(path=str(SCREENSHOTS / "01_reopened_panel.png"))
+
+
+def check_replay_panel(page, lab: JupyterLab) -> None:
+    for session in lab.api("/api/sessions") or []:  # one kernel at a time on a small machine
+        lab.api(f"/api/sessions/{session['id']}", method="DELETE")
+    open_notebook(page, lab, "02_fork_replay.ipynb")
+    wait_kernel_idle(lab, notebook="02_fork_replay.ipynb")
+    run_all_cells(page)
+    replay_button = page.locator(".jupyter-widgets button", has_text="Replay").first
+    replay_button.wait_for(state="visible", timeout=180_000)
+    replay_button.scroll_into_view_if_needed()
+    replay_panel = page.locator(".jp-OutputArea-output .widget-vbox", has=replay_button).first
+    assert_fits(page, replay_panel, "replay panel")
+    replay_button.click()
+    page.locator(".jupyter-widgets", has_text="done").first.wait_for(state="visible", timeout=180_000)
+    panel_cell = page.locator(".jp-CodeCell", has_text="ReplayPanel(TARGET")
+    panel_cell.locator(".jp-OutputArea-output", has_text="Fork replay").first.wait_for(timeout=60_000)
+    panel_cell.screenshot(path=str(SCREENSHOTS / "02_replay_panel.png"))
+
+
+def wait_saved(path: Path, timeout: float = 30) -> None:
+    """Until the notebook on disk holds the panel's static copy among its outputs."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        document = json.loads(path.read_text())
+        outputs = [o for cell in document["cells"] for o in cell.get("outputs", [])]
+        html = ["".join(o.get("data", {}).get("text/html", "")) for o in outputs]
+        if any("diagtools scan" in h and 'class="dtg"' in h for h in html[-3:]):
+            return
+        time.sleep(0.5)
+    raise AssertionError("the saved notebook has no static copy of the panel's result")

@@ -67,7 +67,10 @@ def culprit_result(source: str, file: str = "/src/pkg/mod.py") -> ScanResult:
 def test_markdown_fences_outlast_backticks_in_source(tmp_path):
     source = "x = 1  # ``` closing fence? ```` longer"
     _, markdown = write_postmortem(tmp_path, Postmortem("report", culprit_result(source)))
-    text = markdown.read_text(encoding="utf-8")
+    whole = markdown.read_text(encoding="utf-8")
+    summary = next(row for row in whole.splitlines() if row.startswith("- **The line to change:**"))
+    assert "````` x = 1  # ``` closing fence? ```` longer `````" in summary  # inline code outlasts the backticks too
+    text = whole[whole.index("## Root cause") :]
     line = next(row for row in text.splitlines() if "closing fence?" in row)
     opening = [row for row in text[: text.index(line)].splitlines() if row.startswith("```")][-1]
     fence = re.match(r"`+", opening).group()

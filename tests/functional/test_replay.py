@@ -183,7 +183,7 @@ def test_cli_replay_and_compare(make_tree):
     )
     assert done.returncode == 0, done.stderr
     assert "verdict (after the fix): clean" in done.stdout
-    assert "  - before/fork failed" in done.stdout
+    assert "    before/fork failed\n" in done.stdout
     bad = cli("replay", "x", "--child", "??")
     assert bad.returncode == 2
     assert bad.stderr.startswith("diagtools: error: unknown child action")

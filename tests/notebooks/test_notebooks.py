@@ -47,7 +47,9 @@ def test_notebook_executes_and_shows_its_findings(source, tmp_path):
     if source.stem == "04_postmortem":
         page = (tmp_path / "out" / "postmortem.html").read_text()
         for section in (
-            "Timeline",
+            "Summary",
+            "How to fix",
+            "Timeline of the analysis",
             "Root cause",
             "Replay",
             "The fix",
@@ -56,4 +58,7 @@ def test_notebook_executes_and_shows_its_findings(source, tmp_path):
         ):
             assert f"<h2>{section}</h2>" in page
         assert 'class="node culprit"' in page
-        assert "assert_import_cuda_free('vmodels.common.ops')" in (tmp_path / "out" / "postmortem.md").read_text()
+        markdown = (tmp_path / "out" / "postmortem.md").read_text()
+        assert "assert_import_cuda_free('vmodels.common.ops')" in markdown
+        assert "![" in markdown
+        assert (tmp_path / "out" / "postmortem-graph.svg").exists()

@@ -20,9 +20,40 @@ def test_scan_button_scans_and_module_picker_shows_details():
     panel.module_picker.value = "vmodels.platforms"
     assert "Python stack when CUDA was initialized" in panel.details.value
     assert "driver.cuInit(0)" in panel.details.value
+    assert 'data-selected="vmodels.platforms"' in panel.view.value  # the graph below selects it too
     panel.module_picker.value = "vmodels.config"
     assert "Python stack" not in panel.details.value
     assert panel.status.value.startswith("done: ok, driver simulated")
+    assert all(name.startswith("vmodels") for name in panel.module_picker.options)  # the target's own package
+    assert list(panel.module_picker.options[:4]) == [
+        "vmodels.platforms",
+        "vmodels.common.ops",
+        "vmodels.common.ops.fused_allreduce_rms_norm",
+        "vmodels.config",
+    ]
+    panel.all_modules.value = True
+    assert len(panel.module_picker.options) == len(panel.result.modules)
+
+
+def test_panel_result_is_a_static_display_saved_with_the_notebook(monkeypatch):
+    shown = []
+
+    class Handle:
+        def update(self, obj):
+            shown.append(obj.data)
+
+    def fake_display(obj, display_id=False):
+        shown.append(getattr(obj, "data", obj))
+        return Handle() if display_id else None
+
+    monkeypatch.setattr("IPython.display.display", fake_display)
+    specimen = get("lazy_clean")
+    panel = ScanPanel(specimen.target, str(specimen.tree("after")), "simulated", background=False)
+    panel._ipython_display_()
+    assert "No result yet" in shown[-1]
+    panel.scan_button.click()
+    assert '<span class="good">clean</span>' in shown[-1]
+    assert shown[-1] == panel.view.value
 
 
 def test_scan_panel_reports_bad_input_in_its_status_line():

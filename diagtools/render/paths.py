@@ -1,0 +1,111 @@
+"""Paths as a reader should see them: relative to the repository or import root, never /tmp or a cache.
+
+A report is pasted into a ticket read on another machine, so an absolute
+path there says nothing and may leak a home directory.  :func:`display_path`
+tries, in order: the interpreter's own library folders, the git repository
+holding the file, one of the import roots the scan saw, and the home
+directory (``~``); only a path outside all of them stays absolute.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import sysconfig
+from collections.abc import Iterable
+from dataclasses import replace
+from pathlib import Path
+
+from diagtools.model.scan import ScanResult, Site
+
+__all__ = ["display_path", "import_roots", "shareable", "shorten_paths"]
+
+
+@functools.lru_cache(maxsize=256)
+def _repository_of(folder: str) -> str | None:
+    """The nearest folder at or above ``folder`` holding a ``.git`` (a worktree's ``.git`` is a file)."""
+    current = Path(folder)
+    for candidate in (current, *current.parents):
+        if (candidate / ".git").exists():
+            return str(candidate)
+    return None
+
+
+def _library_roots() -> list[tuple[str, str]]:
+    names = (("stdlib", "<stdlib>"), ("purelib", "<site-packages>"), ("platlib", "<site-packages>"))
+    paths = sysconfig.get_paths()
+    return [(paths[key], label) for key, label in names if key in paths]
+
+
+def import_roots(result: ScanResult) -> tuple[str, ...]:
+    """The ``sys.path`` entries the scan's modules came from, deduced from each module's name and file."""
+    roots: set[str] = set()
+    for node in result.modules:
+        if not node.file:
+            continue
+        parts = node.name.split(".")
+        for tail in ([*parts[:-1], parts[-1] + ".py"], [*parts, "__init__.py"]):
+            suffix = os.sep + os.sep.join(tail)
+            if node.file.endswith(suffix):
+                roots.add(node.file[: -len(suffix)])
+    return tuple(sorted(roots, key=len, reverse=True))
+
+
+def _under(path: str, root: str) -> str | None:
+    root = root.rstrip(os.sep)
+    if root and path.startswith(root + os.sep):
+        return path[len(root) + 1 :]
+    return None
+
+
+def display_path(path: str | None, roots: Iterable[str] = ()) -> str:
+    """``path`` relative to its repository, an import root or the library; ``~`` for home as a last resort."""
+    if not path:
+        return ""
+    if not os.path.isabs(path):
+        return path
+    for root, label in _library_roots():
+        relative = _under(path, root)
+        if relative is not None:
+            return f"{label}/{relative}"
+    repository = _repository_of(os.path.dirname(path))
+    if repository is not None:
+        return os.path.relpath(path, repository)
+    for root in roots:
+        relative = _under(path, root)
+        if relative is not None:
+            return relative
+    home = os.path.expanduser("~")
+    relative = _under(path, home)
+    return f"~/{relative}" if relative is not None else path
+
+
+def _site(site: Site | None, roots: tuple[str, ...]) -> Site | None:
+    return None if site is None else replace(site, file=display_path(site.file, roots))
+
+
+def shareable(result: ScanResult) -> ScanResult:
+    """A copy of ``result`` fit to paste into a ticket: every path shown relative, no driver cache path."""
+    roots = import_roots(result)
+    culprits = tuple(
+        replace(c, site=_site(c.site, roots), stack=tuple(_site(f, roots) or f for f in c.stack))
+        for c in result.culprits
+    )
+    modules = tuple(replace(n, file=display_path(n.file, roots) or None) for n in result.modules)
+    error = result.error
+    if error is not None and error.file:
+        error = replace(error, file=display_path(error.file, roots))
+    driver = replace(result.driver, library=None)
+    return replace(result, culprits=culprits, modules=modules, error=error, driver=driver)
+
+
+def shorten_paths(text: str, roots: Iterable[str]) -> str:
+    """``text`` with every ``root/`` prefix removed and the home directory written ``~``.
+
+    For reports whose paths are embedded in sentences (a command's scripts in
+    a temporary folder, say), where :func:`display_path` cannot reach them.
+    """
+    for root in sorted({r.rstrip(os.sep) for r in roots if r and os.path.isabs(r)}, key=len, reverse=True):
+        text = text.replace(root + os.sep, "")
+    home = os.path.expanduser("~")
+    return text.replace(home + os.sep, "~" + os.sep) if home not in ("", os.sep) else text

@@ -1,0 +1,231 @@
+"""Presentation rules without a kernel or a subprocess: ordering, paths, text, colour, graph view, postmortem."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from diagtools.frontends.progress import Stopwatch
+from diagtools.model.diff import diff_scans
+from diagtools.model.replay import ChildOutcome, ParentState, ReplayComparison, ReplayResult
+from diagtools.model.scan import Culprit, DriverInfo, ImportNode, ScanResult, Site
+from diagtools.model.sweep import SweepResult, SweepRow
+from diagtools.render.graphview import graph_view_html, node_details, prepare_svg
+from diagtools.render.ordering import group_modules, is_stdlib, picker_options
+from diagtools.render.paths import display_path, import_roots, shareable
+from diagtools.render.text import paint, render_diff, text_table, use_color
+
+ROOT = "/tmp/work/src"
+DRIVER = DriverInfo("simulated", "auto", "/root/.cache/diagtools/simdriver/x/libcuda.so.1")
+
+
+def node(name: str, parent: str | None, file: str | None = None) -> ImportNode:
+    if file is None and not is_stdlib(name):
+        file = f"{ROOT}/{name.replace('.', '/')}.py"
+    return ImportNode(name, parent, file, 0.001, 0.002)
+
+
+def result(names: list[tuple[str, str | None]], *, culprit: bool = True) -> ScanResult:
+    site = Site(f"{ROOT}/pkg/leaf.py", 4, "probe", "lib.cuInit(0)")
+    chain = ("pkg", "pkg.ops", "pkg.leaf")
+    return ScanResult(
+        targets=("pkg",),
+        status="ok",
+        driver=DRIVER,
+        cuda_initialized=culprit,
+        modules=tuple(node(n, p) for n, p in names),
+        culprits=(Culprit("pkg.leaf", chain, site, (site,), "import"),) if culprit else (),
+    )
+
+
+BEFORE = [
+    ("pkg", None),
+    ("_ast", "pkg"),
+    ("_bz2", "pkg"),
+    ("pkg.ops", "pkg"),
+    ("pkg.aaa", "pkg"),
+    ("cuda", "pkg.ops"),
+    ("cuda.bindings", "cuda"),
+    ("numpy", "pkg.ops"),
+    ("pkg.leaf", "pkg.ops"),
+    ("json", "pkg.leaf"),
+]
+
+
+def test_groups_put_the_chain_first_then_the_own_package_and_collapse_the_rest():
+    groups = group_modules([n for n, _ in BEFORE], targets=("pkg",), chain=("pkg", "pkg.ops", "pkg.leaf"))
+    assert groups.chain == ("pkg", "pkg.ops", "pkg.leaf")
+    assert groups.own == ("pkg.aaa",)
+    assert groups.others == (("cuda", ("cuda", "cuda.bindings")), ("numpy", ("numpy",)))
+    assert groups.stdlib == ("_ast", "_bz2", "json")
+    assert groups.total == len(BEFORE)
+
+
+def test_module_picker_offers_the_culprit_its_chain_and_the_own_package():
+    scan = result(BEFORE)
+    assert picker_options(scan) == ["pkg.leaf", "pkg", "pkg.ops", "pkg.aaa"]
+    everything = picker_options(scan, everything=True)
+    assert sorted(everything) == sorted(n for n, _ in BEFORE)
+    assert everything[-3:] == ["_ast", "_bz2", "json"]
+
+
+def test_diff_text_counts_every_module_once_and_collapses_the_standard_library():
+    before, after = result(BEFORE), result([("pkg", None)], culprit=False)
+    text = render_diff(diff_scans(before, after), limit=1)
+    assert "modules no longer imported: 9" in text
+    lines = text.splitlines()
+    first = next(i for i, line in enumerate(lines) if line.strip().startswith("- "))
+    assert lines[first].strip() == "- pkg.ops  (culprit chain)"
+    assert "- cuda.*: 2 modules" in text
+    assert "- ... 1 more packages, 1 modules" in text
+    assert "- standard library: 3 modules (_ast, _bz2, json)" in text
+    assert "_ast" not in text.split("standard library")[0]
+
+
+def test_paths_are_shown_relative_and_never_under_tmp_or_the_cache():
+    scan = result(BEFORE)
+    assert import_roots(scan) == (ROOT,)
+    assert display_path(f"{ROOT}/pkg/leaf.py", import_roots(scan)) == "pkg/leaf.py"
+    assert display_path(str(Path.home() / "elsewhere" / "x.py")) == "~/elsewhere/x.py"
+    assert display_path(str(Path(__file__))) == "tests/unit/test_presentation.py"  # the repository's own file
+    shared = shareable(scan)
+    text = json.dumps(shared.to_json())
+    assert "/tmp" not in text
+    assert ".cache" not in text
+    assert shared.culprit.site.file == "pkg/leaf.py"
+
+
+def test_tables_put_numbers_right_and_text_left():
+    lines = text_table(["name", "ms"], [["a", 1.5], ["longer", 12.25]])
+    assert lines == ["name       ms", "a         1.5", "longer  12.25"]
+
+
+def test_colour_follows_the_terminal_and_no_color():
+    assert use_color(True, {})
+    assert not use_color(False, {})
+    assert not use_color(True, {"NO_COLOR": "1"})
+    assert use_color(False, {"FORCE_COLOR": "1"})
+    painted = paint("  CUDA initialized: YES (during import)\n  CUDA initialized: no\n  status: timeout")
+    assert "\x1b[31mCUDA initialized: YES\x1b[0m" in painted
+    assert "\x1b[32mCUDA initialized: no\x1b[0m" in painted
+    assert "\x1b[33mtimeout\x1b[0m" in painted
+    assert "\x1b[31m" not in paint("does not initialize CUDA; CUDA not initialized; no longer initializes CUDA")
+
+
+def replay(variant_failed: bool, method: str) -> ReplayResult:
+    child = (
+        ChildOutcome("failed", 1, error_type="DriverCallError", error="cuInit(0) failed")
+        if variant_failed
+        else ChildOutcome("ok", 0, detail="1 device(s)")
+    )
+    return ReplayResult(
+        "pkg", (), "cuinit", method, DRIVER, "failed" if variant_failed else "ok", ParentState(variant_failed), child
+    )
+
+
+def test_replay_results_print_as_text_with_a_short_verdict():
+    comparison = ReplayComparison(
+        "pkg",
+        (
+            ("before", replay(True, "fork")),
+            ("before", replay(False, "spawn")),
+            ("after", replay(False, "fork")),
+            ("after", replay(False, "spawn")),
+        ),
+    )
+    text = str(comparison)
+    verdict = next(line for line in text.splitlines() if "verdict" in line)
+    assert verdict.strip() == "verdict (after the fix): clean"
+    assert "    before/fork failed" in text.splitlines()
+    assert "    - after the fix every start method passes" in text
+    assert all(len(line) < 120 for line in text.splitlines())
+    assert str(comparison.runs[0][1]).startswith("diagtools replay pkg --start-method fork")
+
+
+def test_sweep_results_print_as_a_table():
+    rows = (
+        SweepRow("pkg.a", "ok", False, None, 0.5),
+        SweepRow("pkg.bbbb", "ok", True, result(BEFORE).culprit, 12.0),
+    )
+    text = str(SweepResult("pkg", rows, seconds=1.0))
+    lines = text.splitlines()
+    assert lines[1].startswith("pkg.bbbb  YES")  # culprits first
+    assert re.search(r"\b12\.000  ok", lines[1])
+    assert re.search(r"\s 0\.500  ok", lines[2])
+    assert lines[-1].startswith("2 modules: 1 initialize CUDA")
+
+
+SVG = (
+    '<?xml version="1.0"?>\n<svg width="200pt" height="100pt" viewBox="0.00 0.00 200.00 100.00" '
+    'xmlns="http://www.w3.org/2000/svg"><g id="graph0" class="graph"><g id="node1" class="node culprit">'
+    '<title>pkg.leaf</title><text>pkg.leaf</text></g><g id="node2" class="node"><title>x&lt;y</title></g></g></svg>'
+)
+
+
+def test_graph_view_is_self_contained_and_escapes_what_it_embeds():
+    prepared = prepare_svg(SVG, "p1")
+    assert prepared.startswith('<svg width="200.00" height="100.00"')
+    assert 'id="p1-node1"' in prepared
+    details = {"pkg.leaf": {"file": "</script><script>alert(1)</script>"}, "x<y": {"file": "a"}, "gone": {}}
+    html = graph_view_html(SVG, details, selected="pkg.leaf")
+    assert html.count("<script") == 2
+    assert "alert(1)</script>" not in html
+    payload = re.search(r'class="dtg-data">(.*?)</script>', html).group(1)
+    assert set(json.loads(payload)) == {"pkg.leaf", "x<y"}
+    assert "http" not in html.replace('xmlns="http://www.w3.org/2000/svg"', "").replace("http://www.w3.org/", "")
+    assert 'data-selected="pkg.leaf"' in html
+
+
+def test_node_details_carry_the_culprit_line_and_stack_with_relative_paths():
+    details = node_details(result(BEFORE))
+    assert details["pkg.leaf"]["line"] == "pkg/leaf.py:4: lib.cuInit(0)"
+    assert details["pkg.leaf"]["stack"] == ["pkg/leaf.py:4 in probe"]
+    assert details["pkg"]["file"] == "pkg.py"
+
+
+def test_stopwatch_names_phases_by_subkernel_call():
+    now = [100.0]
+    watch = Stopwatch(clock=lambda: now[0])
+    watch.start("starting")
+    run = watch.phased(lambda request: request * 2, ["first", "second"])
+    assert run(2) == 4
+    assert watch.current == "first"
+    run(1)
+    run(1)
+    now[0] = 102.5
+    assert watch.line() == "subkernel 3 (2.5 s)"
+    assert watch.stop() == pytest.approx(2.5)
+
+
+def test_postmortem_markdown_is_paste_ready(tmp_path):
+    pytest.importorskip("graphviz")
+    from diagtools.render.postmortem import postmortem
+
+    before = result(BEFORE)
+    after = replace(result([("pkg", None), ("pkg.ops", "pkg")], culprit=False), started_at="2")
+    html_path, md_path = postmortem(before, after, out=tmp_path)
+    markdown = md_path.read_text()
+    assert markdown.index("## Summary") < markdown.index("## Root cause") < markdown.index("## Timeline of the")
+    for heading in ("What broke", "The line to change", "The fix", "The guard"):
+        assert f"**{heading}:**" in markdown
+    assert "Import the leaf lazily" in markdown
+    assert "free of heavy re-exports" in markdown
+    assert "```dot" not in markdown
+    assert "/tmp" not in markdown
+    assert ".cache" not in markdown
+    assert "/tmp" not in html_path.read_text()
+    images = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", markdown)
+    for image in images:
+        assert (tmp_path / image).read_text().lstrip().startswith("<?xml")
+    assert "the analysis, not the incident" in markdown
+
+
+def test_postmortem_is_public_and_lazy():
+    import diagtools
+
+    assert "postmortem" in diagtools.__all__
+    assert callable(diagtools.postmortem)
