@@ -7,13 +7,12 @@ for a before/after, fork/spawn grid.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import Enum
 from typing import Any
 
 from diagtools.model._display import present
 from diagtools.model.common import check_schema
 from diagtools.model.scan import DriverInfo, RunError
-from diagtools.model.verdict import Verdict, combine
+from diagtools.model.verdict import Label, Verdict, combine
 
 __all__ = [
     "CHILD_ACTIONS",
@@ -34,7 +33,7 @@ START_METHODS = ("fork", "spawn", "forkserver")
 CHILD_ACTIONS = ("cuinit", "ctypes", "torch")
 
 
-class ChildStatus(str, Enum):
+class ChildStatus(Label):
     """How the child's CUDA action ended."""
 
     OK = "ok"
@@ -44,11 +43,8 @@ class ChildStatus(str, Enum):
     EXITED = "exited"
     UNAVAILABLE = "unavailable"
 
-    def __str__(self) -> str:
-        return self.value
 
-
-class ReplayStatus(str, Enum):
+class ReplayStatus(Label):
     """How a whole replay ended: the child's outcome, or why there was none."""
 
     OK = "ok"
@@ -62,9 +58,6 @@ class ReplayStatus(str, Enum):
     TIMEOUT = "timeout"
     EXITED = "exited"
     CHANNEL_LOST = "channel-lost"
-
-    def __str__(self) -> str:
-        return self.value
 
 
 #: The child ran and its CUDA action did not succeed: the poisoned-fork failure, reproduced.

@@ -10,21 +10,25 @@ from __future__ import annotations
 from collections.abc import Iterable
 from enum import Enum
 
-__all__ = ["ScanStatus", "Verdict", "combine"]
+__all__ = ["Label", "ScanStatus", "Verdict", "combine"]
 
 
-class Verdict(str, Enum):
+class Label(str, Enum):
+    """An enum whose members are their JSON spelling: compared, printed and serialized as that text."""
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+
+class Verdict(Label):
     """What a run established about CUDA initialization."""
 
     INITIALIZES_CUDA = "initializes-cuda"
     CLEAN = "clean"
     UNKNOWN = "unknown"
 
-    def __str__(self) -> str:
-        return self.value
 
-
-class ScanStatus(str, Enum):
+class ScanStatus(Label):
     """How a scan's subkernel ended."""
 
     OK = "ok"
@@ -33,9 +37,6 @@ class ScanStatus(str, Enum):
     TIMEOUT = "timeout"
     EXITED = "exited"
     CHANNEL_LOST = "channel-lost"
-
-    def __str__(self) -> str:
-        return self.value
 
 
 def combine(verdicts: Iterable[Verdict]) -> Verdict:
