@@ -4,13 +4,16 @@
 #   1. what the machine is: GPU, driver, python, torch, triton, whether nvidia-cutlass-dsl is there;
 #   2. tests/gpu: one test case per (backend, size) against the float64 reference;
 #   3. the kernel benchmark over the full grid, run even when some tests failed;
-#   4. the other GPU tests (scan and replay on the real driver), in the time left.
+#   4. the other GPU tests (scan and replay on the real driver), in the time left;
+#   5. the faithful variant (compress_state_store): tests/gpu/test_state_gpu.py, then
+#      benchmarks/state_kernels.py at the KERNEL-NOTES sizes (about a minute together).
 # The CuTe DSL kernel needs no nvidia-cutlass-dsl there: its PTX for sm_90a is compiled on a CPU
 # machine (benchmarks/build_ptx.py), ships in diagtools/kernels/ptx/, and is loaded with
 # cuModuleLoadData and launched with cuLaunchKernel (ctypes on libcuda).
-# Writes 7 files to $OUT (or benchmarks/gpu-run/): env.txt, gpu-tests.log, gpu-tests.xml,
-# bench.log, kernels.json, kernels.md, other-gpu-tests.log.  Each step has its own timeout
-# (300 + 240 + 150 s at most, about 3 minutes expected), inside a 600 s call.
+# Writes 11 files to $OUT (or benchmarks/gpu-run/): env.txt, gpu-tests.log, gpu-tests.xml,
+# bench.log, kernels.json, kernels.md, other-gpu-tests.log, state-tests.log, state-bench.log,
+# state_kernels.json, state_kernels.md.  Each step has its own timeout (300 + 240 + 150 + 120 +
+# 90 s at most, about 4 minutes expected), inside a 600 s call: the last steps get what is left.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out="${OUT:-benchmarks/gpu-run}"
@@ -33,8 +36,16 @@ bench_rc=${PIPESTATUS[0]}
 
 # the other GPU modules (scan and replay against the real driver), last, in what time is left
 timeout 150 python3 -m pytest -q -p no:cacheprovider -p no:diagtools -rfEs tests/gpu \
-  --ignore tests/gpu/test_kernels_gpu.py 2>&1 | tee "$out/other-gpu-tests.log"
+  --ignore tests/gpu/test_kernels_gpu.py --ignore tests/gpu/test_state_gpu.py 2>&1 | tee "$out/other-gpu-tests.log"
 other_rc=${PIPESTATUS[0]}
 
-echo "kernel tests exit $tests_rc; benchmark exit $bench_rc; other GPU tests exit $other_rc"
-exit $(( tests_rc != 0 || bench_rc != 0 || other_rc != 0 ))
+# the faithful variant: its GPU tests, then its benchmark at the three KERNEL-NOTES sizes
+timeout 120 python3 -m pytest -q -p no:cacheprovider -p no:diagtools -rfEs \
+  tests/gpu/test_state_gpu.py 2>&1 | tee "$out/state-tests.log"
+state_rc=${PIPESTATUS[0]}
+timeout 90 python3 benchmarks/state_kernels.py --save-path "$out" 2>&1 | tee "$out/state-bench.log"
+state_bench_rc=${PIPESTATUS[0]}
+
+echo "kernel tests exit $tests_rc; benchmark exit $bench_rc; other GPU tests exit $other_rc;" \
+  "state tests exit $state_rc; state benchmark exit $state_bench_rc"
+exit $(( tests_rc != 0 || bench_rc != 0 || other_rc != 0 || state_rc != 0 || state_bench_rc != 0 ))

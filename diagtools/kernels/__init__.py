@@ -22,6 +22,11 @@ softmax per feature; the RoPE position is ``(p // R) * R``; and the store is
 The dispatch rule is the same: on CUDA, head dim 512 runs the CuTe DSL kernel
 and other head dims (the indexer's 128) run Triton.
 
+The faithful variant is :func:`compress_state_store` (contract in
+:mod:`diagtools.kernels.state`): boundary tokens only, a paged fp32 state cache
+read as C4 (overlapping window) or C128, a softmax per feature, RoPE at
+``(p // R) * R`` and the ``fp8_ds_mla`` store.
+
 Each backend is a leaf module imported only when it is called, so importing
 this package initializes nothing and imports neither torch, triton nor cutlass.
 """
@@ -30,7 +35,15 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["BACKENDS", "ROPE_DIM", "SUPPORTED_HEAD_DIMS", "choose_backend", "compress_norm_rope_store"]
+__all__ = [
+    "BACKENDS",
+    "ROPE_DIM",
+    "STATE_BACKENDS",
+    "SUPPORTED_HEAD_DIMS",
+    "choose_backend",
+    "compress_norm_rope_store",
+    "compress_state_store",
+]
 
 BACKENDS = ("torch", "triton", "cutedsl")
 ROPE_DIM = 64
@@ -72,3 +85,38 @@ def compress_norm_rope_store(
     else:
         raise ValueError(f"unknown backend {backend!r}: use auto, {', '.join(BACKENDS)}")
     return run(kv, score, weight, cos_sin_cache, positions, slot_mapping, kv_cache, ratio=ratio, eps=eps)
+
+
+STATE_BACKENDS = ("torch", "triton")
+
+
+def compress_state_store(
+    state_cache: Any,
+    block_table: Any,
+    request_indices: Any,
+    positions: Any,
+    slot_mapping: Any,
+    weight: Any,
+    cos_sin_cache: Any,
+    kv_cache: Any,
+    *,
+    ratio: int,
+    eps: float = 1e-6,
+    backend: str = "auto",
+) -> Any:
+    """The faithful variant: compress each boundary token's window from the paged state cache,
+    normalize, rotate and store it as ``fp8_ds_mla``; returns ``kv_cache`` (written in place).
+
+    The contract is in :mod:`diagtools.kernels.state`.  ``ratio`` is 4 (C4) or 128 (C128);
+    ``backend`` is ``auto`` (Triton on CUDA, torch elsewhere), ``torch`` or ``triton``.
+    """
+    if backend == "auto":
+        backend = "triton" if bool(state_cache.is_cuda) else "torch"
+    if backend == "torch":
+        from diagtools.kernels.state_reference import compress_state_store_reference as run
+    elif backend == "triton":
+        from diagtools.kernels.state_triton import compress_state_store_triton as run
+    else:
+        raise ValueError(f"unknown backend {backend!r} for compress_state_store: use auto, {', '.join(STATE_BACKENDS)}")
+    arguments = (state_cache, block_table, request_indices, positions, slot_mapping, weight, cos_sin_cache, kv_cache)
+    return run(*arguments, ratio=ratio, eps=eps)

@@ -22,6 +22,7 @@ __all__ = [
     "compressed_rows",
     "dequantize_fp8_ds_mla",
     "make_inputs",
+    "normalize_and_rotate",
     "quantize_fp8_ds_mla",
 ]
 
@@ -69,13 +70,21 @@ def compressed_rows(
     rows = kv.to(dtype).view(groups, ratio, head_dim)
     gates = torch.softmax(score.to(dtype).view(groups, ratio), dim=1)
     compressed = (gates.unsqueeze(-1) * rows).sum(dim=1)
+    return normalize_and_rotate(compressed, weight, cos_sin_cache, positions, eps=eps)
+
+
+def normalize_and_rotate(compressed, weight, cos_sin_cache, positions, *, eps: float) -> torch.Tensor:
+    """RMSNorm of ``[N, D]`` rows with ``weight``, then interleaved RoPE on their last 64 channels at
+    ``positions`` (cosines then sines in ``cos_sin_cache``), in ``compressed``'s dtype."""
+    rows, head_dim = compressed.shape
+    dtype = compressed.dtype
     normed = compressed * torch.rsqrt(compressed.pow(2).mean(dim=-1, keepdim=True) + eps) * weight.to(dtype)
     half = ROPE_DIM // 2
     table = cos_sin_cache.to(dtype)[positions.long()]
     cos, sin = table[:, :half], table[:, half:]
-    pairs = normed[:, head_dim - ROPE_DIM :].reshape(groups, half, 2)
+    pairs = normed[:, head_dim - ROPE_DIM :].reshape(rows, half, 2)
     even, odd = pairs[..., 0], pairs[..., 1]
-    rotated = torch.stack((even * cos - odd * sin, even * sin + odd * cos), dim=-1).reshape(groups, ROPE_DIM)
+    rotated = torch.stack((even * cos - odd * sin, even * sin + odd * cos), dim=-1).reshape(rows, ROPE_DIM)
     return torch.cat((normed[:, : head_dim - ROPE_DIM], rotated), dim=1)
 
 

@@ -36,11 +36,19 @@ def test_importing_the_package_imports_no_backend():
         "cutlass",
         "diagtools.kernels.triton_impl",
         "diagtools.kernels.cutedsl_impl",
+        "diagtools.kernels.state",
+        "diagtools.kernels.state_reference",
+        "diagtools.kernels.state_triton",
     }
 
 
 @pytest.mark.parametrize(
-    ("module", "dsl"), [("diagtools.kernels.triton_impl", "triton"), ("diagtools.kernels.cutedsl_impl", "cutlass")]
+    ("module", "dsl"),
+    [
+        ("diagtools.kernels.triton_impl", "triton"),
+        ("diagtools.kernels.cutedsl_impl", "cutlass"),
+        ("diagtools.kernels.state_triton", "triton"),
+    ],
 )
 def test_kernel_modules_import_without_initializing_cuda(sim_scan, module, dsl):
     pytest.importorskip(dsl, reason=f"{module} needs {dsl}")

@@ -27,3 +27,42 @@ def assert_matches_reference(inputs) -> None:
     untouched = torch.ones(flat.shape[0], dtype=torch.bool)
     untouched[slots[keep].long()] = False
     assert torch.isnan(flat[untouched].float()).all(), "a row outside the kept slots was written"
+
+
+# The fp8_ds_mla store (compress_state_store).  FP8 e4m3 keeps 3 significand bits: a value in a tile
+# whose largest magnitude is ``amax`` is off by at most half an ulp, ``|v| * 2**-4 <= amax * 2**-4``
+# (subnormals lose less in absolute terms), plus the fp32 arithmetic before it; norm-wise the
+# rounding averages near 2**-4 / sqrt(3) relative.  The bf16 tail is rounded to nearest even once:
+# half an ulp, 2**-9 relative.  Any indexing mistake (a wrong window row, the wrong half of a C4
+# row, a wrong RoPE position) lands near 1.
+FP8_TILE_ERROR = 2**-4 * 1.01
+FP8_RELATIVE_ERROR = 0.04
+BF16_TAIL = {"rtol": 2**-8, "atol": 1e-5}
+
+
+def assert_state_store_matches_reference(inputs) -> None:
+    """Working tokens' stored rows, dequantized, equal the float64 reference within FP8 and bf16
+    precision; every other byte of the cache (other slots, non-boundary tokens' slots, negative
+    slots, the scale padding) is still poison."""
+    from diagtools.kernels.state_reference import POISON, TOKEN_BYTES, dequantized_cache_rows
+
+    cache = inputs.kv_cache.cpu()
+    work = inputs.working().cpu()
+    slots = inputs.slot_mapping.cpu()[work]
+    expected = inputs.expected().cpu()
+    got = dequantized_cache_rows(cache, slots).double()
+    assert torch.isfinite(got).all(), "a working token's row was not written"
+    if slots.numel():
+        head, want = got[:, :448], expected[:, :448]
+        error = float((head - want).norm() / want.norm())
+        assert error < FP8_RELATIVE_ERROR, error
+        amax = want.reshape(-1, 7, 64).abs().amax(-1, keepdim=True)
+        excess = (head - want).reshape(-1, 7, 64).abs() - amax * FP8_TILE_ERROR
+        assert (excess <= 1e-6).all(), float(excess.max())
+        torch.testing.assert_close(got[:, 448:], expected[:, 448:], **BF16_TAIL)
+    written = torch.zeros_like(cache, dtype=torch.bool)
+    block_size = cache.shape[1] // TOKEN_BYTES
+    blocks, rows = (slots.long() // block_size)[:, None], (slots.long() % block_size)[:, None]
+    written[blocks, rows * 576 + torch.arange(576)] = True  # the token's data
+    written[blocks, block_size * 576 + rows * 8 + torch.arange(7)] = True  # its 7 scales, after the block's data
+    assert (cache[~written] == POISON).all(), "a byte outside the working tokens' rows was written"
