@@ -10,7 +10,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from diagtools.model._display import present
-from diagtools.model.scan import DriverInfo, Site, check_schema
+from diagtools.model.common import check_schema
+from diagtools.model.scan import DriverInfo, Site
 
 __all__ = [
     "FINDING_KINDS",
@@ -30,10 +31,6 @@ RUN_SCHEMA = "diagtools.run/1"
 START_KINDS = ("fork", "forkserver", "spawn", "subprocess")
 FINDING_KINDS = ("poisoned-fork", "cuda-initialized")
 VERDICTS = ("poisoned-fork", "initializes-cuda", "clean", "unknown")
-
-
-def _site(data: Any) -> Site | None:
-    return Site.from_json(data) if data else None
 
 
 def _stack(data: Any) -> tuple[Site, ...]:
@@ -86,8 +83,8 @@ class CudaInit:
         return cls(
             module=data.get("module"),
             chain=tuple(data.get("chain", ())),
-            site=_site(data.get("site")),
-            module_site=_site(data.get("module_site")),
+            site=Site.optional(data.get("site")),
+            module_site=Site.optional(data.get("module_site")),
             stack=_stack(data.get("stack")),
             phase=data.get("phase", "import"),
             thread=data.get("thread", "MainThread"),
@@ -159,7 +156,7 @@ class DriverRefusal:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> DriverRefusal:
-        return cls(data["call"], int(data.get("code", 3)), _site(data.get("site")), _stack(data.get("stack")))
+        return cls(data["call"], int(data.get("code", 3)), Site.optional(data.get("site")), _stack(data.get("stack")))
 
 
 @dataclass(frozen=True)
