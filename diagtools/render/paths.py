@@ -88,15 +88,22 @@ def shareable(result: ScanResult) -> ScanResult:
     """A copy of ``result`` fit to paste into a ticket: every path shown relative, no driver cache path."""
     roots = import_roots(result)
     culprits = tuple(
-        replace(c, site=_site(c.site, roots), stack=tuple(_site(f, roots) or f for f in c.stack))
+        replace(
+            c,
+            site=_site(c.site, roots),
+            module_site=_site(c.module_site, roots),
+            thread_started_at=_site(c.thread_started_at, roots),
+            stack=tuple(_site(f, roots) or f for f in c.stack),
+        )
         for c in result.culprits
     )
+    threads = tuple(replace(t, started_at=_site(t.started_at, roots)) for t in result.threads_alive)
     modules = tuple(replace(n, file=display_path(n.file, roots) or None) for n in result.modules)
     error = result.error
     if error is not None and error.file:
         error = replace(error, file=display_path(error.file, roots))
     driver = replace(result.driver, library=None)
-    return replace(result, culprits=culprits, modules=modules, error=error, driver=driver)
+    return replace(result, culprits=culprits, modules=modules, error=error, driver=driver, threads_alive=threads)
 
 
 def shorten_paths(text: str, roots: Iterable[str]) -> str:

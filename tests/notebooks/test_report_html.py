@@ -61,10 +61,18 @@ def problems_of(page: Path, cache_dir: str) -> list[str]:
     for view in tree.iter(f"{NS}div"):
         if view.get("class") == "dtg-view" and not any(child.tag.endswith("svg") for child in view):
             problems.append(f"{page.name}: a graph view without its SVG")
+    return problems + leaks_of(page, cache_dir)
+
+
+def leaks_of(page: Path, cache_dir: str) -> list[str]:
+    """Paths a reader elsewhere cannot use: temporary folders, the driver cache, the repository's absolute path."""
     text = page.read_text(encoding="utf-8")
-    for leak in ("/tmp/", cache_dir):
-        if leak in text:
-            problems.append(f"{page.name}: mentions {leak}")
+    problems = []
+    if page.name in OWN_PAGES and str(ROOT) in text:
+        problems.append(f"{page.name}: an absolute path into the repository")
+    # an executed notebook may print where the repository's own files are; the repository may sit under /tmp
+    text = text.replace(str(ROOT), "<repository>")
+    problems += [f"{page.name}: mentions {leak}" for leak in ("/tmp/", cache_dir) if leak in text]
     return problems
 
 
@@ -91,5 +99,6 @@ def test_postmortem_markdown_images_sit_beside_it(report):
     assert images
     for image in images:
         assert (report / image).read_text().lstrip().startswith("<?xml")
+    assert str(ROOT) not in markdown  # repository-relative paths only
     assert "/tmp/" not in markdown
     assert ".cache" not in markdown
