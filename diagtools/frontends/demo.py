@@ -12,7 +12,7 @@ from typing import Any
 
 from diagtools.model.scan import ScanResult
 from diagtools.model.verdict import Verdict
-from diagtools.render.paths import shareable
+from diagtools.render.paths import display_path, shareable
 from diagtools.render.text import render_scan
 from diagtools.specimens import Specimen, all_specimens
 from diagtools.usecases.scan import scan
@@ -50,7 +50,7 @@ class SpecimenOutcome:
             return f"{self.result.verdict}: CUDA not initialized" + (f" ({doubts})" if doubts else "")
         culprit = self.result.culprit
         site = culprit.line_to_change if culprit else None
-        where = f" at {site.file}:{site.line}" if site else ""
+        where = f" at {display_path(site.file)}:{site.line}" if site else ""
         return f"{self.result.verdict}: {culprit.module if culprit else '?'}{where}"
 
 
