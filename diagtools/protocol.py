@@ -222,6 +222,16 @@ def enable_fault_dumps(env):
         del sys.modules["faulthandler"]
 
 
+def guard_agent(env, cuprobe):
+    """What every agent does first: die with the process that started it, and dump fatal tracebacks to it."""
+    if cuprobe is not None:
+        try:
+            cuprobe.die_with_parent()
+        except OSError:
+            pass
+    enable_fault_dumps(env)
+
+
 def load_extension(name, path):
     """Load a compiled extension from ``path`` without the import system, and leave ``sys.modules`` as it was."""
     import _imp

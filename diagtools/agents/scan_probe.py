@@ -433,11 +433,7 @@ def _scan(targets, extra_path):
 
 
 def main():
-    try:
-        _cuprobe.die_with_parent()
-    except OSError:
-        pass
-    protocol.enable_fault_dumps(_ENV)
+    protocol.guard_agent(_ENV, _cuprobe)
     _watch_shutdown()
     _install()
     _hello()

@@ -218,11 +218,7 @@ def _run_child(probe, index, module):
 
 def main():
     """Preload, check, then fork; returns ``(probe, index, module)`` in a child, else None."""
-    try:
-        _cuprobe.die_with_parent()
-    except OSError:
-        pass
-    protocol.enable_fault_dumps(_ENV)
+    protocol.guard_agent(_ENV, _cuprobe)
     probe = _load_probe()
     _channel.emit("hello", pid=posix.getpid(), python=sys.version, main_thread=_thread.get_ident())
     if _ENV.get(protocol.SCAN_NO_SITE) != "1":
