@@ -1,20 +1,35 @@
 """The keeper: a tiny parent that owns a subkernel's whole process tree.
 
-The runner starts this file as ``python -I -S keeper.py OUT_FD CHANNEL_FD
-DUMP_FD -- ARGV...`` in a session of its own.  The keeper makes itself a child
-subreaper (``PR_SET_CHILD_SUBREAPER``), so every descendant that loses its
-parent (a double-forked daemon, a ``setsid`` grandchild, a process that
-dropped its environment) is re-parented to the keeper instead of to init; it
-then starts the subkernel in a new session.  When the subkernel exits, when
-the runner writes ``k`` on the keeper's stdin, or when that pipe closes
-because the runner died, the keeper kills every descendant it has, again and
-again until it has no child left, and only then reports the subkernel's exit
+The host starts this file as ``python -I -S keeper.py [OPTIONS] -- ARGV...``
+in a session of its own (:mod:`diagtools.runner.kept` builds the line).  The
+keeper makes itself a child subreaper (``PR_SET_CHILD_SUBREAPER``), so every
+descendant that loses its parent (a double-forked daemon, a ``setsid``
+grandchild, a process that dropped its environment) is re-parented to the
+keeper instead of to init; it then starts the target (``ARGV``, looked up in
+``PATH`` when it names no directory) in a new session.  When the target
+exits, when the host writes ``k`` on the lifeline, or when that pipe closes
+because the host died, the keeper kills every descendant it has, again and
+again until it has no child left, and only then reports the target's exit
 code.  Descendants are found by walking ``/proc/*/stat`` parent links, so no
 cooperation of the target is needed.
 
-Protocol on stdout (one line each): ``pid N`` once the subkernel started,
-``exit CODE`` (``-N`` for signal N) once the tree is gone.  Standard library
-only; nothing of diagtools is imported.
+Options (each takes a descriptor number):
+
+``--status FD``    where the keeper reports (default 1);
+``--lifeline FD``  what the keeper listens to (default 0);
+``--out FD``       the target's stdout, its stdin then being ``/dev/null``;
+                   without it the target gets the keeper's stdin, stdout and
+                   stderr untouched;
+``--channel FD``, ``--dump FD``  the result channel and the fault dump, moved
+                   to high numbers in the target and named there by
+                   ``DIAGTOOLS_CHANNEL_FD`` and ``DIAGTOOLS_DUMP_FD``.
+
+The status and lifeline descriptors are never inherited by the target.
+
+Protocol on the status descriptor (one line each): ``pid N`` once the target
+runs, or ``error ERRNO MESSAGE`` when it could not be started (its exit code
+is then 127); ``exit CODE`` (``-N`` for signal N) once the tree is gone.
+Standard library only; nothing of diagtools is imported.
 """
 
 import contextlib
@@ -71,30 +86,45 @@ def move_high(fd, minimum):
     return high
 
 
-def start_subkernel(out_fd, channel_fd, dump_fd, argv):
-    """Fork, and in the child: new session, private fds moved high, stdio wired, exec ``argv``."""
+def start_target(options, argv):
+    """Fork, and in the child: new session, private fds moved high, stdio wired, exec ``argv``.
+
+    Returns the child's pid and, when it could not exec, why (``None`` once it runs).
+    """
+    failed_r, failed_w = os.pipe()  # close-on-exec: end of file once the exec succeeded
     pid = os.fork()
     if pid:
-        return pid
+        os.close(failed_w)
+        with os.fdopen(failed_r, "rb") as failed:
+            reason = failed.read().decode("utf-8", "replace")
+        return pid, reason or None
     try:
+        os.close(failed_r)
         os.setsid()
-        channel = move_high(channel_fd, HIGH_FD)
-        dump = move_high(dump_fd, channel + 1)
         env = dict(os.environ)
-        env["DIAGTOOLS_CHANNEL_FD"] = str(channel)
-        env["DIAGTOOLS_DUMP_FD"] = str(dump)
-        null = os.open(os.devnull, os.O_RDONLY)
-        os.dup2(null, 0)
-        os.dup2(out_fd, 1)
-        for fd in (null, out_fd):
-            if fd > 2:
-                os.close(fd)
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
-        signal.signal(signal.SIGHUP, signal.SIG_DFL)
-        os.execve(argv[0], argv, env)
+        low = HIGH_FD
+        for name, variable in (("channel", "DIAGTOOLS_CHANNEL_FD"), ("dump", "DIAGTOOLS_DUMP_FD")):
+            if name in options:
+                low = move_high(options[name], low)
+                env[variable] = str(low)
+                low += 1
+        if "out" in options:
+            null = os.open(os.devnull, os.O_RDONLY)
+            os.dup2(null, 0)
+            os.dup2(options["out"], 1)
+            for fd in (null, options["out"]):
+                if fd > 2:
+                    os.close(fd)
+        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(signum, signal.SIG_DFL)
+        os.execvpe(argv[0], argv, env)
     except BaseException as exc:
-        os.write(2, f"diagtools keeper: cannot start the subkernel: {exc}\n".encode())
+        errno = getattr(exc, "errno", None) or 0
+        message = getattr(exc, "strerror", None) or str(exc)
+        with contextlib.suppress(OSError):
+            os.write(failed_w, f"{errno} {message}".encode())
+            if "out" in options:
+                os.write(2, f"diagtools keeper: cannot start {argv[0]}: {message}\n".encode())
     os._exit(127)
 
 
@@ -178,20 +208,35 @@ def _exited(pid):
     return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
 
 
+OPTIONS = ("--status", "--lifeline", "--out", "--channel", "--dump")
+
+
+def parse(argv):
+    """``({name: fd}, command)`` from ``[OPTIONS] -- ARGV``."""
+    split = argv.index("--")
+    words = argv[1:split]
+    if len(words) % 2 or not set(words[::2]) <= set(OPTIONS):
+        raise SystemExit(f"diagtools keeper: usage: keeper.py [{' FD] ['.join(OPTIONS)} FD] -- ARGV")
+    options = {name[2:]: int(value) for name, value in zip(words[::2], words[1::2], strict=True)}
+    return options, argv[split + 1 :]
+
+
 def main(argv):
-    out_fd, channel_fd, dump_fd = (int(value) for value in argv[1:4])
-    command = argv[argv.index("--") + 1 :]
+    options, command = parse(argv)
+    status, lifeline = options.pop("status", 1), options.pop("lifeline", 0)
+    for fd in (status, lifeline):
+        os.set_inheritable(fd, False)  # the target must not hold the keeper's own pipes
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(signum, _stop)
     set_subreaper()
     statuses: dict[int, int] = {}
     pid = None
     try:
-        pid = start_subkernel(out_fd, channel_fd, dump_fd, command)
-        for fd in (out_fd, channel_fd, dump_fd):
+        pid, failed = start_target(options, command)
+        for fd in options.values():
             os.close(fd)
-        os.write(1, f"pid {pid}\n".encode())
-        if wait_for(pid, 0):
+        os.write(status, f"pid {pid}\n".encode() if failed is None else f"error {failed}\n".encode())
+        if failed is None and wait_for(pid, lifeline):
             _kill(os.kill, pid)
     except StopRequest:
         if pid is not None:
@@ -202,7 +247,7 @@ def main(argv):
         clean = sweep(statuses)
     code = os.waitstatus_to_exitcode(statuses[pid]) if pid in statuses else 127
     with contextlib.suppress(OSError):
-        os.write(1, f"exit {code}\n".encode() if clean else f"exit {code} leftover\n".encode())
+        os.write(status, f"exit {code}\n".encode() if clean else f"exit {code} leftover\n".encode())
 
 
 if __name__ == "__main__":

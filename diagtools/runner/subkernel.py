@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from diagtools import protocol
+from diagtools.runner.kept import keeper_command
 
 __all__ = [
     "RawRun",
@@ -53,7 +54,6 @@ _READ_BYTES = 1 << 20
 _FULL_READ = 64 * 1024  # a read this large found a full pipe: the writer was waiting on us
 _KEEPER_WAIT_S = 40.0
 _DUMP_LIMIT = 4 << 20
-_KEEPER = Path(__file__).with_name("keeper.py")
 
 
 @dataclass(frozen=True)
@@ -208,20 +208,13 @@ def run_subkernel(
     try:
         env = subkernel_env(request, fds.channel_w, fds.dump, marker)
         keeper = popen(
-            [
+            keeper_command(
                 request.python,
-                "-I",
-                "-S",
-                str(_KEEPER),
-                str(fds.out_w),
-                str(fds.channel_w),
-                str(fds.dump),
-                "--",
-                _executable(request.python),
-                *request.flags,
-                "-c",
-                bootstrap_code(request.program),
-            ],
+                [_executable(request.python), *request.flags, "-c", bootstrap_code(request.program)],
+                out=fds.out_w,
+                channel=fds.channel_w,
+                dump=fds.dump,
+            ),
             env=env,
             cwd=request.cwd,
             stdin=fds.life_r,

@@ -1,7 +1,9 @@
 """Run the sweep zygote: one preloading subkernel that forks a child per module.
 
-The zygote is started like any subkernel (``python -S`` in a new session,
-the runner's bootstrap, a private pipe for its own events).  Its children
+The zygote is started like any subkernel (``python -S`` under a keeper, in a
+new session, the runner's bootstrap, a private pipe for its own events); the
+keeper kills every process left of its tree once the sweep is over, daemons
+that dropped the environment marker included, and never before.  Its children
 write their probe events, stdout, stderr and fault dumps to files in a
 private folder; when the zygote reports a child's exit status, those files
 become one :class:`RawRun`, exactly what a fresh subkernel would have
@@ -25,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from diagtools import protocol
+from diagtools.runner.kept import Kept, start_kept
 from diagtools.runner.subkernel import (
     OUTPUT_LIMIT,
     CapturedOutput,
@@ -208,30 +211,34 @@ def _run(request: SubkernelRequest, workdir: Path, count: int, timeout: float, o
     zygote = _Zygote(workdir, count, timeout, on_child, marker)
     with (workdir / "zygote.out").open("wb") as out, (workdir / "zygote.err").open("wb") as err:
         try:
-            process = subprocess.Popen(
+            kept = start_kept(
                 [request.python, *request.flags, "-c", bootstrap_code(request.program)],
                 env=env,
                 cwd=request.cwd,
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=err,
-                pass_fds=(write_fd, dump_fd),
-                start_new_session=True,
+                channel=write_fd,
+                dump=dump_fd,
+                python=request.python,
             )
+        except BaseException:
+            for fd in (read_fd, dump_fd):
+                os.close(fd)
+            raise
         finally:
             os.close(write_fd)
         try:
-            _follow(process, read_fd, zygote, time.monotonic() + request.timeout)
+            _follow(kept, read_fd, zygote, time.monotonic() + request.timeout)
         finally:
-            kill_group(process.pid)
+            returncode = kept.release()  # the keeper kills the zygote and every descendant, daemons included
             kill_marked(marker)
-            process.wait()
             os.close(read_fd)
             os.close(dump_fd)
-    return _finish(zygote, process.returncode, workdir)
+    return _finish(zygote, returncode, workdir)
 
 
-def _follow(process: subprocess.Popen[bytes], channel_fd: int, zygote: _Zygote, preload_deadline: float) -> None:
+def _follow(kept: Kept, channel_fd: int, zygote: _Zygote, preload_deadline: float) -> None:
     """Read the zygote's events until its channel closes, keeping every deadline."""
     with selectors.DefaultSelector() as selector:
         selector.register(channel_fd, selectors.EVENT_READ)
@@ -245,7 +252,7 @@ def _follow(process: subprocess.Popen[bytes], channel_fd: int, zygote: _Zygote, 
                 if not data:
                     return
                 zygote.feed(data)
-            elif process.poll() is not None and not selector.select(0):
+            elif not kept.running() and not selector.select(0):
                 return
 
 

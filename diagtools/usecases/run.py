@@ -1,9 +1,12 @@
 """The run use case: start a command with every Python process of its tree watched.
 
-Steps: pick the driver, make a private record directory, start the command in
-its own session with the agent on ``PYTHONPATH``, wait (killing the whole tree
-on timeout), read every process's JSON Lines file, and assemble the findings.
-The command's stdout and stderr pass through untouched unless asked otherwise.
+Steps: pick the driver, make a private record directory, start the command
+under a keeper (:mod:`diagtools.runner.kept`: a subreaper that starts it in a
+session of its own) with the agent on ``PYTHONPATH``, wait, have the keeper
+kill every process left of the tree (at the command's exit, on timeout, on an
+interrupt), read every process's JSON Lines file, and assemble the findings.
+The command's stdin, stdout and stderr pass through untouched unless asked
+otherwise, and its exit code is the keeper's report of it.
 """
 
 from __future__ import annotations
@@ -39,7 +42,8 @@ from diagtools.model.run import (
     RunResult,
 )
 from diagtools.model.scan import DriverInfo, Site
-from diagtools.runner.subkernel import SUBKERNEL_MARKER, kill_group, kill_marked
+from diagtools.runner.kept import Kept, start_kept
+from diagtools.runner.subkernel import SUBKERNEL_MARKER, kill_marked
 
 __all__ = [
     "OUTPUT_MODES",
@@ -397,23 +401,26 @@ class _Capture:
 
 
 def _wait(
-    process: subprocess.Popen[bytes], deadline: float | None, clock: Callable[[], float], capture: _Capture | None
+    kept: Kept, deadline: float | None, clock: Callable[[], float], capture: _Capture | None
 ) -> tuple[bool, bool]:
-    """Wait for the command; returns (timed out, interrupted)."""
+    """Wait until the command's whole tree is gone; returns (timed out, interrupted).
+
+    An interrupt passes SIGINT on to the command's process group and gives it
+    a grace period to stop by itself.
+    """
     try:
-        while process.poll() is None:
+        while kept.running():
             if deadline is not None and clock() >= deadline:
                 return True, False
             if capture is not None:
                 capture.pump(0.05)
             else:
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    process.wait(timeout=0.05 if deadline is not None else None)
+                kept.wait(0.05 if deadline is not None else None)
     except KeyboardInterrupt:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(process.pid, signal.SIGINT)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            process.wait(timeout=_INTERRUPT_GRACE_S)
+        if kept.pid is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(kept.pid, signal.SIGINT)
+        kept.wait(_INTERRUPT_GRACE_S)
         return False, True
     return False, False
 
@@ -481,27 +488,31 @@ def _run_in(
     env = {**base, **agent_environment(directory, setup, marker, base)}
     started = clock()
     try:
-        process = launch.popen(list(argv), env=env, cwd=launch.cwd, start_new_session=True, **_streams(output))
+        kept = start_kept(argv, env=env, cwd=launch.cwd, popen=launch.popen, **_streams(output))
     except OSError as exc:
         return _Outcome(None, None, notes=(f"the command could not be started: {exc.strerror or exc}",))
-    capture = _Capture(process) if output == "capture" else None
-    deadline = started + timeout if timeout is not None else None
-    timed_out, interrupted = _wait(process, deadline, clock, capture)
-    kill_group(process.pid)
-    kill_marked(marker)
-    if capture is not None:
-        capture.drain()
-    exitcode = process.wait()
-    for stream in (process.stdout, process.stderr):
-        if stream is not None:
-            stream.close()
+    capture = None
+    try:
+        capture = _Capture(kept.keeper) if output == "capture" else None
+        if kept.error is not None:
+            return _Outcome(None, None, notes=(f"the command could not be started: {kept.error}",))
+        deadline = started + timeout if timeout is not None else None
+        timed_out, interrupted = _wait(kept, deadline, clock, capture)
+    finally:
+        exitcode = kept.release()  # the keeper kills every descendant, daemons that dropped the marker included
+        kill_marked(marker)
+        if capture is not None:
+            capture.drain()
+        for stream in (kept.keeper.stdout, kept.keeper.stderr):
+            if stream is not None:
+                stream.close()
     notes = []
     if timed_out:
         notes.append(f"the command did not finish in {timeout:g} s; its whole process tree was killed")
     if interrupted:
         notes.append("interrupted: the command's process tree was stopped")
     return _Outcome(
-        pid=process.pid,
+        pid=kept.pid,
         exitcode=exitcode,
         timed_out=timed_out,
         notes=tuple(notes),

@@ -203,3 +203,128 @@ def test_replay_leaves_no_temporary_directory(tmp_path, make_tree, monkeypatch):
     hung = make_tree({"hangs_child.py": "def act():\n    import time\n    time.sleep(600)\n"})
     diagtools.replay_fork("setup_only", child="hangs_child:act", path=[root, hung], driver="simulated", timeout=4)
     assert list(scratch.iterdir()) == []
+
+
+# ---- every entry point: diagtools run, and the sweep's zygote --------------------------
+
+SELF_KILL = "import signal\nos.kill(os.getpid(), signal.SIGUSR2)\n"
+
+
+@pytest.mark.parametrize(
+    ("then", "timeout", "code"),
+    [("", 60.0, 0), ("time.sleep(600)", 3.0, -9), (SELF_KILL, 60.0, -signal.SIGUSR2)],
+    ids=["exit", "timeout", "signal"],
+)
+def test_diagtools_run_kills_a_daemon_without_environment(tmp_path, then, timeout, code):
+    from diagtools.usecases.run import run
+
+    folder, root = tmp_path / "pids", tmp_path / "src"
+    folder.mkdir()
+    root.mkdir()
+    daemon_package(root, folder, then=then)
+    result = run([sys.executable, str(root / "daemonic.py")], driver="simulated", timeout=timeout, output="capture")
+    assert result.exitcode == code, result.stderr
+    assert result.timed_out == (code == -9)
+    assert len(recorded_pids(folder)) == 2
+    assert result.processes, "the run agent's records were lost"
+    assert_all_dead(folder, timeout=0.5)
+
+
+def test_diagtools_run_cli_keeps_the_streams_and_the_signal_exit_code(tmp_path):
+    folder, root = tmp_path / "pids", tmp_path / "src"
+    folder.mkdir()
+    root.mkdir()
+    daemon_package(root, folder, then="print(sys.stdin.read().upper(), end='')\n" + SELF_KILL)
+    done = subprocess.run(
+        [DIAGTOOLS, "run", "--driver", "simulated", "--", sys.executable, str(root / "daemonic.py")],
+        input="from stdin",
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 128 + signal.SIGUSR2, done.stderr
+    assert done.stdout == "FROM STDIN"
+    assert_all_dead(folder, timeout=0.5)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_signalled_diagtools_run_kills_the_daemon(tmp_path, signum):
+    folder, root = tmp_path / "pids", tmp_path / "src"
+    folder.mkdir()
+    root.mkdir()
+    hanging_target(root, folder)
+    cli = subprocess.Popen(
+        [DIAGTOOLS, "run", "--driver", "simulated", "--", sys.executable, str(root / "daemonic.py")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        wait_for_pids(folder, 2)
+        cli.send_signal(signum)
+        _, stderr = cli.communicate(timeout=30)
+    finally:
+        cli.kill()
+    assert cli.returncode == 128 + signal.SIGINT, stderr  # the command's own end: the interrupt is passed on to it
+    assert "KeyboardInterrupt" in stderr  # the command's stderr, untouched
+    assert "interrupted: the command's process tree was stopped" in stderr
+    assert_all_dead(folder, timeout=0.5)
+
+
+def zygote_package(root: Path, folder: Path, *, then: str = "") -> None:
+    """``dz``: ``dz.daemonic`` double-forks a daemon without environment; ``dz.later`` sees it still alive."""
+    (root / "dz").mkdir()
+    (root / "dz" / "__init__.py").write_text("", encoding="utf-8")
+    daemon_package(root / "dz", folder, then=then)
+    later = (
+        "import os, time\n"
+        f"folder = {str(folder)!r}\n"
+        "stop = time.monotonic() + 30\n"
+        "while len(os.listdir(folder)) < 2 and time.monotonic() < stop:\n"
+        "    time.sleep(0.01)\n"
+        "def is_daemon(pid):\n"
+        "    try:\n"
+        "        return b'sleep(600)' in open(f'/proc/{pid}/cmdline', 'rb').read()\n"
+        "    except OSError:\n"
+        "        return False\n"
+        "if not any(is_daemon(pid) for pid in os.listdir(folder)):\n"
+        "    raise ImportError('the daemon was killed while the sweep was running')\n"
+    )
+    (root / "dz" / "later.py").write_text(later, encoding="utf-8")
+
+
+def test_the_sweep_zygote_kills_a_daemon_without_environment_only_at_the_end(tmp_path):
+    from diagtools.usecases.sweep import sweep
+
+    folder, root = tmp_path / "pids", tmp_path / "src"
+    folder.mkdir()
+    root.mkdir()
+    zygote_package(root, folder)
+    result = sweep("dz", path=[root], driver="simulated", timeout=60, jobs=2)
+    assert result.mode == "zygote", result.fallback
+    assert {row.module: row.status for row in result.rows} == {"dz": "ok", "dz.daemonic": "ok", "dz.later": "ok"}
+    assert len(recorded_pids(folder)) == 2
+    assert_all_dead(folder, timeout=0.5)
+
+
+def test_a_signalled_sweep_kills_the_zygote_s_daemon(tmp_path):
+    folder, root = tmp_path / "pids", tmp_path / "src"
+    folder.mkdir()
+    root.mkdir()
+    zygote_package(root, folder, then="time.sleep(600)")
+    cli = subprocess.Popen(
+        [DIAGTOOLS, "sweep", "dz", "--path", str(root), "--driver", "simulated", "--timeout", "120"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        wait_for_pids(folder, 2)
+        cli.send_signal(signal.SIGTERM)
+        _, stderr = cli.communicate(timeout=30)
+    finally:
+        cli.kill()
+    assert cli.returncode == 143, stderr
+    assert "Traceback" not in stderr
+    assert_all_dead(folder, timeout=0.5)
