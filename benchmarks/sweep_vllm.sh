@@ -1,41 +1,53 @@
 #!/usr/bin/env bash
 # Sweep the real vLLM wheel with the preloading zygote and time it (not run in CI).
 #
-# Installs vllm (no dependencies: it pins a CUDA torch; the venv's CPU torch 2.13.0 is used
-# instead, and no other torch is ever downloaded) plus a few pure-Python dependencies into a
-# cache folder, then runs `diagtools sweep vllm` on it with the simulated driver and writes the
-# journal and the table beside this script.  Modules whose binary dependencies are not
-# installed (tokenizers, pydantic-core, the CUDA kernels in vllm/_C...) are reported as
-# import errors, which is a verdict too: the sweep's time is what this measures.
+# Installs vllm with --no-deps (it pins a CUDA torch; the venv's CPU torch is used instead, and
+# no other torch is ever downloaded) into a cache folder, then the dependencies its wheel names
+# (Requires-Dist) that the venv lacks, as wheels only, leaving out torch and the CUDA kernel
+# packages that pin their own torch (see vllm_deps.py).  Then runs `diagtools sweep vllm` on
+# the cache folder with the simulated driver, preloading the heavy shared modules vLLM's
+# modules import (torch's compiler, transformers' auto classes, aiohttp, fastapi; vllm.config
+# cannot be preloaded: on the simulated driver vLLM picks its CUDA platform, whose kernels need
+# a CUDA torch), and writes the journal (JSON Lines) and the table into the cache folder;
+# sweep_vllm_summary.py turns the journal into the summary committed here.
 #
 # Usage: benchmarks/sweep_vllm.sh [CACHE_DIR] [JOBS]      (defaults: ~/.cache/diagtools/vllm, 2)
+# Environment: VLLM_VERSION (default 0.34.*), PRELOAD (default below), JOURNAL.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 venv="$here/../.venv/bin"
 cache="${1:-${XDG_CACHE_HOME:-$HOME/.cache}/diagtools/vllm}"
 jobs="${2:-2}"
 version="${VLLM_VERSION:-0.34.*}"
-pure=(transformers huggingface_hub cachetools einops partial-json-parser lark python-json-logger
-      py-cpuinfo prometheus_client typing_extensions blake3 cbor2 ijson pybase64)
+preload="${PRELOAD:-torch,torch._dynamo,torch._inductor.compile_fx,torch.distributed.checkpoint,transformers,\
+transformers.modeling_utils,transformers.models.auto.tokenization_auto,\
+transformers.models.auto.image_processing_auto,aiohttp,fastapi,vllm}"
+journal="${JOURNAL:-$cache/sweep_vllm.jsonl}"
+torch_version="$("$venv/python" -c 'import torch; print(torch.__version__.split("+")[0])')"
 
-if [ ! -d "$cache/vllm" ]; then
-    "$venv/pip" install --quiet --target "$cache" --no-deps "vllm==$version"
-    # best effort, one by one: a dependency the registries do not have is left out
-    for dist in "${pure[@]}"; do
-        "$venv/pip" install --quiet --target "$cache" --no-deps "$dist" || echo "not installed: $dist" >&2
-    done
+if [ ! -f "$cache/.deps-installed" ]; then
+    mkdir -p "$cache"
+    "$venv/pip" install --quiet --target "$cache" --no-deps --only-binary :all: "vllm==$version"
+    meta=$(ls -d "$cache"/vllm-*.dist-info)/METADATA
+    "$venv/python" "$here/vllm_deps.py" requirements "$meta" > "$cache/.requirements.txt"
+    echo "torch==$torch_version" > "$cache/.constraints.txt"  # resolve against the venv's torch
+    "$venv/pip" install --quiet --dry-run --only-binary :all: --report "$cache/.report.json" \
+        -r "$cache/.requirements.txt" -c "$cache/.constraints.txt"
+    "$venv/python" "$here/vllm_deps.py" pins "$cache/.report.json" > "$cache/.pins.txt"
+    "$venv/pip" install --quiet --target "$cache" --no-deps --only-binary :all: -r "$cache/.pins.txt"
+    touch "$cache/.deps-installed"
 fi
-"$venv/python" -c "import torch; assert torch.__version__.startswith('2.13.0'), torch.__version__"
+"$venv/python" -c "import torch; assert torch.__version__.startswith('$torch_version'), torch.__version__"
 
 modules=$(find "$cache/vllm" -name '*.py' -not -path '*/__pycache__/*' | wc -l)
-echo "sweeping vllm from $cache ($modules .py files) with --jobs $jobs" >&2
-rm -f "$here/sweep_vllm.jsonl"  # a measurement, not a resumed run
+echo "sweeping vllm from $cache ($modules .py files) with --jobs $jobs, preload $preload" >&2
+rm -f "$journal"  # a measurement, not a resumed run
 start=$(date +%s.%N)
 set +e
 "$venv/diagtools" sweep vllm --path "$cache" --driver simulated --jobs "$jobs" --timeout 60 \
-    --json "$here/sweep_vllm.jsonl" > "$here/sweep_vllm.txt"
+    --preload "$preload" --json "$journal" > "${journal%.jsonl}.txt"
 status=$?
 set -e
 end=$(date +%s.%N)
-tail -n 3 "$here/sweep_vllm.txt"
-printf 'wall: %.1f s, exit code %d\n' "$(echo "$end - $start" | bc)" "$status"
+tail -n 3 "${journal%.jsonl}.txt"
+printf 'wall: %.1f s, exit code %d, journal %s\n' "$(echo "$end - $start" | bc)" "$status" "$journal"

@@ -170,6 +170,26 @@ def _exit_code(exc):
     return 1
 
 
+def _forget_preloaded_finalizers():
+    """Run at this child's exit only the ``weakref.finalize`` callbacks its module registers.
+
+    The preload's finalizers belong to the zygote's objects (torch makes over a hundred, one
+    per operator library, each costly in a child: every one writes to copy-on-write pages);
+    they are marked not to run at exit.  Their exit callback was registered with ``atexit``
+    before the fork, so after the scan's shutdown check: it is registered again when the
+    module makes a finalizer, as in a fresh subkernel, where that comes after the check was
+    registered and so runs before it.
+    """
+    weakref = sys.modules.get("weakref")
+    finalize = getattr(weakref, "finalize", None)
+    registry = getattr(finalize, "_registry", None)
+    if not isinstance(registry, dict):
+        return
+    for info in list(registry.values()):
+        info.atexit = False
+    finalize._registered_with_atexit = False
+
+
 def _leave(code):
     """End as a normal interpreter exit would (join threads, run atexit, flush), minus module teardown."""
     threading = sys.modules.get("threading")
@@ -205,6 +225,7 @@ def _run_child(probe, index, module):
     }
     protocol.enable_fault_dumps(dump_env)
     channel = protocol.Channel(_open_own(index, "events"))
+    _forget_preloaded_finalizers()
     code = 0
     try:
         probe["run_forked"](channel, [module])
@@ -229,6 +250,7 @@ def main():
     _channel.emit("ready", count=len(sys.modules), inside=_inside(_ENV.get(protocol.SWEEP_PACKAGE, "")))
     with open(_ENV[protocol.SWEEP_MODULES_FILE], encoding="utf-8") as handle:
         modules = handle.read().split()
+    __import__("gc").freeze()  # the preloaded objects stay out of the children's collections
     child = _serve(modules, max(1, int(_ENV.get(protocol.SWEEP_JOBS, "1"))))
     if child is None:
         _channel.emit("done")

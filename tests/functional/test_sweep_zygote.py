@@ -84,6 +84,32 @@ def test_zygote_verdicts_match_fresh_subkernels(zp):
     assert {row.mode for row in forked.rows} == {"zygote"}
 
 
+FINALIZED = {
+    # the package makes finalizers while the zygote preloads it; its modules make their own
+    "fz/__init__.py": "import weakref\n\nclass Box:\n    pass\n\nKEPT = [Box() for _ in range(50)]\n"
+    "FINALIZERS = [weakref.finalize(box, print, 'preloaded finalizer') for box in KEPT]\n",
+    "fz/exit_init.py": "import weakref, ctypes\n\nclass Box:\n    pass\n\nBOX = Box()\n"
+    "weakref.finalize(BOX, ctypes.CDLL('libcuda.so.1').cuInit, 0)\n",
+    "fz/atexit_init.py": "import atexit, ctypes\natexit.register(ctypes.CDLL('libcuda.so.1').cuInit, 0)\n",
+    "fz/clean.py": "import weakref\n\nclass Box:\n    pass\n\nBOX = Box()\nweakref.finalize(BOX, print, 'own')\n",
+}
+
+
+def test_exit_handlers_and_finalizers_give_the_verdicts_of_a_fresh_subkernel(make_tree):
+    """A child skips the finalizers the zygote preloaded but runs its module's own, before the
+    shutdown check, as a fresh subkernel does."""
+    root = make_tree(FINALIZED)
+    forked = sweep("fz", path=[root], driver="simulated", timeout=10, jobs=2)
+    fresh = sweep("fz", path=[root], driver="simulated", timeout=10, jobs=2, fresh=True)
+    assert forked.mode == "zygote", forked.fallback
+    found, expected = verdicts(forked), verdicts(fresh)
+    assert {m: v[:4] for m, v in found.items()} == {m: v[:4] for m, v in expected.items()}
+    assert found["fz.exit_init"] == expected["fz.exit_init"]
+    assert found["fz.exit_init"][:2] == ("ok", True)
+    assert found["fz.atexit_init"][:2] == ("ok", True)
+    assert found["fz.clean"][:3] == ("ok", False, "none")
+
+
 def test_fallback_when_preloading_initializes_cuda(zp):
     result = run(zp, preload=["zp.helper"])
     assert result.mode == "fresh"
