@@ -35,10 +35,6 @@ _STYLE = (
 )
 
 
-def _badge(good: bool, text: str) -> str:
-    return f'<span class="{"good" if good else "bad"}">{escape(text)}</span>'
-
-
 _VERDICT_CLASS = {Verdict.INITIALIZES_CUDA: "bad", Verdict.CLEAN: "good", Verdict.UNKNOWN: "unknown"}
 
 
