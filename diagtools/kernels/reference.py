@@ -180,12 +180,16 @@ def make_inputs(
 #
 # - the first 448 values as FP8 e4m3, in 7 tiles of 64, each tile with one power-of-two scale
 #   stored as UE8M0 (a biased exponent byte: ``scale = 2 ** (byte - 127)``);
-# - the last 64 values (the rotated RoPE part) as bf16.
+# - the last 64 values (the rotated RoPE part) as bf16, each rounded once to nearest even.
 #
 # That is 448 + 128 = 576 data bytes per row, plus 7 scale bytes.  In the paged cache a block's
 # scale bytes follow all its rows' data; this module works on rows and leaves the block layout to
-# the kernels.  The scale of a tile is the smallest power of two with ``amax / scale <= 448``
-# (e4m3's largest finite value), so no value saturates.
+# the kernels.  The quantization follows vLLM's DeepSeek-V4 compressor kernel: the 448 values are
+# first rounded to bf16 (from fp32, to nearest even), and the tile's largest magnitude ``amax`` and
+# the scaled values both come from those bf16 values; ``amax`` is floored at ``1e-4``; the scale is
+# the smallest power of two with ``amax / scale <= 448`` (e4m3's largest finite value), so the
+# exponent is ``ceil(log2(amax / 448))``; the scaled values are clamped to +-448 before the
+# (round-to-nearest-even) e4m3 cast, and the scale byte ``exponent + 127`` to [0, 255].
 
 FP8_DIMS = 448
 TILE = 64
@@ -193,20 +197,27 @@ TILES = FP8_DIMS // TILE
 BF16_DIMS = 64
 FP8_ROW_BYTES = FP8_DIMS + 2 * BF16_DIMS  # 576
 E4M3_MAX = 448.0
+MIN_AMAX = 1e-4  # a tile's amax is floored here (as an fp32): an all-zero tile gets scale byte 105
 
 
 def quantize_fp8_ds_mla(values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``[T, 512]`` float values to ``(data uint8 [T, 576], scales uint8 [T, 7])``."""
+    """``[T, 512]`` float values to ``(data uint8 [T, 576], scales uint8 [T, 7])``.
+
+    Values wider than fp32 are taken to fp32 first, so every rounding is the kernels' own.
+    """
     if values.dim() != 2 or values.shape[1] != FP8_DIMS + BF16_DIMS:
         raise ValueError(f"expected [T, {FP8_DIMS + BF16_DIMS}] values, got {tuple(values.shape)}")
     rows = values.shape[0]
-    tiles = values[:, :FP8_DIMS].float().reshape(rows, TILES, TILE)
-    amax = tiles.abs().amax(dim=-1).clamp_min(torch.finfo(torch.float32).tiny)
-    exponent = torch.ceil(torch.log2(amax / E4M3_MAX)).clamp(-127, 127)
-    scaled = tiles / torch.exp2(exponent)[..., None]
+    values = values.float()
+    tiles = values[:, :FP8_DIMS].to(torch.bfloat16).float().reshape(rows, TILES, TILE)
+    amax = tiles.abs().amax(dim=-1).clamp_min(MIN_AMAX)
+    # ceil(log2(x)) exactly: x = m * 2**e with m in [0.5, 1), so it is e, or e - 1 when m == 0.5
+    mantissa, power = torch.frexp(amax / E4M3_MAX)
+    exponent = (power - (mantissa == 0.5).int()).float()
+    scaled = (tiles * torch.exp2(-exponent)[..., None]).clamp(-E4M3_MAX, E4M3_MAX)
     fp8 = scaled.to(torch.float8_e4m3fn).view(torch.uint8).reshape(rows, FP8_DIMS)
     tail = values[:, FP8_DIMS:].to(torch.bfloat16).contiguous().view(torch.uint8).reshape(rows, 2 * BF16_DIMS)
-    scales = (exponent + 127).to(torch.uint8)
+    scales = (exponent + 127).clamp(0, 255).to(torch.uint8)
     return torch.cat((fp8, tail), dim=1), scales
 
 

@@ -16,14 +16,18 @@ C128    128    128 (R)   512     ``kv | score``
   each request, written earlier (by the projection, outside this operation).  The first ``W``
   columns are the kv half, the last ``W`` the score half; the score already carries the
   per-position additive bias.  The state of position ``q`` of request ``r`` is the row
-  ``state_cache[block_table[r, q // state_block], q % state_block]``.
+  ``state_cache[block_table[r, q // state_block], q % state_block]``.  Any ``state_block`` works;
+  vLLM's is 4 rows for C4 and 8 for C128 (:data:`VLLM_STATE_BLOCK`), which the random inputs use
+  by default.
 - ``block_table`` int32/int64 ``[num_requests, max_blocks]`` and ``request_indices`` ``[T]``
   (which request each token belongs to).
 - ``positions`` ``[T]``: each token's position in its request.
 - ``slot_mapping`` ``[T]``: each token's slot in the compressed cache (``block * block_size +
-  row``); read only for boundary tokens; negative means skip.
+  row``); read only for boundary tokens; negative means skip (see the simplification below).
 - ``weight`` ``[512]`` (RMSNorm), ``cos_sin_cache`` fp32 ``[max_pos, 64]`` (32 cosines, then 32 sines).
-- ``kv_cache`` uint8 ``[num_blocks, block_size * 584]``: the ``fp8_ds_mla`` paged cache, written in place.
+- ``kv_cache`` uint8 ``[num_blocks, block_size, 584]`` (vLLM's shape) or ``[num_blocks, block_size *
+  584]``, contiguous: the ``fp8_ds_mla`` paged cache, written in place.  Either way each block is
+  read as flat bytes (the layout below), not as ``block_size`` records of 584.
 
 **Which tokens work.**  Only a boundary token, ``(p + 1) % R == 0``, with ``slot >= 0``; every
 other token reads its position (and a boundary token its slot) and does nothing else.
@@ -47,12 +51,31 @@ reads columns ``[W - D, W)`` of each half when ``i >= window - R`` and ``[0, D)`
 3. interleaved (GPT-J) RoPE on ``y[448:]``, pairs ``(y[448 + 2i], y[449 + 2i])`` rotated by
    ``cos_sin_cache[(p // R) * R]``;
 4. the ``fp8_ds_mla`` store at ``slot``: block ``b = slot // block_size``, row ``t = slot %
-   block_size``; ``kv_cache[b, 576 t : 576 t + 448]`` holds ``y[:448]`` as FP8 e4m3 in 7 tiles of
-   64, each divided by its power-of-two scale (the smallest with ``amax / scale <= 448``);
-   ``kv_cache[b, 576 t + 448 : 576 (t + 1)]`` holds ``y[448:]`` as bf16 (128 bytes); the 7 scales
-   are UE8M0 bytes (``scale = 2 ** (byte - 127)``) at ``kv_cache[b, 576 B + 8 t : 576 B + 8 t + 7]``
-   (``B = block_size``): all the block's token data first, then its scales, 8 bytes a token (the
-   eighth is padding and never written).  576 data bytes a token.
+   block_size``, with the block's bytes ``K = kv_cache[b]`` seen flat; ``K[576 t : 576 t + 448]``
+   holds ``y[:448]`` as FP8 e4m3 in 7 tiles of 64; ``K[576 t + 448 : 576 (t + 1)]`` holds
+   ``y[448:]`` rounded once to bf16 (128 bytes); ``K[576 B + 8 t : 576 B + 8 (t + 1)]`` (``B =
+   block_size``) is the token's scale record: 7 UE8M0 bytes (``scale = 2 ** (byte - 127)``), then
+   a padding byte written as 0.  All the block's token data first, then its scale records; 576
+   data bytes a token.  The FP8 tiles are quantized as vLLM does it: ``y[:448]`` is first rounded
+   to bf16 (to nearest even); from those bf16 values, ``amax = max(max |tile|, 1e-4)``, the
+   exponent ``e = ceil(log2(amax / 448))`` (the smallest power-of-two scale with ``amax / scale <=
+   448``), the stored byte ``clamp(e + 127, 0, 255)``, and the values ``clamp(v / 2**e, -448, 448)``
+   cast to e4m3 (to nearest even).  A tile of zeros stores zeros and scale byte 105.
+
+**Checked against vLLM's kernel** (``_fused_kv_compress_norm_rope_insert_sparse_attn`` in its
+DeepSeek-V4 ``fused_compress_quant_cache.py``): the C4 window's previous-group rows read columns
+``[0, D)`` and its current-group rows ``[D, 2D)`` of each half, the score half after the kv half;
+the state row of position ``q`` is at ``block_table[r, q // state_block]``, ``q % state_block``;
+the block layout (576 data bytes a token, then 8 scale bytes a token, 7 UE8M0 and one pad byte
+written as 0); RoPE at ``(p // R) * R``, GPT-J interleaved, the table's 32 cosines then 32 sines;
+the bf16-first quantization above.  (vLLM runs that Triton kernel off NVIDIA; on NVIDIA GPUs it runs
+a CuTe DSL kernel that floors ``amax / 448`` at ``1e-4`` instead of ``amax``, so there a tile with
+``amax < 0.0448`` gets scale byte 114; otherwise the two quantize alike.)
+
+**The one simplification left.**  vLLM reads two slot mappings per token: the state cache's (a
+negative value marks a padding token, which is skipped) and the compressed cache's (the output
+slot).  Here ``slot_mapping`` is the compressed cache's alone, and a negative value skips the
+token.
 
 The entry point is :func:`diagtools.kernels.compress_state_store`.  Backends (leaf modules,
 imported only when called): ``torch`` (``state_reference.py``) and ``triton`` (``state_triton.py``,
@@ -70,13 +93,15 @@ __all__ = [
     "HEAD_DIM",
     "LAYOUTS",
     "SCALE_BYTES",
+    "VLLM_STATE_BLOCK",
     "StateLayout",
     "layout_for",
 ]
 
 HEAD_DIM = 512
 DATA_BYTES = 576  # 448 FP8 bytes + 64 bf16 values
-SCALE_BYTES = 8  # 7 UE8M0 scales, one padding byte
+SCALE_BYTES = 8  # 7 UE8M0 scales, one padding byte (written as 0)
+VLLM_STATE_BLOCK = {4: 4, 128: 8}  # vLLM's state-cache rows per block: C4 4, C128 8
 
 
 @dataclass(frozen=True)

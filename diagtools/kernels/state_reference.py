@@ -21,13 +21,14 @@ from diagtools.kernels.reference import (
     quantize_fp8_ds_mla,
     rope_cache,
 )
-from diagtools.kernels.state import DATA_BYTES, HEAD_DIM, SCALE_BYTES, StateLayout, layout_for
+from diagtools.kernels.state import DATA_BYTES, HEAD_DIM, SCALE_BYTES, VLLM_STATE_BLOCK, StateLayout, layout_for
 
 __all__ = [
     "BENCH_SIZES",
     "POISON",
     "StateInputs",
     "boundary_tokens",
+    "cache_block_bytes",
     "check_state_inputs",
     "compress_state_store_reference",
     "compressed_state_rows",
@@ -64,10 +65,12 @@ def check_state_inputs(
         raise ValueError(f"weight must be [{HEAD_DIM}], got {tuple(weight.shape)}")
     if cos_sin_cache.dim() != 2 or cos_sin_cache.shape[1] != ROPE_DIM or cos_sin_cache.dtype != torch.float32:
         raise ValueError(f"cos_sin_cache must be fp32 [max_pos, {ROPE_DIM}], got {tuple(cos_sin_cache.shape)}")
-    if kv_cache.dtype != torch.uint8 or kv_cache.dim() != 2 or kv_cache.shape[1] % TOKEN_BYTES:
+    paged = kv_cache.dim() == 3 and kv_cache.shape[2] == TOKEN_BYTES  # vLLM's shape
+    flat = kv_cache.dim() == 2 and kv_cache.shape[1] % TOKEN_BYTES == 0
+    if kv_cache.dtype != torch.uint8 or not (paged or flat) or kv_cache.shape[1] == 0:
         raise ValueError(
-            f"kv_cache must be uint8 [num_blocks, block_size * {TOKEN_BYTES}], got {kv_cache.dtype} "
-            f"{tuple(kv_cache.shape)}"
+            f"kv_cache must be uint8 [num_blocks, block_size, {TOKEN_BYTES}] or [num_blocks, block_size * "
+            f"{TOKEN_BYTES}], got {kv_cache.dtype} {tuple(kv_cache.shape)}"
         )
     if not kv_cache.is_contiguous() or not state_cache.is_contiguous():
         raise ValueError("kv_cache and state_cache must be contiguous")
@@ -75,7 +78,12 @@ def check_state_inputs(
     devices = {t.device for t in tensors}
     if len(devices) != 1:
         raise ValueError(f"all tensors must be on one device, got {sorted(map(str, devices))}")
-    return tokens, layout, kv_cache.shape[1] // TOKEN_BYTES
+    return tokens, layout, kv_cache.shape[1] if paged else kv_cache.shape[1] // TOKEN_BYTES
+
+
+def cache_block_bytes(kv_cache: torch.Tensor) -> torch.Tensor:
+    """The paged cache, of either accepted shape, as a ``[num_blocks, block_size * 584]`` byte view."""
+    return kv_cache.view(kv_cache.shape[0], -1)
 
 
 def boundary_tokens(positions: torch.Tensor, ratio: int) -> torch.Tensor:
@@ -122,22 +130,30 @@ def compressed_state_rows(
 
 
 def write_fp8_ds_mla_cache(kv_cache: torch.Tensor, slots: torch.Tensor, values: torch.Tensor) -> None:
-    """Quantize ``[N, 512]`` values and write them at ``slots`` of the paged cache."""
+    """Quantize ``[N, 512]`` values and write them at ``slots`` of the paged cache: each token's 576
+    data bytes and its 8-byte scale record (7 UE8M0 bytes, then the padding byte, written as 0)."""
     data, scales = quantize_fp8_ds_mla(values)
-    block_size = kv_cache.shape[1] // TOKEN_BYTES
+    record = torch.cat((scales, scales.new_zeros(scales.shape[0], SCALE_BYTES - TILES)), dim=1)
+    blocks_bytes = cache_block_bytes(kv_cache)
+    block_size = blocks_bytes.shape[1] // TOKEN_BYTES
     blocks, rows = (slots.long() // block_size)[:, None], (slots.long() % block_size)[:, None]
     device = kv_cache.device
-    kv_cache[blocks, rows * DATA_BYTES + torch.arange(DATA_BYTES, device=device)] = data
-    kv_cache[blocks, block_size * DATA_BYTES + rows * SCALE_BYTES + torch.arange(TILES, device=device)] = scales
+    blocks_bytes[blocks, rows * DATA_BYTES + torch.arange(DATA_BYTES, device=device)] = data
+    blocks_bytes[blocks, block_size * DATA_BYTES + rows * SCALE_BYTES + torch.arange(SCALE_BYTES, device=device)] = (
+        record
+    )
 
 
 def read_fp8_ds_mla_cache(kv_cache: torch.Tensor, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The ``(data uint8 [N, 576], scales uint8 [N, 8])`` stored at ``slots`` (scale byte 7 is padding)."""
-    block_size = kv_cache.shape[1] // TOKEN_BYTES
+    blocks_bytes = cache_block_bytes(kv_cache)
+    block_size = blocks_bytes.shape[1] // TOKEN_BYTES
     blocks, rows = (slots.long() // block_size)[:, None], (slots.long() % block_size)[:, None]
     device = kv_cache.device
-    data = kv_cache[blocks, rows * DATA_BYTES + torch.arange(DATA_BYTES, device=device)]
-    scales = kv_cache[blocks, block_size * DATA_BYTES + rows * SCALE_BYTES + torch.arange(SCALE_BYTES, device=device)]
+    data = blocks_bytes[blocks, rows * DATA_BYTES + torch.arange(DATA_BYTES, device=device)]
+    scales = blocks_bytes[
+        blocks, block_size * DATA_BYTES + rows * SCALE_BYTES + torch.arange(SCALE_BYTES, device=device)
+    ]
     return data, scales
 
 
@@ -233,8 +249,8 @@ def min_bytes(
     Every token reads its position, and a boundary token its slot.  A working token (boundary, slot
     >= 0) also reads its request index, the block-table entries its window spans, the ``D``-wide
     kv and score parts of its ``window`` rows (C4 reads half of each row: the part for its place
-    in the window), one cos/sin row, and writes 576 data bytes and 7 scale bytes; the weight is
-    read once.
+    in the window), one cos/sin row, and writes 576 data bytes and its 8-byte scale record (7
+    scales and the zero padding byte); the weight is read once.
     """
     layout = layout_for(ratio)
     boundary = boundary_tokens(positions, ratio)
@@ -246,7 +262,7 @@ def min_bytes(
     reads = positions.numel() * index_bytes + int(boundary.sum()) * index_bytes
     reads += kept * index_bytes + table_entries * table_bytes
     reads += kept * (layout.window * 2 * HEAD_DIM * 4 + ROPE_DIM * 4) + HEAD_DIM * 4
-    return reads + kept * (DATA_BYTES + TILES)
+    return reads + kept * (DATA_BYTES + SCALE_BYTES)
 
 
 # The benchmark's sizes (KERNEL-NOTES' floors), as (ratio, requests of (context, new)): every
@@ -270,7 +286,7 @@ def make_state_inputs(
     requests: Sequence[tuple[int, int]],
     *,
     padding: float = 0.125,
-    state_block: int = 16,
+    state_block: int | None = None,
     block_size: int = 64,
     seed: int | None = None,
     device: str | torch.device = "cpu",
@@ -278,10 +294,14 @@ def make_state_inputs(
     """Fresh random inputs for requests given as ``(context, new)``: request ``r``'s state holds
     positions ``0 .. context + new - 1`` and its batch tokens are the last ``new`` of them.
 
-    State blocks are a random permutation; rows no request owns are NaN, so reading one shows.
-    Every token gets a distinct compressed-cache slot, about ``padding`` of them -1; non-boundary
-    tokens keep real slots, so a kernel that wrote them would be caught.
+    ``state_block`` (rows per state-cache block) defaults to vLLM's: 4 for C4, 8 for C128.  State
+    blocks are a random permutation; rows no request owns are NaN, so reading one shows.  Every
+    token gets a distinct compressed-cache slot, about ``padding`` of them -1; non-boundary tokens
+    keep real slots, so a kernel that wrote them would be caught.  The output cache has vLLM's
+    shape, uint8 ``[num_blocks, block_size, 584]``, poisoned with ``0xFF``.
     """
+    if state_block is None:
+        state_block = VLLM_STATE_BLOCK[ratio]
     device = torch.device(device)
     generator = torch.Generator(device=device).manual_seed(seed if seed is not None else torch.seed() % (2**31))
     layout = layout_for(ratio)
@@ -306,7 +326,7 @@ def make_state_inputs(
     slots = torch.randperm(cache_blocks * block_size, generator=generator, device=device)[:tokens]
     slots[torch.rand(tokens, generator=generator, device=device) < padding] = -1
     weight = 1 + 0.1 * torch.randn(HEAD_DIM, generator=generator, device=device)
-    cache = torch.full((cache_blocks, block_size * TOKEN_BYTES), POISON, dtype=torch.uint8, device=device)
+    cache = torch.full((cache_blocks, block_size, TOKEN_BYTES), POISON, dtype=torch.uint8, device=device)
     max_pos = max(lengths, default=1) + 1
     return StateInputs(
         state,

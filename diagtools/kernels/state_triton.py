@@ -6,11 +6,14 @@ nothing else and stores nothing.  A working program walks its window ``chunk`` r
 and 512 score columns it uses, and keeps a running maximum, denominator and weighted sum per
 feature (the softmax over the window axis, one per feature).  Then RMSNorm, RoPE on the last
 64 channels (the ``[512]`` row seen as 256 pairs, the first 224 rotated by the identity), and
-the ``fp8_ds_mla`` store: the row seen as ``[8, 64]``, tiles 0-6 scaled by their power of two
-and stored as e4m3 bytes, tile 7 stored as bf16 through a bf16 view of the same cache.
+the ``fp8_ds_mla`` store: the row seen as ``[8, 64]`` and rounded to bf16, tiles 0-6 scaled by
+their power of two and stored as e4m3 bytes, tile 7 stored as bf16 through a 16-bit view of the
+same cache, and the 8-byte scale record (7 UE8M0 bytes, then a 0 pad byte).
 
-Runs on GPUs and, with ``TRITON_INTERPRET=1``, on the CPU: all math is fp32, and the only loads
-through loaded values are index loads (block-table entries, positions), never loaded pointers.
+Runs on GPUs and, with ``TRITON_INTERPRET=1``, on the CPU: all math is fp32 (the bf16 and e4m3
+roundings and the scale exponent are integer arithmetic on the bits, the same on both), and the
+only loads through loaded values are index loads (block-table entries, positions), never loaded
+pointers.
 """
 
 from __future__ import annotations
@@ -67,6 +70,7 @@ def _compress_state_store_kernel(
     DATA: tl.constexpr,
     SCALES: tl.constexpr,
 ):
+    tl.static_assert(D // 64 == SCALES)  # the store writes one scale byte per 64-wide tile, the last the pad
     token = tl.program_id(0).to(tl.int64)
     position = tl.load(positions_ptr + token).to(tl.int64)
     boundary = (position + 1) % RATIO == 0
@@ -132,27 +136,37 @@ def _norm_rope(compressed, weight_ptr, cos_sin_row, eps, D, ROPE):
 @triton.jit
 def _store_fp8_ds_mla(y, out_ptr, out_half_ptr, data_at, scales_at, D):
     """The row as ``[D / 64, 64]`` tiles: all but the last as e4m3 bytes with a UE8M0 scale each,
-    the last as bf16 (through the cache's 16-bit view, in 2-byte units)."""
+    the last as bf16 (through the cache's 16-bit view, in 2-byte units); the scale record's last
+    byte (padding) is written as 0.
+
+    As vLLM's kernel does, the quantized tiles start from the values rounded to bf16: their amax
+    (floored at ``1e-4``) picks the scale, and they are what is scaled, clamped to +-448 and cast.
+    """
     tiles = tl.reshape(y, [D // 64, 64])
     tile = tl.arange(0, D // 64)
     lane = tl.arange(0, 64)
     quantized = tile < D // 64 - 1
-    amax = tl.maximum(tl.max(tl.abs(tiles), axis=1), 1.1754943508222875e-38)
-    exponent = _ceil_log2(amax / 448.0)  # in [-126, 120]: 1 / scale is a normal fp32, built exactly
+    bf16 = _bf16_bits(tiles)
+    rounded = (bf16.to(tl.int32) << 16).to(tl.float32, bitcast=True)  # the bf16 values, exactly, as fp32
+    amax = tl.maximum(tl.max(tl.abs(rounded), axis=1), 1e-4)
+    exponent = _ue8m0_exponent(amax)  # in [-22, 120] for a finite amax: 1 / scale is a normal fp32
     inverse_scale = ((127 - exponent) << 23).to(tl.float32, bitcast=True)
-    fp8 = _e4m3_bits(tiles * inverse_scale[:, None])
-    tl.store(out_ptr + data_at + tile[:, None] * 64 + lane[None, :], fp8, mask=quantized[:, None])
-    tl.store(out_ptr + scales_at + tile, (exponent + 127).to(tl.uint8), mask=quantized)
+    scaled = tl.minimum(tl.maximum(rounded * inverse_scale[:, None], -448.0), 448.0)
+    tl.store(out_ptr + data_at + tile[:, None] * 64 + lane[None, :], _e4m3_bits(scaled), mask=quantized[:, None])
+    scale_bytes = tl.where(quantized, tl.minimum(tl.maximum(exponent + 127, 0), 255), 0)
+    tl.store(out_ptr + scales_at + tile, scale_bytes.to(tl.uint8))  # D / 64 == SCALES: 7 scales, then the pad
     tail = (data_at + (D - 64)) // 2 + tl.where(quantized, 0, tile - (D // 64 - 1))[:, None] * 64 + lane[None, :]
-    tl.store(out_half_ptr + tail, _bf16_bits(tiles), mask=~quantized[:, None])
+    tl.store(out_half_ptr + tail, bf16, mask=~quantized[:, None])
 
 
 @triton.jit
-def _ceil_log2(x):
-    """The exponent of the smallest power of two >= ``x`` (positive, normal fp32), exactly, from the bits."""
-    bits = x.to(tl.int32, bitcast=True)
-    exponent = ((bits >> 23) & 0xFF) - 127
-    return tl.where((bits & 0x7FFFFF) != 0, exponent + 1, exponent)
+def _ue8m0_exponent(amax):
+    """``ceil(log2(amax / 448))`` for a positive normal fp32 ``amax``, exactly, from its bits: with
+    ``amax = (1 + f) * 2**e``, ``amax / 448 = (1 + f) / 1.75 * 2**(e - 8)``, whose factor lies in
+    ``[4/7, 8/7)`` and exceeds 1 exactly when ``f > 0.75`` (mantissa field above ``0x600000``)."""
+    bits = amax.to(tl.int32, bitcast=True)
+    exponent = ((bits >> 23) & 0xFF) - 127 - 8
+    return tl.where((bits & 0x7FFFFF) > 0x600000, exponent + 1, exponent)
 
 
 @triton.jit

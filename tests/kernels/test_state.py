@@ -1,6 +1,7 @@
 """compress_state_store: the reference against an explicit loop, Triton under TRITON_INTERPRET=1
-against the float64 reference (dequantized, FP8 and bf16 tolerances), boundary-only writes, the
-bit-exact FP8/bf16 encoders, the sm_90 compile, and the bytes floor of the benchmark sizes.
+against the float64 reference (dequantized, FP8 and bf16 tolerances), boundary-only writes, both
+cache shapes, the bit-exact FP8/bf16 encoders and scale exponent, the kernel's store against the
+torch quantizer byte for byte, the sm_90 compile, and the bytes floor of the benchmark sizes.
 """
 
 from __future__ import annotations
@@ -17,11 +18,12 @@ os.environ.setdefault("TRITON_INTERPRET", "1")  # read when a kernel is decorate
 torch = pytest.importorskip("torch")
 
 from diagtools.kernels import compress_state_store  # noqa: E402
-from diagtools.kernels.reference import FP8_ROW_BYTES  # noqa: E402
+from diagtools.kernels.reference import FP8_ROW_BYTES, quantize_fp8_ds_mla  # noqa: E402
 from diagtools.kernels.state import DATA_BYTES, LAYOUTS  # noqa: E402
 from diagtools.kernels.state_reference import (  # noqa: E402
     BENCH_SIZES,
     POISON,
+    StateInputs,
     compressed_state_rows,
     dequantized_cache_rows,
     make_state_inputs,
@@ -30,13 +32,14 @@ from diagtools.kernels.state_reference import (  # noqa: E402
     request_tokens,
 )
 
+from .test_fp8_ds_mla import fp8_ds_mla_cases  # noqa: E402
 from .tolerances import assert_state_store_matches_reference  # noqa: E402
 
 try:  # the encoders' test kernel; the interpreter resolves its callees from this module's globals
     import triton
     import triton.language as tl
 
-    from diagtools.kernels.state_triton import _bf16_bits, _e4m3_bits
+    from diagtools.kernels.state_triton import _bf16_bits, _e4m3_bits, _store_fp8_ds_mla, _ue8m0_exponent
 
     @triton.jit
     def encode(x_ptr, fp8_ptr, bf16_ptr, n, BLOCK: tl.constexpr):  # noqa: N803 - Triton's constexpr style
@@ -44,8 +47,21 @@ try:  # the encoders' test kernel; the interpreter resolves its callees from thi
         x = tl.load(x_ptr + offsets, mask=offsets < n, other=0.0)
         tl.store(fp8_ptr + offsets, _e4m3_bits(x), mask=offsets < n)
         tl.store(bf16_ptr + offsets, _bf16_bits(x), mask=offsets < n)
+
+    @triton.jit
+    def exponents(amax_ptr, out_ptr, n, BLOCK: tl.constexpr):  # noqa: N803
+        offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        amax = tl.load(amax_ptr + offsets, mask=offsets < n, other=1.0)
+        tl.store(out_ptr + offsets, _ue8m0_exponent(amax), mask=offsets < n)
+
+    @triton.jit
+    def store_rows(rows_ptr, out_ptr, out_half_ptr, D: tl.constexpr):  # noqa: N803
+        """The kernel's store of row ``i`` of ``rows`` into a 584-byte record ``out[i]`` (data, then scales)."""
+        row = tl.program_id(0).to(tl.int64)
+        y = tl.load(rows_ptr + row * D + tl.arange(0, D))
+        _store_fp8_ds_mla(y, out_ptr, out_half_ptr, row * 584, row * 584 + 576, D)
 except ImportError:
-    encode = None
+    encode = exponents = store_rows = None
 
 # The grid.  C4: a prefill from position 0 (its first group has no previous group), a prefill
 # continuing a context, and decode tokens on and off boundaries.  C128: a prefill crossing two
@@ -100,7 +116,7 @@ def test_c4_reads_the_previous_group_from_the_first_half():
     table = (inputs.state_cache, inputs.block_table, inputs.request_indices[-1:], inputs.positions[-1:])
     before = compressed_state_rows(*table, inputs.weight, inputs.cos_sin_cache, ratio=4, dtype=torch.float64)
     blocks = inputs.block_table[0].long()
-    previous = inputs.state_cache[blocks[0], :4]  # positions 0..3 (state block 16)
+    previous = inputs.state_cache[blocks[0], :4]  # positions 0..3 (vLLM's C4 state block: 4 rows)
     previous[:, 512:1024] += 5.0  # kv_cur of the previous group: not in this window
     previous[:, 1536:2048] += 5.0  # score_cur of the previous group
     same = compressed_state_rows(*table, inputs.weight, inputs.cos_sin_cache, ratio=4, dtype=torch.float64)
@@ -141,7 +157,8 @@ def test_only_boundary_tokens_with_a_slot_write(backend):
     assert (data[idle] == POISON).all()  # real slots, never written
     assert (scales[idle] == POISON).all()
     assert (data[~idle] != POISON).any(dim=1).all()
-    assert (scales[:, 7] == POISON).all()  # the padding byte
+    assert (scales[~idle, :7] != POISON).all()
+    assert (scales[~idle, 7] == 0).all()  # the padding byte, written as 0 as vLLM does
     assert_state_store_matches_reference(inputs)
 
 
@@ -152,20 +169,58 @@ def test_no_working_token_writes_nothing():
     assert (inputs.kv_cache == POISON).all()
 
 
-def test_cache_layout_puts_scales_after_the_block_data():
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_cache_layout_puts_scales_after_the_block_data(backend):
+    if backend == "triton":
+        pytest.importorskip("triton")
     inputs = make_state_inputs(4, ((0, 4),), padding=0.0, block_size=4, seed=3)
-    compress_state_store(*inputs.args(), ratio=4, backend="torch")
+    assert inputs.kv_cache.shape[1:] == (4, 576 + 8)  # vLLM's [num_blocks, block_size, 584]
+    compress_state_store(*inputs.args(), ratio=4, backend=backend)
     slot = int(inputs.slot_mapping[3])
     block, row = divmod(slot, 4)
-    raw = inputs.kv_cache[block]
+    raw = inputs.kv_cache[block].flatten()  # the block is flat bytes, not 4 records of 584
     assert raw.numel() == 4 * (576 + 8)
     assert DATA_BYTES == FP8_ROW_BYTES == 576
     assert (raw[row * 576 : (row + 1) * 576] != POISON).any()
     scales = raw[4 * 576 + row * 8 : 4 * 576 + row * 8 + 8]
     assert (scales[:7] != POISON).all()
-    assert scales[7] == POISON
+    assert scales[7] == 0
+    others = torch.ones(raw.numel(), dtype=torch.bool)
+    others[row * 576 : (row + 1) * 576] = False
+    others[4 * 576 + row * 8 : 4 * 576 + row * 8 + 8] = False
+    assert (raw[others] == POISON).all()
     values = dequantized_cache_rows(inputs.kv_cache, inputs.slot_mapping[3:])
     torch.testing.assert_close(values[:, 448:], inputs.expected()[:, 448:].float(), rtol=2**-8, atol=1e-5)
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_flat_cache_shape_stores_the_same_bytes(backend):
+    """The 2-D ``[num_blocks, block_size * 584]`` cache is accepted and gets the same bytes as vLLM's 3-D one."""
+    if backend == "triton":
+        pytest.importorskip("triton")
+    paged = make_state_inputs(4, C4_REQUESTS, padding=0.25, seed=5)
+    flat_cache = paged.kv_cache.view(paged.kv_cache.shape[0], -1).clone()
+    flat = StateInputs(*paged.args()[:-1], flat_cache, ratio=4)
+    compress_state_store(*paged.args(), ratio=4, backend=backend)
+    compress_state_store(*flat.args(), ratio=4, backend=backend)
+    assert torch.equal(flat.kv_cache, paged.kv_cache.view(flat_cache.shape))
+    assert_state_store_matches_reference(flat)
+
+
+def test_triton_store_equals_the_torch_quantizer_bit_for_bit():
+    """The kernel's fp8_ds_mla store of given fp32 rows writes exactly the bytes of
+    ``quantize_fp8_ds_mla`` and a zero padding byte: bf16 rounding before the FP8 rounding, amax
+    from the rounded values (one that rounds down onto 448 keeps the smaller scale), the 1e-4
+    amax floor, an all-zero tile, exact power-of-two amax, and random tiles over 80 binades."""
+    if store_rows is None:
+        pytest.skip("triton is not installed")
+    rows = fp8_ds_mla_cases()
+    out = torch.full((rows.shape[0], 584), POISON, dtype=torch.uint8)
+    store_rows[(rows.shape[0],)](rows, out, out.view(torch.int16), D=512)
+    data, scales = quantize_fp8_ds_mla(rows)
+    assert torch.equal(out[:, :576], data)
+    assert torch.equal(out[:, 576:583], scales)
+    assert (out[:, 583] == 0).all()
 
 
 @pytest.mark.parametrize(
@@ -173,7 +228,10 @@ def test_cache_layout_puts_scales_after_the_block_data():
     [
         (lambda a: a.update(state_cache=a["state_cache"][..., :1024].contiguous()), "state_cache must be fp32"),
         (lambda a: a.update(kv_cache=a["kv_cache"].view(torch.int8)), "kv_cache must be uint8"),
-        (lambda a: a.update(kv_cache=a["kv_cache"][:, :-1]), "kv_cache must be uint8"),
+        (lambda a: a.update(kv_cache=a["kv_cache"][..., :-1].contiguous()), "kv_cache must be uint8"),
+        (lambda a: a.update(kv_cache=a["kv_cache"].flatten(1)[:, :-1].contiguous()), "kv_cache must be uint8"),
+        (lambda a: a.update(kv_cache=a["kv_cache"][:, :0]), "kv_cache must be uint8"),
+        (lambda a: a.update(kv_cache=a["kv_cache"][:, ::2]), "kv_cache and state_cache must be contiguous"),
         (lambda a: a.update(positions=a["positions"].float()), "positions must be an int32/int64"),
         (lambda a: a.update(slot_mapping=a["slot_mapping"][:-1]), "slot_mapping must be an int32/int64"),
         (lambda a: a.update(weight=a["weight"][:64]), "weight must be"),
@@ -213,6 +271,22 @@ def test_encoders_are_bit_exact_against_torch():
     assert torch.equal(bf16, values.to(torch.bfloat16).view(torch.int16))
 
 
+def test_scale_exponent_is_exact():
+    """The kernel's ``ceil(log2(amax / 448))`` from the bits equals the exact value for every positive
+    normal bf16 amax (powers of two times 448 included) and for random fp32 ones."""
+    if exponents is None:
+        pytest.skip("triton is not installed")
+    generator = torch.Generator().manual_seed(1)
+    bf16 = torch.arange(0x0080, 0x7F80, dtype=torch.int32).to(torch.int16).view(torch.bfloat16).float()
+    random = torch.rand(4096, generator=generator) * torch.exp2(torch.randint(-100, 100, (4096,), generator=generator))
+    amax = torch.cat((bf16, 448 * torch.exp2(torch.arange(-140.0, 120.0)), random))
+    amax = amax[(amax >= torch.finfo(torch.float32).tiny) & torch.isfinite(amax)]
+    got = torch.empty(amax.shape, dtype=torch.int32)
+    exponents[(math.ceil(amax.numel() / 1024),)](amax, got, amax.numel(), BLOCK=1024)
+    mantissa, power = torch.frexp(amax.double() / 448)  # exact in float64: ceil(log2) is power, or power - 1 at 0.5
+    assert torch.equal(got.long(), (power - (mantissa == 0.5).int()).long())
+
+
 def test_triton_kernel_compiles_for_sm90_without_local_memory():
     """The real compile for an H200 (PTX for sm_90), on this CPU, in a child without the interpreter."""
     pytest.importorskip("triton")
@@ -242,5 +316,5 @@ def test_bench_sizes_match_the_floors_in_the_notes():
 def test_min_bytes_counts_only_working_tokens():
     positions = torch.tensor([0, 1, 2, 3, 7])  # boundaries at 3 and 7; 7 has no slot
     slots = torch.tensor([5, 6, 7, 8, -1])
-    per_token = 8 + 4 + 8 * 2 * 512 * 4 + 64 * 4 + 576 + 7  # request index, one table entry, rows, cos/sin, store
+    per_token = 8 + 4 + 8 * 2 * 512 * 4 + 64 * 4 + 576 + 8  # request index, one table entry, rows, cos/sin, store
     assert min_bytes(4, positions, slots, state_block=16) == 5 * 8 + 2 * 8 + per_token + 512 * 4

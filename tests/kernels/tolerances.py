@@ -42,11 +42,11 @@ BF16_TAIL = {"rtol": 2**-8, "atol": 1e-5}
 
 def assert_state_store_matches_reference(inputs) -> None:
     """Working tokens' stored rows, dequantized, equal the float64 reference within FP8 and bf16
-    precision; every other byte of the cache (other slots, non-boundary tokens' slots, negative
-    slots, the scale padding) is still poison."""
-    from diagtools.kernels.state_reference import POISON, TOKEN_BYTES, dequantized_cache_rows
+    precision, and their scale records end in a zero padding byte; every other byte of the cache
+    (other slots, non-boundary tokens' slots, negative slots) is still poison."""
+    from diagtools.kernels.state_reference import POISON, TOKEN_BYTES, cache_block_bytes, dequantized_cache_rows
 
-    cache = inputs.kv_cache.cpu()
+    cache = cache_block_bytes(inputs.kv_cache.cpu())  # either accepted shape, as [blocks, block bytes]
     work = inputs.working().cpu()
     slots = inputs.slot_mapping.cpu()[work]
     expected = inputs.expected().cpu()
@@ -64,5 +64,7 @@ def assert_state_store_matches_reference(inputs) -> None:
     block_size = cache.shape[1] // TOKEN_BYTES
     blocks, rows = (slots.long() // block_size)[:, None], (slots.long() % block_size)[:, None]
     written[blocks, rows * 576 + torch.arange(576)] = True  # the token's data
-    written[blocks, block_size * 576 + rows * 8 + torch.arange(7)] = True  # its 7 scales, after the block's data
+    scale_record = block_size * 576 + rows * 8  # its 8-byte scale record, after the block's data
+    written[blocks, scale_record + torch.arange(8)] = True
+    assert (cache[blocks, scale_record + 7] == 0).all(), "a working token's scale padding byte is not 0"
     assert (cache[~written] == POISON).all(), "a byte outside the working tokens' rows was written"
