@@ -87,7 +87,7 @@ def compress_norm_rope_store(
     return run(kv, score, weight, cos_sin_cache, positions, slot_mapping, kv_cache, ratio=ratio, eps=eps)
 
 
-STATE_BACKENDS = ("torch", "triton")
+STATE_BACKENDS = ("torch", "triton", "cutedsl")
 
 
 def compress_state_store(
@@ -108,7 +108,9 @@ def compress_state_store(
     normalize, rotate and store it as ``fp8_ds_mla``; returns ``kv_cache`` (written in place).
 
     The contract is in :mod:`diagtools.kernels.state`.  ``ratio`` is 4 (C4) or 128 (C128);
-    ``backend`` is ``auto`` (Triton on CUDA, torch elsewhere), ``torch`` or ``triton``.
+    ``backend`` is ``auto`` (Triton on CUDA, torch elsewhere), ``torch``, ``triton`` or
+    ``cutedsl`` (CUDA only).  vLLM runs the CuTe DSL kernel on CUDA; ``auto`` keeps Triton there
+    until the CuTe DSL kernel has passed ``tests/gpu/test_state_gpu.py`` on a GPU.
     """
     if backend == "auto":
         backend = "triton" if bool(state_cache.is_cuda) else "torch"
@@ -116,6 +118,8 @@ def compress_state_store(
         from diagtools.kernels.state_reference import compress_state_store_reference as run
     elif backend == "triton":
         from diagtools.kernels.state_triton import compress_state_store_triton as run
+    elif backend == "cutedsl":
+        from diagtools.kernels.state_cutedsl import compress_state_store_cutedsl as run
     else:
         raise ValueError(f"unknown backend {backend!r} for compress_state_store: use auto, {', '.join(STATE_BACKENDS)}")
     arguments = (state_cache, block_table, request_indices, positions, slot_mapping, weight, cos_sin_cache, kv_cache)

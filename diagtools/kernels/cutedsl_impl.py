@@ -30,7 +30,6 @@ import ctypes
 import functools
 import math
 import os
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,6 +37,7 @@ from typing import Any
 import torch
 
 from diagtools.kernels import ROPE_DIM
+from diagtools.kernels.cuda_launch import CudaDriver, cuda_driver, entry_of, pack_arguments
 from diagtools.kernels.reference import check_inputs
 
 __all__ = [
@@ -353,20 +353,10 @@ def kernel_ptx(head_dim: int, ratio: int) -> str:
         return compile_ptx(head_dim, ratio, folder, arch=os.environ.get("CUTE_DSL_ARCH", ARCH))
 
 
-def entry_of(ptx: str) -> tuple[str, list[str]]:
-    """The kernel's entry name and its parameter types, read off the PTX."""
-    match = re.search(r"\.visible \.entry (\w+)\(([^)]*)\)", ptx)
-    if match is None:
-        raise ValueError("no kernel entry in the PTX")
-    params = re.findall(r"\.param \.(\w+)", match.group(2))
-    return match.group(1), params
-
-
 # ----------------------------------------------------------------------------- launch
 
 # What the kernel's parameters are, in order, as PTX types and as ctypes for the launch.
 PARAM_TYPES = ("u64",) * 7 + ("u64", "u64", "u64", "f32")
-_CTYPES = (ctypes.c_void_p,) * 7 + (ctypes.c_int64,) * 3 + (ctypes.c_float,)
 
 
 @dataclass(frozen=True)
@@ -381,9 +371,7 @@ class Launch:
 
     def packed(self) -> tuple[Any, Any]:
         """The ``void**`` the driver reads, and the ctypes values it points to."""
-        values = [kind(value) for kind, value in zip(_CTYPES, self.arguments, strict=True)]
-        array = (ctypes.c_void_p * len(values))(*(ctypes.addressof(v) for v in values))
-        return array, values
+        return pack_arguments(PARAM_TYPES, self.arguments)
 
 
 def _aligned(name: str, tensor: torch.Tensor) -> torch.Tensor:
@@ -435,47 +423,8 @@ def plan_launch(
     )
 
 
-class _CudaDriver:
-    """The few CUDA driver calls the launch needs, through ctypes on ``libcuda.so.1`` (torch has it loaded)."""
-
-    def __init__(self) -> None:
-        self.lib = ctypes.CDLL("libcuda.so.1")
-        void_p, uint = ctypes.c_void_p, ctypes.c_uint
-        self.lib.cuLaunchKernel.argtypes = [void_p, *[uint] * 7, void_p, void_p, void_p]
-        self.lib.cuModuleGetFunction.argtypes = [void_p, void_p, ctypes.c_char_p]
-        self.lib.cuOccupancyMaxActiveBlocksPerMultiprocessor.argtypes = [void_p, void_p, ctypes.c_int, ctypes.c_size_t]
-        self.lib.cuCtxSetCurrent.argtypes = [void_p]
-
-    def check(self, name: str, *arguments: Any) -> None:
-        result = getattr(self.lib, name)(*arguments)
-        if result != 0:
-            text = ctypes.c_char_p()
-            self.lib.cuGetErrorName(result, ctypes.byref(text))
-            raise RuntimeError(f"{name} failed: {(text.value or b'?').decode()} ({result})")
-
-    def load(self, device: int, ptx: str, name: str) -> tuple[int, int]:
-        """Load ``ptx`` into the current context (the device's primary one if none); return the
-        kernel's handle and how many of its CTAs fit on one multiprocessor."""
-        context = ctypes.c_void_p()
-        self.check("cuCtxGetCurrent", ctypes.byref(context))
-        if not context.value:
-            handle = ctypes.c_int()
-            self.check("cuDeviceGet", ctypes.byref(handle), device)
-            self.check("cuDevicePrimaryCtxRetain", ctypes.byref(context), handle)
-            self.check("cuCtxSetCurrent", context)
-        module, function, fitting = ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_int()
-        self.check("cuModuleLoadData", ctypes.byref(module), ctypes.c_char_p(ptx.encode()))
-        self.check("cuModuleGetFunction", ctypes.byref(function), module, name.encode())
-        self.check("cuOccupancyMaxActiveBlocksPerMultiprocessor", ctypes.byref(fitting), function, THREADS, 0)
-        return int(function.value or 0), fitting.value
-
-    def launch(self, function: int, grid: tuple, block: tuple, stream: int, params: int) -> None:
-        self.check("cuLaunchKernel", function, *grid, *block, 0, stream, params, None)
-
-
-@functools.cache
-def _driver() -> _CudaDriver:
-    return _CudaDriver()
+def _driver() -> CudaDriver:
+    return cuda_driver()
 
 
 @dataclass(frozen=True)
@@ -493,7 +442,7 @@ def _load(device: int, head_dim: int, ratio: int) -> LoadedKernel:
     name, params = entry_of(ptx)
     if tuple(params) != PARAM_TYPES:
         raise RuntimeError(f"the kernel's parameters {params} are not the {PARAM_TYPES} this launcher packs")
-    function, fitting = _driver().load(device, ptx, name)
+    function, fitting = _driver().load(device, ptx, name, THREADS)
     return LoadedKernel(function, max(1, min(fitting, CTAS_PER_SM)))
 
 

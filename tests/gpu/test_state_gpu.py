@@ -1,4 +1,5 @@
-"""compress_state_store's Triton kernel on a real GPU against the float64 reference, per size.
+"""compress_state_store's Triton and CuTe DSL kernels on a real GPU against the float64 reference,
+per backend and size.
 
 One child process runs every case (this test process must not initialize CUDA): the benchmark's
 three sizes (C4 decode 1024, C4 prefill 32768, C128 256 boundary tokens) and a mixed batch per
@@ -25,7 +26,8 @@ pytestmark = [
 ROOT = Path(__file__).resolve().parents[2]
 # The grid: the three benchmark sizes (padding 0: every boundary token works), then one mixed
 # batch per compressor (prefills and decodes, 25% padding) with int64 and with int32 indices.
-CASES = ["C4 decode 1024", "C4 prefill 32768", "C128 256 boundary", "C4 mixed", "C128 mixed", "C4 mixed int32"]
+SIZES = ["C4 decode 1024", "C4 prefill 32768", "C128 256 boundary", "C4 mixed", "C128 mixed", "C4 mixed int32"]
+CASES = [f"{backend} {size}" for backend in ("triton", "cutedsl") for size in SIZES]
 
 CHECK = """
 import json, sys, traceback
@@ -37,8 +39,9 @@ from kernels.tolerances import assert_state_store_matches_reference
 MIXED = {"C4": (4, ((0, 301), (5, 6), (30, 2), (6, 1), (4095, 1))), "C128": (128, ((0, 700), (255, 1), (300, 1)))}
 if not torch.cuda.is_available():
     print(json.dumps({"no_gpu": True})); sys.exit(0)
-for name in json.loads(sys.argv[1]):
-    case = {"case": name}
+for case_name in json.loads(sys.argv[1]):
+    case = {"case": case_name}
+    backend, name = case_name.split(" ", 1)
     try:
         if name in BENCH_SIZES:
             ratio, requests = BENCH_SIZES[name]
@@ -49,7 +52,7 @@ for name in json.loads(sys.argv[1]):
         if name.endswith("int32"):
             args = [t.int() if t.dtype == torch.int64 else t for t in inputs.args()]
             inputs = StateInputs(*args, ratio=ratio)
-        compress_state_store(*inputs.args(), ratio=ratio, backend="triton")
+        compress_state_store(*inputs.args(), ratio=ratio, backend=backend)
         torch.cuda.synchronize()
         assert_state_store_matches_reference(inputs)
         case["ok"] = True
@@ -59,32 +62,36 @@ for name in json.loads(sys.argv[1]):
     print(json.dumps(case), flush=True)
 """
 
-_results: dict[str, dict] = {}
+_results: dict[str, dict[str, dict]] = {}
 
 
-def _run() -> dict[str, dict]:
-    if not _results:
+def _run(backend: str) -> dict[str, dict]:
+    """Every case of one backend in one child (a faulting kernel cannot take the other backend's down)."""
+    if backend not in _results:
+        cases = [case for case in CASES if case.split(" ", 1)[0] == backend]
         done = subprocess.run(
-            [sys.executable, "-c", CHECK, json.dumps(CASES)],
+            [sys.executable, "-c", CHECK, json.dumps(cases)],
             cwd=ROOT,
             capture_output=True,
             text=True,
-            timeout=300,
+            timeout=140,
             check=False,
         )
+        results: dict[str, dict] = {}
         for line in done.stdout.splitlines():
             if line.startswith("{"):
                 record = json.loads(line)
                 if record.get("no_gpu"):
                     pytest.skip("torch is a CPU build or sees no GPU")
-                _results[record["case"]] = record
-        _results["_child"] = {"returncode": done.returncode, "stderr": done.stderr[-3000:]}
-    return _results
+                results[record["case"]] = record
+        results["_child"] = {"returncode": done.returncode, "stderr": done.stderr[-3000:]}
+        _results[backend] = results
+    return _results[backend]
 
 
 @pytest.mark.parametrize("case", CASES)
 def test_state_kernel_matches_the_reference_on_the_gpu(case):
-    results = _run()
+    results = _run(case.split(" ", 1)[0])
     record = results.get(case)
     assert record is not None, f"the child ended before this case: {results['_child']}"
     assert record["ok"], record.get("error")

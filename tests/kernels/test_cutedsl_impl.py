@@ -22,6 +22,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from diagtools.kernels import cutedsl_impl  # noqa: E402
+from diagtools.kernels.cuda_launch import CudaDriver  # noqa: E402
 from diagtools.kernels.cutedsl_impl import (  # noqa: E402
     PARAM_TYPES,
     PREBUILT,
@@ -215,7 +216,7 @@ def test_the_ctypes_launch_passes_the_driver_signature_in_order():
             recorded.append(arguments)
             return 0
 
-    driver = cutedsl_impl._CudaDriver.__new__(cutedsl_impl._CudaDriver)
+    driver = CudaDriver.__new__(CudaDriver)
     driver.lib = Lib()
     driver.launch(77, (250, 1, 1), (THREADS, 1, 1), 1234, 5678)
     assert recorded == [(77, 250, 1, 1, THREADS, 1, 1, 0, 1234, 5678, None)]

@@ -1,0 +1,294 @@
+"""compress_state_store's CuTe DSL kernel without a GPU: its PTX for sm_90a, the assembler's
+verdict on it, and the host side of its launch.
+
+The PTX checks compile the kernel here (nvidia-cutlass-dsl, ``CUTE_DSL_ARCH=sm_90a``) and count
+what the design promises: 128-bit loads of every state-row part, the weight and cos/sin, 128-bit
+stores of the FP8 bytes and the bf16 tail, one reciprocal per feature instead of divides, the
+shuffles of the sum of squares and of the tile maxima, the packed e4m3 conversions.  ptxas (the
+copy Triton ships) assembles the shipped PTX for sm_90a: no spills, and few enough registers for
+two C128 CTAs per multiprocessor.  The launch checks run the real host code on CPU tensors.
+Whether the kernel computes the right values is checked on a GPU by ``tests/gpu/test_state_gpu.py``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from diagtools.kernels import compress_state_store, state_cutedsl  # noqa: E402
+from diagtools.kernels.cuda_launch import entry_of  # noqa: E402
+from diagtools.kernels.state_cutedsl import (  # noqa: E402
+    PARAM_TYPES,
+    PREBUILT,
+    LoadedKernel,
+    StateLaunchConfig,
+    launch_kernel,
+    plan_launch,
+    prebuilt_path,
+)
+from diagtools.kernels.state_reference import make_state_inputs  # noqa: E402
+
+COMPILE = """
+import json, sys
+from diagtools.kernels.state_cutedsl import compile_ptx
+print(json.dumps({r: compile_ptx(r, sys.argv[1]) for r in (4, 128)}))
+"""
+SM90_REGISTERS = 65536
+
+
+@pytest.fixture(scope="module")
+def ptx(tmp_path_factory):
+    """PTX per ratio, compiled in a fresh interpreter (CUTE_DSL_ARCH is read at import)."""
+    pytest.importorskip("cutlass")
+    env = dict(os.environ, CUTE_DSL_ARCH="sm_90a")
+    done = subprocess.run(
+        [sys.executable, "-c", COMPILE, str(tmp_path_factory.mktemp("ptx"))],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return {int(k): v for k, v in json.loads(done.stdout.strip().splitlines()[-1]).items()}
+
+
+def _code(text: str) -> list[str]:
+    return [line for line in text.splitlines() if not line.lstrip().startswith("//")]
+
+
+def _count(pattern: str, text: str) -> int:
+    return len(re.findall(pattern, "\n".join(_code(text))))
+
+
+@pytest.mark.parametrize("ratio", [4, 128])
+def test_ptx_moves_128_bit_vectors(ptx, ratio):
+    text = ptx[ratio]
+    config = StateLaunchConfig(ratio)
+    assert ".target sm_90a" in text
+    assert f".reqntid {config.threads}, 1, 1" in text
+    # per window row of the warp: 4 vectors of kv and 4 of scores; then the weight (4) and cos/sin (2 + 2)
+    assert _count(r"ld\.global\.v4\.b32", text) == config.rows_per_warp * 8 + 4 + 4
+    assert _count(r"ld\.global(?:\.\w+)*\.(?:u16|b16|s16|f16|bf16)\b", text) == 0  # no 16-bit scalar loads
+    assert _count(r"ld\.global(?:\.\w+)*\.f32\b", text) == 0  # no scalar loads of state values
+    assert _count(r"st\.global\.v4\.b32", text) == 3  # 16 FP8 bytes, and the bf16 tail in two
+    assert _count(r"st\.global\.(?:u8|b8)", text) == 2  # the scale byte and the padding byte
+    assert _count(r"cvt\.rn\.satfinite\.e4m3x2\.f32", text) == 8  # 16 values a lane, two at a time
+    assert ".local" not in text
+
+
+@pytest.mark.parametrize("ratio", [4, 128])
+def test_ptx_reductions_and_special_functions(ptx, ratio):
+    text = ptx[ratio]
+    config = StateLaunchConfig(ratio)
+    steps = config.rows_per_warp // state_cutedsl.CHUNK
+    merge = config.splits if config.splits > 1 else 0
+    # online softmax: one rescale and CHUNK gates per step and feature; the merge: one factor per split
+    assert _count(r"ex2\.approx", text) == 16 * (steps * (1 + state_cutedsl.CHUNK) + merge)
+    assert _count(r"rcp\.approx", text) == 16  # c = total / denominator, once per feature
+    assert _count(r"div\.(?:rn|full|approx)\.f32", text) == 0
+    assert _count(r"rsqrt\.approx", text) == 1
+    assert _count(r"shfl\.sync\.bfly", text) == 5 + 2  # sum of squares over 32 lanes, tile maxima over 4
+    assert _count(r"\bdiv\.s64|\brem\.s64", text) == 0  # index arithmetic in 32 bits
+    if config.splits == 1:
+        assert _count(r"bar\.sync", text) == 0
+        assert ".shared" not in "\n".join(_code(text))
+    else:
+        assert _count(r"bar\.sync", text) == 1  # the one barrier before the merge
+        assert _count(r"st\.shared\.v4\.f32|st\.shared\.v4\.b32", text) == 3 * 4
+
+
+def test_shipped_ptx_is_a_fresh_compile(ptx):
+    for ratio in PREBUILT:
+        assert _code(prebuilt_path(ratio).read_text()) == _code(ptx[ratio]), (
+            "stale PTX: run CUTE_DSL_ARCH=sm_90a .venv/bin/python benchmarks/build_ptx.py"
+        )
+
+
+def _ptxas() -> Path | None:
+    try:
+        import triton
+    except ImportError:
+        return None
+    path = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
+    return path if path.is_file() else None
+
+
+@pytest.mark.parametrize(
+    ("path", "threads"),
+    [(prebuilt_path(r), StateLaunchConfig(r).threads) for r in PREBUILT]
+    + [(p, 128) for p in sorted(prebuilt_path(4).parent.glob("compress_norm_rope_store_*.ptx"))],
+    ids=lambda value: value.name if isinstance(value, Path) else str(value),
+)
+def test_shipped_ptx_assembles_for_sm90a_without_spills(path, threads, tmp_path):
+    """The real assembler for an H200, on this CPU: the PTX is valid, nothing spills, and the
+    registers leave room for two CTAs per multiprocessor."""
+    ptxas = _ptxas()
+    if ptxas is None:
+        pytest.skip("no ptxas (Triton's bundled copy) on this machine")
+    done = subprocess.run(
+        [str(ptxas), "-arch=sm_90a", "-v", str(path), "-o", str(tmp_path / "kernel.cubin")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "0 bytes spill stores, 0 bytes spill loads" in done.stderr, done.stderr
+    registers = int(re.search(r"Used (\d+) registers", done.stderr).group(1))
+    assert registers * threads * 2 <= SM90_REGISTERS, (registers, threads)
+
+
+@pytest.mark.parametrize("ratio", PREBUILT)
+def test_entry_parameters_are_what_the_launcher_packs(ratio):
+    name, params = entry_of(prebuilt_path(ratio).read_text())
+    assert name.startswith("kernel_cutlass_kernel_")
+    assert tuple(params) == PARAM_TYPES
+
+
+# ----------------------------------------------------------------------------- the work split
+
+
+def _visits(config: StateLaunchConfig, tokens: int) -> dict[int, list[int]]:
+    """Window rows each token gets, from every warp of every CTA, by the kernel's index arithmetic."""
+    rows: dict[int, list[int]] = {}
+    for cta in range(config.grid(tokens)):
+        for warp in range(config.warps):
+            token, split = config.token_of(cta, warp)
+            if token < tokens:
+                start = split * config.rows_per_warp
+                rows.setdefault(token, []).extend(range(start, start + config.rows_per_warp))
+    return rows
+
+
+@pytest.mark.parametrize("ratio", [4, 128])
+@pytest.mark.parametrize("tokens", [1, 3, 5, 1024, 32771])
+def test_every_token_gets_its_whole_window_exactly_once(ratio, tokens):
+    config = StateLaunchConfig(ratio)
+    visits = _visits(config, tokens)
+    assert sorted(visits) == list(range(tokens))
+    window = list(range(config.layout.window))
+    assert all(sorted(rows) == window for rows in visits.values())
+
+
+def test_the_shapes_of_the_two_compressors():
+    c4, c128 = StateLaunchConfig(4), StateLaunchConfig(128)
+    assert (c4.splits, c4.threads, c4.tokens_per_cta, c4.rows_per_warp, c4.shared_floats) == (1, 128, 4, 8, 0)
+    assert (c128.splits, c128.threads, c128.tokens_per_cta, c128.rows_per_warp) == (8, 256, 1, 16)
+    assert c128.shared_floats * 4 == 48 * 1024  # the static shared-memory limit, not above it
+
+
+# ----------------------------------------------------------------------------- the host side
+
+
+@pytest.mark.parametrize("ratio", [4, 128])
+def test_the_plan_is_computed_from_the_real_tensors(ratio):
+    requests = ((0, 300), (5, 6)) if ratio == 4 else ((0, 260), (255, 1))
+    inputs = make_state_inputs(ratio, requests, state_block=8)
+    args = list(inputs.args())
+    args[1] = args[1].long()  # an int64 block table is narrowed
+    args[3] = args[3].int()  # int32 positions are widened
+    launch = plan_launch(*args, ratio, 1e-5)
+    assert launch is not None
+    config = StateLaunchConfig(ratio)
+    tokens = inputs.positions.numel()
+    assert launch.grid == (config.grid(tokens), 1, 1)
+    assert launch.block == (config.threads, 1, 1)
+    pointers, sizes, eps = launch.arguments[:8], launch.arguments[8:16], launch.arguments[16]
+    state, cache = inputs.state_cache, inputs.kv_cache
+    block_size = cache.shape[1] if cache.dim() == 3 else cache.shape[1] // 584
+    table = launch.keep_alive[1]
+    assert table.dtype == torch.int32
+    assert torch.equal(table.long(), inputs.block_table.long())
+    assert sizes == (
+        tokens,
+        state.shape[0] * state.shape[1],
+        table.numel(),
+        table.stride(0),
+        state.shape[1],
+        inputs.cos_sin_cache.shape[0],
+        cache.numel(),
+        block_size,
+    )
+    assert eps == pytest.approx(1e-5)
+    assert pointers[0] == state.data_ptr()  # read in place
+    assert pointers[7] == cache.data_ptr()  # written in place, never a copy
+    positions = launch.keep_alive[3]
+    assert positions.dtype == torch.int64
+    assert pointers[3] == positions.data_ptr()
+    assert torch.equal(positions, inputs.positions.long())
+    assert all(p % 16 == 0 for p in pointers)
+
+
+def test_no_tokens_means_no_launch():
+    inputs = make_state_inputs(4, ((0, 8),))
+    args = list(inputs.args())
+    args[2], args[3], args[4] = (t[:0] for t in args[2:5])
+    assert plan_launch(*args, 4, 1e-6) is None
+
+
+def test_an_odd_block_size_or_a_misaligned_cache_is_refused():
+    inputs = make_state_inputs(4, ((0, 8),), block_size=3)
+    with pytest.raises(ValueError, match="block_size must be even"):
+        plan_launch(*inputs.args(), 4, 1e-6)
+    inputs = make_state_inputs(4, ((0, 8),))
+    args = list(inputs.args())
+    shifted = torch.empty(inputs.kv_cache.numel() + 1, dtype=torch.uint8)[1:]  # one byte past an aligned start
+    args[7] = shifted.view(inputs.kv_cache.shape)
+    with pytest.raises(ValueError, match="kv_cache must start on a 16-byte boundary"):
+        plan_launch(*args, 4, 1e-6)
+
+
+class _FakeDriver:
+    """Records the launch and decodes the ``void**`` parameter array as the driver would."""
+
+    def __init__(self):
+        self.calls = []
+
+    def launch(self, function, grid, block, stream, params):
+        slots = (ctypes.c_void_p * len(PARAM_TYPES)).from_address(params)
+        kinds = [ctypes.c_uint64 if t == "u64" else ctypes.c_float for t in PARAM_TYPES]
+        values = [kind.from_address(slot).value for kind, slot in zip(kinds, slots, strict=True)]
+        self.calls.append({"function": function, "grid": grid, "block": block, "stream": stream, "values": values})
+
+
+def test_the_driver_receives_the_real_sizes(monkeypatch):
+    fake = _FakeDriver()
+    monkeypatch.setattr(state_cutedsl, "_driver", lambda: fake)
+    inputs = make_state_inputs(128, ((0, 260), (255, 1)))
+    launch = plan_launch(*inputs.args(), 128, 1e-6)
+    launch_kernel(LoadedKernel(77), launch, stream=1234)
+    (call,) = fake.calls
+    assert call["grid"] == (261, 1, 1)  # one CTA per C128 token
+    assert call["block"] == (256, 1, 1)
+    assert call["stream"] == 1234
+    assert call["function"] == 77
+    assert call["values"][:16] == list(launch.arguments[:16])
+    assert call["values"][8] == 261
+    assert call["values"][16] == pytest.approx(1e-6)
+
+
+def test_without_cutlass_the_shipped_ptx_is_used(monkeypatch):
+    monkeypatch.setitem(sys.modules, "cutlass", None)  # import cutlass now raises ImportError
+    state_cutedsl.kernel_ptx.cache_clear()
+    try:
+        assert state_cutedsl.kernel_ptx(128) == prebuilt_path(128).read_text()
+        with pytest.raises(ValueError, match="ratio 8 is not a DeepSeek-V4 compressor"):
+            state_cutedsl.kernel_ptx(8)
+    finally:
+        state_cutedsl.kernel_ptx.cache_clear()
+
+
+def test_cpu_tensors_are_refused_with_a_clear_error():
+    inputs = make_state_inputs(4, ((0, 8),))
+    with pytest.raises(ValueError, match="runs on CUDA tensors only"):
+        compress_state_store(*inputs.args(), ratio=4, backend="cutedsl")
