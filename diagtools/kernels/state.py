@@ -78,10 +78,11 @@ slot).  Here ``slot_mapping`` is the compressed cache's alone, and a negative va
 token.
 
 The entry point is :func:`diagtools.kernels.compress_state_store`.  Backends (leaf modules,
-imported only when called): ``torch`` (``state_reference.py``) and ``triton`` (``state_triton.py``,
-one program per token, a ``[chunk, 512]`` tile with an online softmax over the window axis).
-``auto`` picks Triton on CUDA and torch elsewhere.  There is no CuTe DSL kernel for this variant
-yet.  This module holds the contract and its constants only (no torch).
+imported only when called): ``torch`` (``state_reference.py``), ``triton`` (``state_triton.py``,
+one program per token, a ``[chunk, 512]`` tile with an online softmax over the window axis) and
+``cutedsl`` (``state_cutedsl.py``, CUDA only: a warp per C4 token, eight warps per C128 token,
+128-bit vectors; it quantizes by this contract's rule, the floor on ``amax``).  ``auto`` picks
+Triton on CUDA and torch elsewhere.  This module holds the contract and its constants only (no torch).
 """
 
 from __future__ import annotations

@@ -250,8 +250,8 @@ def test_other_ratios_and_backends_are_refused():
     inputs = make_state_inputs(4, ((0, 8),))
     with pytest.raises(ValueError, match="ratio 8 is not a DeepSeek-V4 compressor"):
         compress_state_store(*inputs.args(), ratio=8, backend="torch")
-    with pytest.raises(ValueError, match="unknown backend 'cutedsl' for compress_state_store"):
-        compress_state_store(*inputs.args(), ratio=4, backend="cutedsl")
+    with pytest.raises(ValueError, match="unknown backend 'cuda' for compress_state_store"):
+        compress_state_store(*inputs.args(), ratio=4, backend="cuda")
 
 
 def test_encoders_are_bit_exact_against_torch():
