@@ -263,8 +263,9 @@ CHANNEL_LOST_MESSAGE = (
 )
 
 
-def _channel_lost(raw: RawRun, kinds: set[str]) -> bool:
-    """The probe said its channel broke, a flood overran it, or a subkernel that exited normally sent nothing."""
+def channel_lost(raw: RawRun, kinds: set[str]) -> bool:
+    """The agent said its channel broke, a flood overran it, or a subkernel that exited normally sent
+    nothing; ``kinds`` are the event kinds that arrived.  Scans and replays judge it alike."""
     if raw.channel_truncated:
         return True
     if raw.returncode == protocol.CHANNEL_LOST_EXIT and "exit" not in kinds:
@@ -279,7 +280,7 @@ def _status_and_error(raw: RawRun, events: Sequence[dict[str, Any]]) -> tuple[Sc
     failure = subkernel_failure(raw)
     if failure is not None:
         return failure
-    if "done" not in kinds and _channel_lost(raw, kinds):
+    if "done" not in kinds and channel_lost(raw, kinds):
         return ScanStatus.CHANNEL_LOST, RunError(
             "channel-lost", CHANNEL_LOST_MESSAGE, raw.stderr.text[-4000:], exitcode=code
         )

@@ -30,7 +30,7 @@ from diagtools.model.replay import (
 )
 from diagtools.model.scan import DriverInfo, RunError
 from diagtools.runner.subkernel import RawRun, SubkernelRequest, run_subkernel
-from diagtools.usecases.assemble import subkernel_failure
+from diagtools.usecases.assemble import CHANNEL_LOST_MESSAGE, channel_lost, subkernel_failure
 from diagtools.usecases.scan import validate_paths, validate_targets, validate_timeout
 
 __all__ = ["ReplaySpec", "assemble_replay", "compare_replays", "replay_fork"]
@@ -148,17 +148,14 @@ def _replay_status(
     if failure is not None:
         status, error = failure
         return ReplayStatus(status.value), error
-    if "done" not in events and raw.returncode == protocol.CHANNEL_LOST_EXIT:
+    if "done" not in events and channel_lost(raw, set(events)):
         return ReplayStatus.CHANNEL_LOST, RunError(
-            "channel-lost", _CHANNEL_LOST, raw.stderr.text[-4000:], exitcode=raw.returncode
+            "channel-lost", CHANNEL_LOST_MESSAGE, raw.stderr.text[-4000:], exitcode=raw.returncode
         )
     if outcome is None or "done" not in events:
         message = f"the replay's parent ended before reporting (exit code {raw.returncode})"
         return ReplayStatus.EXITED, RunError("exited", message, raw.stderr.text[-4000:], exitcode=raw.returncode)
     return _CHILD_TO_REPLAY.get(outcome.status, ReplayStatus(outcome.status.value)), None
-
-
-_CHANNEL_LOST = "the target closed or replaced the result channel: the replay's outcome is unknown"
 
 
 def compare_replays(

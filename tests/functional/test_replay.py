@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from diagtools import protocol
 from diagtools.errors import UsageError
 from diagtools.model.replay import ReplayComparison, ReplayResult
 from diagtools.model.verdict import Verdict
@@ -91,6 +92,22 @@ def test_child_that_crashes_hangs_exits_or_raises_is_reported(sim_replay, make_t
     if kind == "raises":
         assert result.child.error_type == "KeyError"
         assert "KeyError: 'gone'" in result.child.traceback
+
+
+def test_a_flooded_channel_is_channel_lost_never_a_plain_exit(sim_replay, make_tree):
+    """A target that floods the replay's result channel on import leaves the outcome unknown."""
+    line = b"x" * 4095 + b"\n"
+    root = make_tree(
+        {
+            "floods_channel.py": f"import os\nfd = int(os.environ[{protocol.CHANNEL_FD!r}])\n"
+            f"for _ in range(20 * 1024):\n    os.write(fd, {line!r})\n",
+        }
+    )
+    result = sim_replay("floods_channel", path=[root])
+    assert result.status == "channel-lost"
+    assert result.error.kind == "channel-lost"
+    assert result.verdict == Verdict.UNKNOWN
+    assert "flooded" in result.error.message
 
 
 def test_setup_import_error_and_parent_hang(sim_replay, make_tree):
