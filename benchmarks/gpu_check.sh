@@ -6,15 +6,16 @@
 #   3. the kernel benchmark over the full grid, run even when some tests failed;
 #   4. the faithful variant (compress_state_store), Triton and CuTe DSL: tests/gpu/test_state_gpu.py,
 #      then benchmarks/state_kernels.py at the KERNEL-NOTES sizes;
-#   5. the other GPU tests (scan and replay on the real driver), in the time left.
+#   5. the other GPU tests (scan and replay on the real driver);
+#   6. compute-sanitizer memcheck of both CuTe DSL kernels at small sizes, in the time left.
 # The CuTe DSL kernels need no nvidia-cutlass-dsl there: their PTX for sm_90a is compiled on a CPU
 # machine (benchmarks/build_ptx.py), ships in diagtools/kernels/ptx/, and is loaded with
 # cuModuleLoadData and launched with cuLaunchKernel (ctypes on libcuda).
 # Writes 7 files to $OUT (or benchmarks/gpu-run/), under the device tool's limit of 8:
 #   log.txt (every step's output, one section each), gpu-tests.xml, state-tests.xml,
 #   kernels.json, kernels.md, state_kernels.json, state_kernels.md.
-# Each step has its own timeout (300 + 200 + 150 + 90 + 120 s at most, about 5 minutes expected),
-# inside a 600 s call: the last step gets what is left.
+# Each step has its own timeout (300 + 200 + 150 + 90 + 120 + 90 s at most, about 5 minutes
+# expected), inside a 600 s call: the last steps get what is left.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out="${OUT:-benchmarks/gpu-run}"
@@ -63,7 +64,17 @@ step 120 python3 -m pytest -q -p no:cacheprovider -p no:diagtools -rfEs tests/gp
   --ignore tests/gpu/test_kernels_gpu.py --ignore tests/gpu/test_state_gpu.py
 other_rc=$?
 
+section "memcheck of the CuTe DSL kernels (compute-sanitizer; Firecracker machines only)"
+if command -v compute-sanitizer >/dev/null 2>&1; then
+  step 90 compute-sanitizer --tool memcheck --error-exitcode 9 --kernel-name kns=kernel_cutlass \
+    python3 benchmarks/memcheck_kernels.py
+  memcheck_rc=$?
+else
+  echo "compute-sanitizer is not on this machine: memcheck skipped" | tee -a "$log"
+  memcheck_rc=0
+fi
+
 section "summary"
 echo "kernel tests exit $tests_rc; benchmark exit $bench_rc; state tests exit $state_rc;" \
-  "state benchmark exit $state_bench_rc; other GPU tests exit $other_rc" | tee -a "$log"
-exit $(( tests_rc != 0 || bench_rc != 0 || state_rc != 0 || state_bench_rc != 0 || other_rc != 0 ))
+  "state benchmark exit $state_bench_rc; other GPU tests exit $other_rc; memcheck exit $memcheck_rc" | tee -a "$log"
+exit $(( tests_rc != 0 || bench_rc != 0 || state_rc != 0 || state_bench_rc != 0 || other_rc != 0 || memcheck_rc != 0 ))
