@@ -7,7 +7,8 @@ stores of the FP8 bytes and the bf16 tail, one reciprocal per feature instead of
 shuffles of the sum of squares and of the tile maxima, the packed e4m3 conversions.  ptxas (the
 copy Triton ships) assembles the shipped PTX for sm_90a: no spills, and few enough registers for
 two C128 CTAs per multiprocessor.  The launch checks run the real host code on CPU tensors.
-Whether the kernel computes the right values is checked on a GPU by ``tests/gpu/test_state_gpu.py``.
+The values the PTX computes are checked on the CPU by ``test_ptx_execution.py`` (a PTX
+interpreter) and on a GPU by ``tests/gpu/test_state_gpu.py``.
 """
 
 from __future__ import annotations
