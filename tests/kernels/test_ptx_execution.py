@@ -29,9 +29,10 @@ C4_REQUESTS = ((0, 13), (5, 6), (30, 2), (6, 1), (10, 1))  # a first group, wind
 C128_REQUESTS = ((0, 128), (129, 127), (255, 1), (300, 1))  # three boundaries, idle tokens around them
 
 
-def _state_inputs(ratio: int, *, int32: bool = False, seed: int = 0) -> StateInputs:
+def _state_inputs(ratio: int, *, int32: bool = False, seed: int = 0, block_size: int = 64) -> StateInputs:
     requests = C4_REQUESTS if ratio == 4 else C128_REQUESTS
-    inputs = make_state_inputs(ratio, requests, padding=0.2 if ratio == 4 else 0.0, seed=seed)
+    padding = 0.2 if ratio == 4 else 0.0
+    inputs = make_state_inputs(ratio, requests, padding=padding, seed=seed, block_size=block_size)
     if int32:
         args = [t.int() if t.dtype == torch.int64 else t for t in inputs.args()]
         inputs = StateInputs(*args, ratio=ratio)
@@ -43,9 +44,13 @@ def _run_state(inputs: StateInputs, ptx: str | None = None) -> None:
     run_launch(ptx or state_cutedsl.prebuilt_path(inputs.ratio).read_text(), launch)
 
 
-@pytest.mark.parametrize(("ratio", "int32"), [(4, False), (4, True), (128, False)])
-def test_the_state_kernel_ptx_computes_the_reference_bytes(ratio, int32):
-    inputs = _state_inputs(ratio, int32=int32, seed=ratio + int32)
+# The grid: C4 with int64 and int32 indices, C4 with two-token cache blocks (a block's scales sit
+# right after two tokens' data), and C128.
+@pytest.mark.parametrize(
+    ("ratio", "int32", "block_size"), [(4, False, 64), (4, True, 64), (4, False, 2), (128, False, 64)]
+)
+def test_the_state_kernel_ptx_computes_the_reference_bytes(ratio, int32, block_size):
+    inputs = _state_inputs(ratio, int32=int32, seed=ratio + int32 + block_size, block_size=block_size)
     assert int(inputs.working().sum()) >= 3
     _run_state(inputs)
     assert_state_store_matches_reference(inputs)
