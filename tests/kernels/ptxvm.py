@@ -43,6 +43,8 @@ class Instruction:
 class Buffer:
     base: int
     data: np.ndarray  # uint8 view of a tensor's storage
+    read_bytes: int = 0
+    written_bytes: int = 0
 
 
 class Memory:
@@ -73,12 +75,21 @@ class Memory:
         out = np.empty((addresses.size, size), dtype=np.uint8)
         for i, (b, o) in enumerate(zip(index, offsets, strict=True)):
             out[i] = self.buffers[b].data[o : o + size]
+            self.buffers[b].read_bytes += size
         return out
 
     def write(self, addresses: np.ndarray, rows: np.ndarray) -> None:
         index, offsets = self.locate(addresses, rows.shape[1])
         for i, (b, o) in enumerate(zip(index, offsets, strict=True)):
             self.buffers[b].data[o : o + rows.shape[1]] = rows[i]
+            self.buffers[b].written_bytes += rows.shape[1]
+
+    def traffic(self, tensor: torch.Tensor) -> tuple[int, int]:
+        """Bytes the kernel read from and wrote to ``tensor``'s storage, over every lane."""
+        for buffer in self.buffers:
+            if buffer.base == tensor.data_ptr():
+                return buffer.read_bytes, buffer.written_bytes
+        raise KeyError("not a tensor of this memory")
 
 
 # ----------------------------------------------------------------------------- parsing
@@ -546,8 +557,9 @@ def _compare(relation: str, kind: str, a_bits: np.ndarray, b_bits: np.ndarray) -
     }[relation]
 
 
-def run_launch(ptx: str, launch) -> int:
+def run_launch(ptx: str, launch) -> Memory:
     """Run a host-side launch plan (grid, block, packed arguments, the tensors it keeps alive) on
-    the CPU through the PTX; return the instruction steps taken."""
-    kernel = Kernel(ptx)
-    return kernel.run(launch.grid, launch.block, launch.arguments, Memory(launch.keep_alive))
+    the CPU through the PTX; return the memory, which counts the traffic per tensor."""
+    memory = Memory(launch.keep_alive)
+    Kernel(ptx).run(launch.grid, launch.block, launch.arguments, memory)
+    return memory

@@ -2,7 +2,8 @@
 
 The exact PTX a GPU loads runs here on CPU tensors, with the arguments the real host code packs,
 and its output is checked against the float64 reference exactly as the GPU tests check it
-(``tolerances.py``), poisoned bytes included.  This is what the CPU can say about the kernels'
+(``tolerances.py``), poisoned bytes included, and the bytes each tensor gave or took are counted.
+This is what the CPU can say about the kernels'
 arithmetic, indexing and byte layout; speed, and the approximate instructions' last bits, are
 the GPU check's (``benchmarks/gpu_check.sh``).  The interpreter's own semantics are pinned by
 small hand-written programs, and mutations of the kernels' PTX show the checks can fail.
@@ -20,6 +21,7 @@ torch = pytest.importorskip("torch")
 
 from diagtools.kernels import cutedsl_impl, state_cutedsl  # noqa: E402
 from diagtools.kernels.reference import make_inputs  # noqa: E402
+from diagtools.kernels.state import LAYOUTS  # noqa: E402
 from diagtools.kernels.state_reference import StateInputs, make_state_inputs  # noqa: E402
 
 from .ptxvm import Kernel, Memory, PtxError, run_launch  # noqa: E402
@@ -39,9 +41,9 @@ def _state_inputs(ratio: int, *, int32: bool = False, seed: int = 0, block_size:
     return inputs
 
 
-def _run_state(inputs: StateInputs, ptx: str | None = None) -> None:
+def _run_state(inputs: StateInputs, ptx: str | None = None) -> Memory:
     launch = state_cutedsl.plan_launch(*inputs.args(), inputs.ratio, 1e-6)
-    run_launch(ptx or state_cutedsl.prebuilt_path(inputs.ratio).read_text(), launch)
+    return run_launch(ptx or state_cutedsl.prebuilt_path(inputs.ratio).read_text(), launch)
 
 
 # The grid: C4 with int64 and int32 indices, C4 with two-token cache blocks (a block's scales sit
@@ -51,9 +53,15 @@ def _run_state(inputs: StateInputs, ptx: str | None = None) -> None:
 )
 def test_the_state_kernel_ptx_computes_the_reference_bytes(ratio, int32, block_size):
     inputs = _state_inputs(ratio, int32=int32, seed=ratio + int32 + block_size, block_size=block_size)
-    assert int(inputs.working().sum()) >= 3
-    _run_state(inputs)
+    working = int(inputs.working().sum())
+    assert working >= 3
+    memory = _run_state(inputs)
     assert_state_store_matches_reference(inputs)
+    # each working token reads the 512-wide kv and score parts of its window rows once, nothing
+    # more of the state, and writes its 576 data bytes and 8 scale bytes once
+    window = LAYOUTS[ratio].window
+    assert memory.traffic(inputs.state_cache) == (working * window * 2 * 512 * 4, 0)
+    assert memory.traffic(inputs.kv_cache) == (0, working * (576 + 8))
 
 
 @pytest.mark.parametrize("head_dim", [512, 128])
@@ -62,8 +70,11 @@ def test_the_simplified_kernel_ptx_computes_the_reference_rows(head_dim):
     inputs = make_inputs(37, head_dim, seed=head_dim)
     launch = cutedsl_impl.plan_launch(*inputs.args(), 4, 1e-6, multiprocessors=1, ctas_per_sm=2)
     assert launch.grid == (2, 1, 1)
-    run_launch(cutedsl_impl.prebuilt_path(head_dim, 4).read_text(), launch)
+    memory = run_launch(cutedsl_impl.prebuilt_path(head_dim, 4).read_text(), launch)
     assert_matches_reference(inputs)
+    kept = int((inputs.slot_mapping >= 0).sum())
+    assert memory.traffic(inputs.kv) == (kept * 4 * head_dim * 2, 0)  # padded groups read no rows
+    assert memory.traffic(inputs.kv_cache) == (0, kept * head_dim * 2)
 
 
 # ----------------------------------------------------------------------------- the checks can fail
