@@ -10,10 +10,24 @@ from __future__ import annotations
 import ctypes
 import functools
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["CudaDriver", "cuda_driver", "entry_of", "pack_arguments"]
+__all__ = [
+    "VECTOR_BYTES",
+    "CudaDriver",
+    "KernelLaunch",
+    "LoadedKernel",
+    "aligned",
+    "cuda_driver",
+    "entry_of",
+    "launch_kernel",
+    "load_kernel",
+    "pack_arguments",
+]
+
+VECTOR_BYTES = 16  # the kernels' 128-bit vectors: every pointer they get starts on this boundary
 
 _CTYPES: dict[str, Any] = {"u64": ctypes.c_uint64, "s64": ctypes.c_int64, "u32": ctypes.c_uint32, "f32": ctypes.c_float}
 
@@ -78,3 +92,52 @@ class CudaDriver:
 @functools.cache
 def cuda_driver() -> CudaDriver:
     return CudaDriver()
+
+
+@dataclass(frozen=True)
+class KernelLaunch:
+    """Everything one launch needs, computed from the real tensors (testable without a GPU)."""
+
+    config: Any  # the kernel's launch configuration
+    param_types: tuple[str, ...]  # the PTX parameter types, in order
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    arguments: tuple[int | float, ...]
+    keep_alive: tuple[Any, ...]  # the tensors the pointers point into, converted copies included
+
+    def packed(self) -> tuple[Any, Any]:
+        """The ``void**`` the driver reads, and the ctypes values it points to."""
+        return pack_arguments(self.param_types, self.arguments)
+
+
+@dataclass(frozen=True)
+class LoadedKernel:
+    """A kernel's handle in one device's context, and how many of its CTAs fit on a multiprocessor."""
+
+    function: int
+    ctas_per_sm: int
+
+
+def aligned(tensors: dict[str, Any], in_place: Iterable[str]) -> dict[str, Any]:
+    """The tensors, each starting on a 16-byte boundary: a misaligned one is copied (a fresh
+    allocation is aligned), except those used in place, which raise ``ValueError``."""
+    for name in in_place:
+        if tensors[name].data_ptr() % VECTOR_BYTES:
+            raise ValueError(f"{name} must start on a 16-byte boundary (it is used in place)")
+    return {name: t.clone() if t.data_ptr() % VECTOR_BYTES else t for name, t in tensors.items()}
+
+
+def load_kernel(device: int, ptx: str, param_types: Sequence[str], threads: int) -> LoadedKernel:
+    """Load ``ptx`` into the device's context and look its kernel up, after checking that its
+    parameters are the ``param_types`` the launcher packs."""
+    name, params = entry_of(ptx)
+    if tuple(params) != tuple(param_types):
+        raise RuntimeError(f"the kernel's parameters {params} are not the {tuple(param_types)} this launcher packs")
+    function, fitting = cuda_driver().load(device, ptx, name, threads)
+    return LoadedKernel(function, fitting)
+
+
+def launch_kernel(kernel: LoadedKernel, launch: KernelLaunch, stream: int) -> None:
+    """Launch on ``stream`` (a raw ``cudaStream_t``); a launch error raises ``RuntimeError``."""
+    array, _values = launch.packed()  # _values keeps the pointed-to scalars alive through the call
+    cuda_driver().launch(kernel.function, launch.grid, launch.block, stream, ctypes.addressof(array))

@@ -26,29 +26,32 @@ kernel; with nvidia-cutlass-dsl installed other (head dim, ratio) pairs are
 compiled on first use.  Compiling needs no GPU: set ``CUTE_DSL_ARCH=sm_90a``.
 """
 
-import ctypes
 import functools
 import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 
 from diagtools.kernels import ROPE_DIM
-from diagtools.kernels.cuda_launch import CudaDriver, cuda_driver, entry_of, pack_arguments
+from diagtools.kernels.cuda_launch import (
+    VECTOR_BYTES,
+    KernelLaunch,
+    LoadedKernel,
+    aligned,
+    launch_kernel,
+    load_kernel,
+)
 from diagtools.kernels.reference import check_inputs
 
 __all__ = [
+    "PARAM_TYPES",
     "PREBUILT",
-    "Launch",
     "LaunchConfig",
-    "LoadedKernel",
     "compile_ptx",
     "compress_norm_rope_store_cutedsl",
     "kernel_ptx",
-    "launch_kernel",
     "plan_launch",
     "prebuilt_path",
 ]
@@ -56,7 +59,6 @@ __all__ = [
 THREADS = 128
 WARPS = THREADS // 32
 CTAS_PER_SM = 8
-VECTOR_BYTES = 16
 PTX_DIR = Path(__file__).resolve().parent / "ptx"
 PREBUILT = ((512, 4), (128, 4))  # the (head dim, ratio) pairs whose PTX ships in ptx/
 ARCH = "sm_90a"
@@ -355,31 +357,8 @@ def kernel_ptx(head_dim: int, ratio: int) -> str:
 
 # ----------------------------------------------------------------------------- launch
 
-# What the kernel's parameters are, in order, as PTX types and as ctypes for the launch.
+# The kernel's parameters, in order, as PTX types: 7 pointers, 3 sizes, eps.
 PARAM_TYPES = ("u64",) * 7 + ("u64", "u64", "u64", "f32")
-
-
-@dataclass(frozen=True)
-class Launch:
-    """Everything one launch needs, computed from the real tensors (testable without a GPU)."""
-
-    config: LaunchConfig
-    grid: tuple[int, int, int]
-    block: tuple[int, int, int]
-    arguments: tuple[int | float, ...]
-    keep_alive: tuple[torch.Tensor, ...]  # converted copies that must outlive the launch
-
-    def packed(self) -> tuple[Any, Any]:
-        """The ``void**`` the driver reads, and the ctypes values it points to."""
-        return pack_arguments(PARAM_TYPES, self.arguments)
-
-
-def _aligned(name: str, tensor: torch.Tensor) -> torch.Tensor:
-    if tensor.data_ptr() % VECTOR_BYTES:
-        if name == "kv_cache":
-            raise ValueError("kv_cache must start on a 16-byte boundary (it is written in place)")
-        return tensor.clone()
-    return tensor
 
 
 def plan_launch(
@@ -395,7 +374,7 @@ def plan_launch(
     *,
     multiprocessors: int,
     ctas_per_sm: int = CTAS_PER_SM,
-) -> Launch | None:
+) -> KernelLaunch | None:
     """Validate and convert the inputs, and compute the grid and arguments (``None``: nothing to do)."""
     groups, head_dim = check_inputs(kv, score, weight, cos_sin_cache, positions, slot_mapping, kv_cache, ratio)
     config = LaunchConfig(head_dim, ratio)
@@ -411,11 +390,12 @@ def plan_launch(
         "slot_mapping": slot_mapping.long().contiguous(),
         "kv_cache": kv_cache,
     }
-    tensors = {name: _aligned(name, t) for name, t in tensors.items()}
+    tensors = aligned(tensors, in_place=("kv_cache",))
     pointers = tuple(t.data_ptr() for t in tensors.values())
     sizes = (groups, kv_cache.numel() // head_dim, cos_sin_cache.shape[0])
-    return Launch(
+    return KernelLaunch(
         config=config,
+        param_types=PARAM_TYPES,
         grid=(config.grid(groups, multiprocessors, ctas_per_sm), 1, 1),
         block=(THREADS, 1, 1),
         arguments=(*pointers, *sizes, float(eps)),
@@ -423,33 +403,11 @@ def plan_launch(
     )
 
 
-def _driver() -> CudaDriver:
-    return cuda_driver()
-
-
-@dataclass(frozen=True)
-class LoadedKernel:
-    """The kernel's handle in one device's context, and how many of its CTAs fit on a multiprocessor."""
-
-    function: int
-    ctas_per_sm: int
-
-
 @functools.cache
 def _load(device: int, head_dim: int, ratio: int) -> LoadedKernel:
     """Load the module into the device's context (torch's primary one) and look up the kernel."""
-    ptx = kernel_ptx(head_dim, ratio)
-    name, params = entry_of(ptx)
-    if tuple(params) != PARAM_TYPES:
-        raise RuntimeError(f"the kernel's parameters {params} are not the {PARAM_TYPES} this launcher packs")
-    function, fitting = _driver().load(device, ptx, name, THREADS)
-    return LoadedKernel(function, max(1, min(fitting, CTAS_PER_SM)))
-
-
-def launch_kernel(kernel: LoadedKernel, launch: Launch, stream: int) -> None:
-    """Launch on ``stream`` (a raw ``cudaStream_t``); a launch error raises ``RuntimeError``."""
-    array, _values = launch.packed()  # _values keeps the pointed-to scalars alive through the call
-    _driver().launch(kernel.function, launch.grid, launch.block, stream, ctypes.addressof(array))
+    kernel = load_kernel(device, kernel_ptx(head_dim, ratio), PARAM_TYPES, THREADS)
+    return LoadedKernel(kernel.function, max(1, min(kernel.ctas_per_sm, CTAS_PER_SM)))
 
 
 def _launch(kv, score, weight, cos_sin_cache, positions, slot_mapping, kv_cache, ratio: int, eps: float) -> None:

@@ -29,31 +29,26 @@ machine without nvidia-cutlass-dsl runs this exact kernel.  Compiling needs no G
 16-byte boundaries: an even ``block_size`` (vLLM's is 64).
 """
 
-import ctypes
 import functools
 import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 
 from diagtools.kernels import ROPE_DIM
-from diagtools.kernels.cuda_launch import cuda_driver, entry_of, pack_arguments
+from diagtools.kernels.cuda_launch import VECTOR_BYTES, KernelLaunch, aligned, launch_kernel, load_kernel
 from diagtools.kernels.state import DATA_BYTES, HEAD_DIM, SCALE_BYTES, StateLayout, layout_for
 from diagtools.kernels.state_reference import check_state_inputs
 
 __all__ = [
     "PARAM_TYPES",
     "PREBUILT",
-    "LoadedKernel",
-    "StateLaunch",
     "StateLaunchConfig",
     "compile_ptx",
     "compress_state_store_cutedsl",
     "kernel_ptx",
-    "launch_kernel",
     "plan_launch",
     "prebuilt_path",
 ]
@@ -64,7 +59,6 @@ CHUNK = 2  # window rows per online-softmax step
 FP8_LANES = (HEAD_DIM - ROPE_DIM) // ELEMENTS  # lanes 0-27 quantize, 28-31 rotate
 TILE_LANES = 64 // ELEMENTS  # lanes per 64-feature scale tile
 MISSING_SCORE = -3.0e38  # finite: a row that does not exist weighs exp(-3e38 - m) = 0
-VECTOR_BYTES = 16
 HALF_PAIRS = ELEMENTS // 2  # RoPE pairs per lane
 TOKEN_BYTES = DATA_BYTES + SCALE_BYTES
 AMAX_FLOOR = 1e-4  # a tile's maximum is floored here before its scale is taken, as in vLLM
@@ -250,20 +244,21 @@ def _define_kernel():  # noqa: PLR0915 - the device code is defined inside, wher
                 cute.autovec_copy(denominator, cute.local_tile(shared[1, warp, None], (ELEMENTS,), (lane,)))
                 cute.autovec_copy(total, cute.local_tile(shared[2, warp, None], (ELEMENTS,), (lane,)))
                 cute.arch.sync_threads()
-                for e in cutlass.range_constexpr(ELEMENTS):
-                    best = shared[0, 0, base + e]
-                    for s in cutlass.range_constexpr(1, splits):
-                        best = cute.arch.fmax(best, shared[0, s, base + e])
-                    d = f32(0.0)
-                    t = f32(0.0)
-                    for s in cutlass.range_constexpr(splits):
-                        factor = cute.math.exp(shared[0, s, base + e] - best, fastmath=True)
-                        d = d + shared[1, s, base + e] * factor
-                        t = t + shared[2, s, base + e] * factor
-                    denominator[e] = d
-                    total[e] = t
 
             if split == 0:  # the first warp of the token finishes it
+                if cutlass.const_expr(splits > 1):  # only the finishing warp merges the splits
+                    for e in cutlass.range_constexpr(ELEMENTS):
+                        best = shared[0, 0, base + e]
+                        for s in cutlass.range_constexpr(1, splits):
+                            best = cute.arch.fmax(best, shared[0, s, base + e])
+                        d = f32(0.0)
+                        t = f32(0.0)
+                        for s in cutlass.range_constexpr(splits):
+                            factor = cute.math.exp(shared[0, s, base + e] - best, fastmath=True)
+                            d = d + shared[1, s, base + e] * factor
+                            t = t + shared[2, s, base + e] * factor
+                        denominator[e] = d
+                        total[e] = t
                 squares = f32(0.0)
                 for e in cutlass.range_constexpr(ELEMENTS):
                     y[e] = total[e] * cute.arch.rcp_approx(denominator[e])
@@ -420,21 +415,6 @@ def kernel_ptx(ratio: int) -> str:
 # ----------------------------------------------------------------------------- launch
 
 
-@dataclass(frozen=True)
-class StateLaunch:
-    """Everything one launch needs, computed from the real tensors (testable without a GPU)."""
-
-    config: StateLaunchConfig
-    grid: tuple[int, int, int]
-    block: tuple[int, int, int]
-    arguments: tuple[int | float, ...]
-    keep_alive: tuple[torch.Tensor, ...]  # converted copies that must outlive the launch
-
-    def packed(self) -> tuple[Any, Any]:
-        """The ``void**`` the driver reads, and the ctypes values it points to."""
-        return pack_arguments(PARAM_TYPES, self.arguments)
-
-
 def plan_launch(
     state_cache,
     block_table,
@@ -446,7 +426,7 @@ def plan_launch(
     kv_cache,
     ratio: int,
     eps: float,
-) -> StateLaunch | None:
+) -> KernelLaunch | None:
     """Validate and convert the inputs, and compute the grid and arguments (``None``: no tokens)."""
     arguments = (state_cache, block_table, request_indices, positions, slot_mapping, weight, cos_sin_cache, kv_cache)
     tokens, _layout, block_size = check_state_inputs(*arguments, ratio)
@@ -467,12 +447,7 @@ def plan_launch(
         "cos_sin_cache": cos_sin_cache.float().contiguous(),
         "kv_cache": kv_cache,
     }
-    for name in ("state_cache", "kv_cache"):  # read or written in place: never copied
-        if tensors[name].data_ptr() % VECTOR_BYTES:
-            raise ValueError(f"{name} must start on a 16-byte boundary")
-    tensors = {
-        name: t.clone() if t.data_ptr() % VECTOR_BYTES else t for name, t in tensors.items()
-    }  # fresh allocations are aligned
+    tensors = aligned(tensors, in_place=("state_cache", "kv_cache"))
     pointers = tuple(t.data_ptr() for t in tensors.values())
     table = tensors["block_table"]
     sizes = (
@@ -485,8 +460,9 @@ def plan_launch(
         kv_cache.numel(),
         block_size,
     )
-    return StateLaunch(
+    return KernelLaunch(
         config=config,
+        param_types=PARAM_TYPES,
         grid=(config.grid(tokens), 1, 1),
         block=(config.threads, 1, 1),
         arguments=(*pointers, *sizes, float(eps)),
@@ -494,32 +470,10 @@ def plan_launch(
     )
 
 
-def _driver():
-    return cuda_driver()
-
-
-@dataclass(frozen=True)
-class LoadedKernel:
-    """The kernel's handle in one device's context."""
-
-    function: int
-
-
 @functools.cache
-def _load(device: int, ratio: int) -> LoadedKernel:
+def _load(device: int, ratio: int):
     """Load the module into the device's context (torch's primary one) and look up the kernel."""
-    ptx = kernel_ptx(ratio)
-    name, params = entry_of(ptx)
-    if tuple(params) != PARAM_TYPES:
-        raise RuntimeError(f"the kernel's parameters {params} are not the {PARAM_TYPES} this launcher packs")
-    function, _fitting = _driver().load(device, ptx, name, StateLaunchConfig(ratio).threads)
-    return LoadedKernel(function)
-
-
-def launch_kernel(kernel: LoadedKernel, launch: StateLaunch, stream: int) -> None:
-    """Launch on ``stream`` (a raw ``cudaStream_t``); a launch error raises ``RuntimeError``."""
-    array, _values = launch.packed()  # _values keeps the pointed-to scalars alive through the call
-    _driver().launch(kernel.function, launch.grid, launch.block, stream, ctypes.addressof(array))
+    return load_kernel(device, kernel_ptx(ratio), PARAM_TYPES, StateLaunchConfig(ratio).threads)
 
 
 def compress_state_store_cutedsl(

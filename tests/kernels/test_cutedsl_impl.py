@@ -9,33 +9,28 @@ baked in at compile time (the old bug: a grid of ``cute.size`` over a layout tha
 
 from __future__ import annotations
 
-import ctypes
-import json
 import math
-import os
 import re
-import subprocess
 import sys
 
 import pytest
 
 torch = pytest.importorskip("torch")
 
-from diagtools.kernels import cutedsl_impl  # noqa: E402
-from diagtools.kernels.cuda_launch import CudaDriver  # noqa: E402
+from diagtools.kernels import cuda_launch, cutedsl_impl  # noqa: E402
+from diagtools.kernels.cuda_launch import CudaDriver, LoadedKernel, entry_of, launch_kernel  # noqa: E402
 from diagtools.kernels.cutedsl_impl import (  # noqa: E402
     PARAM_TYPES,
     PREBUILT,
     THREADS,
     WARPS,
     LaunchConfig,
-    LoadedKernel,
-    entry_of,
-    launch_kernel,
     plan_launch,
     prebuilt_path,
 )
 from diagtools.kernels.reference import make_inputs  # noqa: E402
+
+from .cutedsl_support import FakeDriver, code_lines, compile_in_child  # noqa: E402
 
 COMPILE = """
 import json, sys
@@ -48,22 +43,8 @@ H200_MULTIPROCESSORS = 132
 @pytest.fixture(scope="module")
 def ptx(tmp_path_factory):
     """PTX per (head dim, ratio), compiled in a fresh interpreter (CUTE_DSL_ARCH is read at import)."""
-    pytest.importorskip("cutlass")
-    env = dict(os.environ, CUTE_DSL_ARCH="sm_90a")
-    done = subprocess.run(
-        [sys.executable, "-c", COMPILE, str(tmp_path_factory.mktemp("ptx"))],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    return {tuple(map(int, k.split("x"))): v for k, v in json.loads(done.stdout.strip().splitlines()[-1]).items()}
-
-
-def _code(text: str) -> list[str]:
-    return [line for line in text.splitlines() if not line.lstrip().startswith("//")]
+    compiled = compile_in_child(COMPILE, tmp_path_factory.mktemp("ptx"))
+    return {tuple(map(int, k.split("x"))): v for k, v in compiled.items()}
 
 
 # The grid: both head dims at the shipped ratio 4, and ratio 8 at D=512 (more rows per group).
@@ -97,7 +78,7 @@ def test_ptx_reductions_and_special_functions(ptx, head_dim, ratio):
 
 def test_shipped_ptx_is_a_fresh_compile(ptx):
     for head_dim, ratio in PREBUILT:
-        assert _code(prebuilt_path(head_dim, ratio).read_text()) == _code(ptx[head_dim, ratio]), (
+        assert code_lines(prebuilt_path(head_dim, ratio).read_text()) == code_lines(ptx[head_dim, ratio]), (
             "stale PTX: run CUTE_DSL_ARCH=sm_90a .venv/bin/python benchmarks/build_ptx.py"
         )
 
@@ -160,22 +141,9 @@ def test_no_groups_means_no_launch():
     assert plan_launch(*inputs.args(), 4, 1e-6, multiprocessors=H200_MULTIPROCESSORS) is None
 
 
-class _FakeDriver:
-    """Records the launch and decodes the ``void**`` parameter array as the driver would."""
-
-    def __init__(self):
-        self.calls = []
-
-    def launch(self, function, grid, block, stream, params):
-        slots = (ctypes.c_void_p * len(PARAM_TYPES)).from_address(params)
-        kinds = [ctypes.c_uint64 if t == "u64" else ctypes.c_float for t in PARAM_TYPES]
-        values = [kind.from_address(slot).value for kind, slot in zip(kinds, slots, strict=True)]
-        self.calls.append({"function": function, "grid": grid, "block": block, "stream": stream, "values": values})
-
-
 def test_the_driver_receives_the_real_sizes(monkeypatch):
-    fake = _FakeDriver()
-    monkeypatch.setattr(cutedsl_impl, "_driver", lambda: fake)
+    fake = FakeDriver(PARAM_TYPES)
+    monkeypatch.setattr(cuda_launch, "cuda_driver", lambda: fake)
     inputs = make_inputs(1000, 512, ratio=4)
     launch = plan_launch(*inputs.args(), 4, 1e-6, multiprocessors=H200_MULTIPROCESSORS, ctas_per_sm=3)
     launch_kernel(LoadedKernel(77, 3), launch, stream=1234)

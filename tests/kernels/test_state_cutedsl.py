@@ -13,9 +13,6 @@ interpreter) and on a GPU by ``tests/gpu/test_state_gpu.py``.
 
 from __future__ import annotations
 
-import ctypes
-import json
-import os
 import re
 import subprocess
 import sys
@@ -25,18 +22,18 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from diagtools.kernels import compress_state_store, state_cutedsl  # noqa: E402
-from diagtools.kernels.cuda_launch import entry_of  # noqa: E402
+from diagtools.kernels import compress_state_store, cuda_launch, state_cutedsl  # noqa: E402
+from diagtools.kernels.cuda_launch import LoadedKernel, entry_of, launch_kernel  # noqa: E402
 from diagtools.kernels.state_cutedsl import (  # noqa: E402
     PARAM_TYPES,
     PREBUILT,
-    LoadedKernel,
     StateLaunchConfig,
-    launch_kernel,
     plan_launch,
     prebuilt_path,
 )
 from diagtools.kernels.state_reference import make_state_inputs  # noqa: E402
+
+from .cutedsl_support import FakeDriver, code_lines, compile_in_child  # noqa: E402
 
 COMPILE = """
 import json, sys
@@ -49,26 +46,11 @@ SM90_REGISTERS = 65536
 @pytest.fixture(scope="module")
 def ptx(tmp_path_factory):
     """PTX per ratio, compiled in a fresh interpreter (CUTE_DSL_ARCH is read at import)."""
-    pytest.importorskip("cutlass")
-    env = dict(os.environ, CUTE_DSL_ARCH="sm_90a")
-    done = subprocess.run(
-        [sys.executable, "-c", COMPILE, str(tmp_path_factory.mktemp("ptx"))],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    return {int(k): v for k, v in json.loads(done.stdout.strip().splitlines()[-1]).items()}
-
-
-def _code(text: str) -> list[str]:
-    return [line for line in text.splitlines() if not line.lstrip().startswith("//")]
+    return {int(k): v for k, v in compile_in_child(COMPILE, tmp_path_factory.mktemp("ptx")).items()}
 
 
 def _count(pattern: str, text: str) -> int:
-    return len(re.findall(pattern, "\n".join(_code(text))))
+    return len(re.findall(pattern, "\n".join(code_lines(text))))
 
 
 @pytest.mark.parametrize("ratio", [4, 128])
@@ -102,7 +84,7 @@ def test_ptx_reductions_and_special_functions(ptx, ratio):
     assert _count(r"\bdiv\.s64|\brem\.s64", text) == 0  # index arithmetic in 32 bits
     if config.splits == 1:
         assert _count(r"bar\.sync", text) == 0
-        assert ".shared" not in "\n".join(_code(text))
+        assert ".shared" not in "\n".join(code_lines(text))
     else:
         assert _count(r"bar\.sync", text) == 1  # the one barrier before the merge
         assert _count(r"st\.shared\.v4\.f32|st\.shared\.v4\.b32", text) == 3 * 4
@@ -110,7 +92,7 @@ def test_ptx_reductions_and_special_functions(ptx, ratio):
 
 def test_shipped_ptx_is_a_fresh_compile(ptx):
     for ratio in PREBUILT:
-        assert _code(prebuilt_path(ratio).read_text()) == _code(ptx[ratio]), (
+        assert code_lines(prebuilt_path(ratio).read_text()) == code_lines(ptx[ratio]), (
             "stale PTX: run CUTE_DSL_ARCH=sm_90a .venv/bin/python benchmarks/build_ptx.py"
         )
 
@@ -249,25 +231,12 @@ def test_an_odd_block_size_or_a_misaligned_cache_is_refused():
         plan_launch(*args, 4, 1e-6)
 
 
-class _FakeDriver:
-    """Records the launch and decodes the ``void**`` parameter array as the driver would."""
-
-    def __init__(self):
-        self.calls = []
-
-    def launch(self, function, grid, block, stream, params):
-        slots = (ctypes.c_void_p * len(PARAM_TYPES)).from_address(params)
-        kinds = [ctypes.c_uint64 if t == "u64" else ctypes.c_float for t in PARAM_TYPES]
-        values = [kind.from_address(slot).value for kind, slot in zip(kinds, slots, strict=True)]
-        self.calls.append({"function": function, "grid": grid, "block": block, "stream": stream, "values": values})
-
-
 def test_the_driver_receives_the_real_sizes(monkeypatch):
-    fake = _FakeDriver()
-    monkeypatch.setattr(state_cutedsl, "_driver", lambda: fake)
+    fake = FakeDriver(PARAM_TYPES)
+    monkeypatch.setattr(cuda_launch, "cuda_driver", lambda: fake)
     inputs = make_state_inputs(128, ((0, 260), (255, 1)))
     launch = plan_launch(*inputs.args(), 128, 1e-6)
-    launch_kernel(LoadedKernel(77), launch, stream=1234)
+    launch_kernel(LoadedKernel(77, 1), launch, stream=1234)
     (call,) = fake.calls
     assert call["grid"] == (261, 1, 1)  # one CTA per C128 token
     assert call["block"] == (256, 1, 1)
