@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 import diagtools
+from diagtools import protocol
 from diagtools.model.scan import ScanResult
 from diagtools.runner.subkernel import RawRun, SubkernelRequest, run_subkernel
 
@@ -95,3 +96,11 @@ def sim_scan(runner: RecordingRunner) -> Callable[..., ScanResult]:
         return diagtools.scan(targets, path=path, driver="simulated", runner=runner, **kwargs)
 
     return run
+
+
+# A module that floods its subkernel's result channel with 80 MB of junk lines on import.
+_JUNK_LINE = b"x" * 4095 + b"\n"
+CHANNEL_FLOOD = (
+    f"import os\nfd = int(os.environ[{protocol.CHANNEL_FD!r}])\n"
+    f"for _ in range(20 * 1024):\n    os.write(fd, {_JUNK_LINE!r})\n"
+)

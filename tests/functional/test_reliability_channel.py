@@ -7,7 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import diagtools
 from diagtools import protocol
-from tests.conftest import cli
+from tests.conftest import CHANNEL_FLOOD, cli
 
 GPU = "import ctypes\nctypes.CDLL('libcuda.so.1').cuInit(0)\n"
 
@@ -145,13 +145,7 @@ def test_one_failing_module_does_not_stop_a_sweep(make_tree):
 
 
 def test_a_flooded_channel_is_bounded_and_channel_lost(sim_scan, make_tree):
-    line = b"x" * 4095 + b"\n"
-    root = make_tree(
-        {
-            "floods_channel.py": f"import os\nfd = int(os.environ[{protocol.CHANNEL_FD!r}])\n"
-            f"for _ in range(20 * 1024):\n    os.write(fd, {line!r})\n",
-        }
-    )
+    root = make_tree({"floods_channel.py": CHANNEL_FLOOD})
     result = sim_scan("floods_channel", path=[root])
     assert result.status == "channel-lost"
     assert result.skipped_events >= 20 * 1024  # the junk, and the events that came after it

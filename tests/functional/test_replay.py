@@ -6,7 +6,6 @@ import json
 
 import pytest
 
-from diagtools import protocol
 from diagtools.errors import UsageError
 from diagtools.model.replay import ReplayComparison, ReplayResult
 from diagtools.model.verdict import Verdict
@@ -15,7 +14,7 @@ from diagtools.render.text import render_comparison, render_replay
 from diagtools.specimens import all_specimens
 from diagtools.usecases import replay
 from diagtools.usecases.selfcheck import process_cuda_state
-from tests.conftest import cli
+from tests.conftest import CHANNEL_FLOOD, cli
 
 BEFORE = [s for s in all_specimens() if "before" in s.variants]
 
@@ -96,13 +95,7 @@ def test_child_that_crashes_hangs_exits_or_raises_is_reported(sim_replay, make_t
 
 def test_a_flooded_channel_is_channel_lost_never_a_plain_exit(sim_replay, make_tree):
     """A target that floods the replay's result channel on import leaves the outcome unknown."""
-    line = b"x" * 4095 + b"\n"
-    root = make_tree(
-        {
-            "floods_channel.py": f"import os\nfd = int(os.environ[{protocol.CHANNEL_FD!r}])\n"
-            f"for _ in range(20 * 1024):\n    os.write(fd, {line!r})\n",
-        }
-    )
+    root = make_tree({"floods_channel.py": CHANNEL_FLOOD})
     result = sim_replay("floods_channel", path=[root])
     assert result.status == "channel-lost"
     assert result.error.kind == "channel-lost"
