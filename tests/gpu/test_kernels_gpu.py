@@ -9,20 +9,18 @@ launch so a launch error belongs to its case, and prints one JSON line per case.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from diagtools.driver import real_driver_path
+
+from .children import run_check_child
 
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(real_driver_path() is None, reason="no real libcuda.so.1 loads on this machine (no GPU driver)"),
 ]
 
-ROOT = Path(__file__).resolve().parents[2]
 # The grid: every benchmark size (G from one group to 262144, both head dims), plus int32 indices.
 SIZES = [(groups, head_dim) for head_dim in (512, 128) for groups in (1, 64, 4096, 65536, 262144)]
 BACKENDS = ("triton", "cutedsl")
@@ -63,23 +61,12 @@ def _cases() -> list[tuple[int, int, str]]:
 
 def _run_backend(backend: str) -> dict[tuple, dict]:
     if backend not in _results:
-        done = subprocess.run(
-            [sys.executable, "-c", CHECK, backend, json.dumps(_cases())],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
+        _results[backend] = run_check_child(
+            CHECK,
+            [backend, json.dumps(_cases())],
+            lambda record: (record["groups"], record["head_dim"], record["index"]),
             timeout=600,
-            check=False,
         )
-        cases: dict[tuple, dict] = {}
-        for line in done.stdout.splitlines():
-            if line.startswith("{"):
-                record = json.loads(line)
-                if record.get("no_gpu"):
-                    pytest.skip("torch is a CPU build or sees no GPU")
-                cases[record["groups"], record["head_dim"], record["index"]] = record
-        cases["_child"] = {"returncode": done.returncode, "stderr": done.stderr[-3000:]}
-        _results[backend] = cases
     return _results[backend]
 
 

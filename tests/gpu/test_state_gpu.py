@@ -10,20 +10,18 @@ inputs with the output poisoned, synchronizes after the launch and prints one JS
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from diagtools.driver import real_driver_path
+
+from .children import run_check_child
 
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(real_driver_path() is None, reason="no real libcuda.so.1 loads on this machine (no GPU driver)"),
 ]
 
-ROOT = Path(__file__).resolve().parents[2]
 # The grid: the three benchmark sizes (padding 0: every boundary token works), then one mixed
 # batch per compressor (prefills and decodes, 25% padding) with int64 and with int32 indices.
 SIZES = ["C4 decode 1024", "C4 prefill 32768", "C128 256 boundary", "C4 mixed", "C128 mixed", "C4 mixed int32"]
@@ -69,23 +67,7 @@ def _run(backend: str) -> dict[str, dict]:
     """Every case of one backend in one child (a faulting kernel cannot take the other backend's down)."""
     if backend not in _results:
         cases = [case for case in CASES if case.split(" ", 1)[0] == backend]
-        done = subprocess.run(
-            [sys.executable, "-c", CHECK, json.dumps(cases)],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            timeout=140,
-            check=False,
-        )
-        results: dict[str, dict] = {}
-        for line in done.stdout.splitlines():
-            if line.startswith("{"):
-                record = json.loads(line)
-                if record.get("no_gpu"):
-                    pytest.skip("torch is a CPU build or sees no GPU")
-                results[record["case"]] = record
-        results["_child"] = {"returncode": done.returncode, "stderr": done.stderr[-3000:]}
-        _results[backend] = results
+        _results[backend] = run_check_child(CHECK, [json.dumps(cases)], lambda record: record["case"], timeout=140)
     return _results[backend]
 
 
