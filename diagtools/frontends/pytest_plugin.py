@@ -151,7 +151,7 @@ class CudaWatch:
         import shutil
         import tempfile
 
-        from diagtools.usecases.run import load_agent
+        from diagtools.usecases.run_watch import load_agent
 
         self.pid = os.getpid()
         self.owned: str | None = tempfile.mkdtemp(prefix="diagtools-watch-")
@@ -180,7 +180,7 @@ class CudaWatch:
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         from diagtools.render.run_text import render_watch
-        from diagtools.usecases.run import watch_result
+        from diagtools.usecases.run_watch import watch_result
 
         result = watch_result(self.agent.directory, self.pid, tuple(sys.argv), self.agent.driver_state())
         terminalreporter.write_sep("=", "diagtools cuda watch")

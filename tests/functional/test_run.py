@@ -313,7 +313,7 @@ def test_pytest_cuda_watch_names_the_collection_node_and_the_forking_test(make_t
     out = done.stdout
     assert "diagtools cuda watch" in out
     assert "poisoned fork" in out
-    assert "CUDA initialized by: registry" in out
+    assert "culprit: registry" in out
     assert "while: collecting test_models.py" in out
     assert "while: test_models.py::test_forks" in out
     assert f"test_models.py:{marked_line(root / 'test_models.py', '# <- fork')}" in out
