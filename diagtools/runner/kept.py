@@ -39,9 +39,17 @@ def keeper_command(
     out: int | None = None,
     channel: int | None = None,
     dump: int | None = None,
+    census_ms: int | None = None,
 ) -> list[str]:
     """The keeper's command line: run ``command`` under it, with these descriptors (see the keeper's options)."""
-    options = {"status": status, "lifeline": lifeline, "out": out, "channel": channel, "dump": dump}
+    options = {
+        "status": status,
+        "lifeline": lifeline,
+        "out": out,
+        "channel": channel,
+        "dump": dump,
+        "census": census_ms,
+    }
     words = [word for name, fd in options.items() if fd is not None for word in (f"--{name}", str(fd))]
     return [_executable(python), "-I", "-S", str(KEEPER), *words, "--", *command]
 
@@ -63,6 +71,7 @@ class Kept:
         self.error: str | None = None
         self.exitcode: int | None = None
         self.leftover = False
+        self.pythons: dict[int, tuple[str, ...]] = {}  # with a census: the Python descendants the keeper saw
         self._status: int | None = status
         self._lifeline: int | None = lifeline
         self._said = b""
@@ -126,6 +135,10 @@ class Kept:
             elif word == "error":
                 errno, _, message = rest.partition(" ")
                 self.error = message or f"errno {errno}"
+            elif word == "python":
+                pid, _, words = rest.partition(" ")
+                argv = bytes.fromhex(words).decode("utf-8", "replace").split("\0")
+                self.pythons[int(pid)] = tuple(argv)
             elif word == "exit":
                 code, _, tail = rest.partition(" ")
                 self.exitcode, self.leftover = (None if self.error else int(code)), tail == "leftover"
@@ -143,18 +156,22 @@ def start_kept(
     dump: int | None = None,
     python: str = sys.executable,
     popen: Callable[..., subprocess.Popen[bytes]] = subprocess.Popen,
+    census_ms: int | None = None,
 ) -> Kept:
     """Start ``command`` under a keeper, with these streams (``None``: this process's), and wait until it runs.
 
     ``channel`` and ``dump`` are handed to the command as the subkernel's are
     (moved high, named in its environment); the caller keeps its own copies.
+    ``census_ms`` has the keeper note the Python descendants it sees (:attr:`Kept.pythons`).
     Raises what ``popen`` raises; once it returns, the caller must call
     :meth:`Kept.release`.  A command that could not be executed gives a
     handle with ``error`` set (its tree is already gone).
     """
     status_r, status_w = os.pipe()
     life_r, life_w = os.pipe()
-    argv = keeper_command(python, command, status=status_w, lifeline=life_r, channel=channel, dump=dump)
+    argv = keeper_command(
+        python, command, status=status_w, lifeline=life_r, channel=channel, dump=dump, census_ms=census_ms
+    )
     passed = tuple(fd for fd in (status_w, life_r, channel, dump) if fd is not None)
     try:
         keeper = popen(

@@ -7,6 +7,13 @@ kill every process left of the tree (at the command's exit, on timeout, on an
 interrupt), read every process's JSON Lines file, and assemble the findings.
 The command's stdin, stdout and stderr pass through untouched unless asked
 otherwise, and its exit code is the keeper's report of it.
+
+An interrupt (Ctrl-C, or SIGTERM/SIGHUP turned into one by the CLI) is passed
+on to the command's process group as that same signal, with a grace period,
+then the tree is killed, the records are read, and :class:`RunInterrupted`
+(a ``KeyboardInterrupt``) is raised carrying the result: the CLI prints the
+report and exits 130 (143 for SIGTERM, 129 for SIGHUP), whatever the command
+did with the signal.
 """
 
 from __future__ import annotations
@@ -33,13 +40,29 @@ from diagtools.runner.subkernel import SUBKERNEL_MARKER, kill_marked
 from diagtools.runner.watch import agent_environment, read_records
 from diagtools.usecases.run_assemble import RunOutcome, assemble_run
 from diagtools.usecases.run_watch import agent_cuprobe
+from diagtools.usecases.scan import validate_timeout
 
-__all__ = ["OUTPUT_MODES", "run"]
+__all__ = ["OUTPUT_MODES", "RunInterrupted", "run"]
 
 OUTPUT_MODES = ("inherit", "stderr", "capture")
 _INTERRUPT_GRACE_S = 5.0
 _CAPTURE_LIMIT = 1 << 20
 Popen = Callable[..., "subprocess.Popen[bytes]"]
+
+
+CENSUS_MS = 100  # how often the keeper looks for Python processes the agent never heard from
+
+
+class RunInterrupted(KeyboardInterrupt):
+    """Raised by :func:`run` when it was interrupted: the tree is gone, ``result`` is what was seen.
+
+    ``signum`` is the signal that stopped it (``SIGINT`` for Ctrl-C).
+    """
+
+    def __init__(self, signum: int, result: RunResult) -> None:
+        super().__init__(signum)
+        self.signum = signum
+        self.result = result
 
 
 # ---- starting and waiting ------------------------------------------------------------
@@ -53,8 +76,8 @@ def _validate(command: Sequence[str], output: str, timeout: float | None) -> tup
         raise UsageError("no command given: diagtools run [OPTIONS] -- COMMAND [ARGS...]")
     if output not in OUTPUT_MODES:
         raise UsageError(f"unknown output mode {output!r}: choose one of {', '.join(OUTPUT_MODES)}")
-    if timeout is not None and timeout <= 0:
-        raise UsageError(f"--timeout must be positive, got {timeout}")
+    if timeout is not None:
+        validate_timeout(timeout)
     return argv
 
 
@@ -111,27 +134,29 @@ class _Capture:
 
 def _wait(
     kept: Kept, deadline: float | None, clock: Callable[[], float], capture: _Capture | None
-) -> tuple[bool, bool]:
-    """Wait until the command's whole tree is gone; returns (timed out, interrupted).
+) -> tuple[bool, int | None]:
+    """Wait until the command's whole tree is gone; returns (timed out, the interrupting signal or None).
 
-    An interrupt passes SIGINT on to the command's process group and gives it
-    a grace period to stop by itself.
+    An interrupt passes its signal (SIGINT, or the SIGTERM/SIGHUP the CLI
+    turned into one) on to the command's process group and gives it a grace
+    period to stop by itself.
     """
     try:
         while kept.running():
             if deadline is not None and clock() >= deadline:
-                return True, False
+                return True, None
             if capture is not None:
                 capture.pump(0.05)
             else:
                 kept.wait(0.05 if deadline is not None else None)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
+        signum = getattr(exc, "signum", signal.SIGINT)
         if kept.pid is not None:
             with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(kept.pid, signal.SIGINT)
+                os.killpg(kept.pid, signum)
         kept.wait(_INTERRUPT_GRACE_S)
-        return False, True
-    return False, False
+        return False, signum
+    return False, None
 
 
 def run(
@@ -171,11 +196,14 @@ def run(
     directory = tempfile.mkdtemp(prefix="diagtools-run-")
     try:
         base = dict(os.environ if env is None else env)
-        outcome = _run_in(argv, setup, directory, base, _Launch(timeout, cwd, output, popen, clock))
+        outcome, interrupted = _run_in(argv, setup, directory, base, _Launch(timeout, cwd, output, popen, clock))
         records = read_records(directory)
     finally:
         shutil.rmtree(directory, ignore_errors=True)
-    return assemble_run(records, argv, setup.info, outcome)
+    result = assemble_run(records, argv, setup.info, outcome)
+    if interrupted is not None:
+        raise RunInterrupted(interrupted, result)
+    return result
 
 
 @dataclass(frozen=True)
@@ -191,7 +219,8 @@ class _Launch:
 
 def _run_in(
     argv: tuple[str, ...], setup: DriverSetup, directory: str, base: dict[str, str], launch: _Launch
-) -> RunOutcome:
+) -> tuple[RunOutcome, int | None]:
+    """Start the command under a keeper, wait, end the tree; how it ended, and the interrupting signal."""
     timeout, output, clock = launch.timeout, launch.output, launch.clock
     marker = os.urandom(16).hex()
     watch = agent_environment(
@@ -200,14 +229,14 @@ def _run_in(
     env = {**base, **setup.env, **watch}
     started = clock()
     try:
-        kept = start_kept(argv, env=env, cwd=launch.cwd, popen=launch.popen, **_streams(output))
+        kept = start_kept(argv, env=env, cwd=launch.cwd, popen=launch.popen, census_ms=CENSUS_MS, **_streams(output))
     except OSError as exc:
-        return RunOutcome(None, None, notes=(f"the command could not be started: {exc.strerror or exc}",))
+        return RunOutcome(None, None, notes=(f"the command could not be started: {exc.strerror or exc}",)), None
     capture = None
     try:
         capture = _Capture(kept.keeper) if output == "capture" else None
         if kept.error is not None:
-            return RunOutcome(None, None, notes=(f"the command could not be started: {kept.error}",))
+            return RunOutcome(None, None, notes=(f"the command could not be started: {kept.error}",)), None
         deadline = started + timeout if timeout is not None else None
         timed_out, interrupted = _wait(kept, deadline, clock, capture)
     finally:
@@ -221,9 +250,9 @@ def _run_in(
     notes = []
     if timed_out:
         notes.append(f"the command did not finish in {timeout:g} s; its whole process tree was killed")
-    if interrupted:
-        notes.append("interrupted: the command's process tree was stopped")
-    return RunOutcome(
+    if interrupted is not None:
+        notes.append(f"interrupted by {signal.Signals(interrupted).name}: the command's process tree was stopped")
+    outcome = RunOutcome(
         pid=kept.pid,
         exitcode=exitcode,
         timed_out=timed_out,
@@ -231,4 +260,6 @@ def _run_in(
         duration_s=clock() - started,
         stdout=capture.text("stdout") if capture else None,
         stderr=capture.text("stderr") if capture else None,
+        seen=tuple(kept.pythons.items()),
     )
+    return outcome, interrupted
