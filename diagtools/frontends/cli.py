@@ -421,7 +421,8 @@ def _run_run(args: argparse.Namespace) -> int:
         result = run(command, driver=args.driver, timeout=args.timeout, output=output)
     except RunInterrupted as stopped:
         _report_run(stopped.result, args)
-        return {signal.SIGTERM: EXIT_TERMINATED, signal.SIGHUP: EXIT_HANGUP}.get(stopped.signum, EXIT_INTERRUPTED)
+        codes: dict[int, int] = {signal.SIGTERM: EXIT_TERMINATED, signal.SIGHUP: EXIT_HANGUP}
+        return codes.get(stopped.signum, EXIT_INTERRUPTED)
     _report_run(result, args)
     if result.exitcode is None:
         return 127

@@ -43,6 +43,12 @@ class Serial:
     _JSON_AS_LIST: ClassVar[bool] = False
     _JSON_DEFAULTS: ClassVar[dict[str, Any]] = {}
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        # IPython takes a class's own __repr__ (which @dataclass writes) before an inherited
+        # _repr_pretty_, so every subclass carries it itself.
+        cls._repr_pretty_ = Serial._repr_pretty_  # type: ignore[method-assign]
+
     def _json_extra(self) -> dict[str, Any]:
         """Derived keys written beside the fields; none by default."""
         return {}

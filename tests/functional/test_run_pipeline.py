@@ -402,3 +402,24 @@ def test_json_and_html_are_written_after_the_report(tmp_path):
     assert RunResult.from_json(__import__("json").loads(out.read_text())).command == ("true",)
     assert page.read_text().startswith("<!doctype html>")
     assert time.time() - os.path.getmtime(out) < 60
+
+
+# ---- the report's words and colours --------------------------------------------------------------
+
+
+def test_the_report_uses_the_scans_words_once_and_colours_like_a_scan(make_tree):
+    root = make_tree({"registry.py": REGISTRY, "main.py": "import registry\n"})
+    command = [DIAGTOOLS, "run", "--driver", "simulated", "--", *python(root / "main.py")]
+    env = {key: value for key, value in os.environ.items() if key not in ("NO_COLOR", "FORCE_COLOR")}
+    coloured = subprocess.run(command, capture_output=True, text=True, timeout=90, check=False,
+                              env={**env, "FORCE_COLOR": "1"}, cwd=root)  # fmt: skip
+    assert coloured.returncode == 0, coloured.stderr
+    assert "\x1b[31m" in coloured.stderr
+    plain = subprocess.run(command, capture_output=True, text=True, timeout=90, check=False,
+                           env={**env, "FORCE_COLOR": "1", "NO_COLOR": "1"}, cwd=root)  # fmt: skip
+    assert "\x1b[" not in plain.stderr
+    report = plain.stderr
+    assert "culprit: registry" in report
+    assert report.count("line to change:") == 1
+    assert "via:" not in report  # the calling line is the line to change: said once
+    assert f"registry.py:{marked_line(root / 'registry.py')} in _detect_platform" in report
