@@ -8,6 +8,7 @@ result survives ``from_json(to_json())`` unchanged.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import string
 from typing import Any
@@ -221,12 +222,19 @@ def test_an_arbitrary_document_reads_or_raises_schema_error(kind):
     def check(document, stamped):
         if stamped and isinstance(document, dict) and schema:
             document = {**document, "schema": schema}
-        try:
+        with contextlib.suppress(SchemaError):
             kind.from_json(document)
-        except SchemaError:
-            pass
 
     check()
+
+
+def _schema_error(kind: Any, document: Any) -> SchemaError | None:
+    """The error reading ``document`` raised, or None when it read."""
+    try:
+        kind.from_json(document)
+    except SchemaError as error:
+        return error
+    return None
 
 
 def _paths(value: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
@@ -259,9 +267,8 @@ def test_a_corrupted_field_reads_or_is_named(kind, strategy):
         document = json.loads(json.dumps(result.to_json()))
         path = data.draw(st.sampled_from([p for p in _paths(document) if p != ("schema",)]))
         corrupted = _replaced(document, path, new)
-        try:
-            kind.from_json(corrupted)
-        except SchemaError as error:
+        error = _schema_error(kind, corrupted)
+        if error is not None:
             assert error.field, error
             assert str(error.field).split(".")[0].split("[")[0] == path[0], (error.field, path)
 
