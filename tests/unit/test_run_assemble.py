@@ -103,3 +103,26 @@ def test_schema_is_checked_and_html_is_escaped():
     assert "&lt;b&gt;.py" in run_html(result)
     assert looks_like_python(["/usr/bin/python3.11"])
     assert not looks_like_python(["bash"])
+
+
+def test_the_watch_summary_and_the_report_are_terminal_safe():
+    from diagtools.render.run_text import render_watch
+
+    evil = [["/src/\x1b[2Jevil\u202e.py", 3, "f\x07"], ["/src/app.py", 2, "<module>"]]
+    event = {**cuinit(), "stack": evil, "context": "tests/test_x.py::test_\x1b]0;t\x07"}
+    result = assemble([hello(10, 1), event, fork(1)], [hello(11, 10, "fork", fork_seq=1)], command=["a\x1b[31m"])
+    for text in (render_watch(result), render_run(result)):
+        assert not any(raw in text for raw in ("\x1b", "\x07", "\u202e")), text
+        assert "\\x1b" in text
+
+
+def test_identical_findings_are_grouped_with_compact_pids():
+    from diagtools.render.run_text import compact_pids
+
+    parent = [hello(10, 1), cuinit(), *(fork(seq) for seq in range(1, 7))]
+    pids = (101, 102, 103, 105, 106, 109)
+    children = [[hello(pid, 10, "fork", fork_seq=seq)] for seq, pid in enumerate(pids, start=1)]
+    text = render_run(assemble(parent, *children))
+    assert "poisoned fork x6: pid 10 started children 101-103, 105-106, 109 (fork)" in text
+    assert text.count("finding") == 1
+    assert compact_pids(range(1, 40, 2), limit=3) == "1, 3, 5, … (17 more)"
