@@ -68,7 +68,17 @@ def pytest_configure(config: pytest.Config) -> None:
         "markers", "cuda_free(*modules, path=(), driver='auto'): the modules must import without initializing CUDA"
     )
     if config.getoption("cuda_watch", default=False):
-        config.pluginmanager.register(CudaWatch(), "diagtools-cuda-watch")
+        config.pluginmanager.register(CudaWatch(_start_up_context(config)), "diagtools-cuda-watch")
+
+
+def _start_up_context(config: pytest.Config) -> str:
+    """What ran before the watch was loaded: pytest's start-up, with its ``conftest.py`` files when it had any."""
+    from diagtools.usecases.run_assemble import CONFTEST_CONTEXT
+
+    conftests = [
+        p for p in config.pluginmanager.get_plugins() if str(getattr(p, "__file__", "")).endswith("conftest.py")
+    ]
+    return CONFTEST_CONTEXT if conftests else "pytest start-up"
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -147,7 +157,7 @@ class CudaWatch:
     with it (``diagtools run --driver simulated -- pytest --cuda-watch``).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, start_up: str = "pytest start-up") -> None:
         import shutil
         import tempfile
 
@@ -155,7 +165,7 @@ class CudaWatch:
 
         self.pid = os.getpid()
         self.owned: str | None = tempfile.mkdtemp(prefix="diagtools-watch-")
-        self.agent = load_agent(self.owned)
+        self.agent = load_agent(self.owned, context=start_up)
         if self.agent.directory != self.owned:  # already watched by diagtools run: share its records
             shutil.rmtree(self.owned, ignore_errors=True)
             self.owned = None

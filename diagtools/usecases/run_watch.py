@@ -34,8 +34,12 @@ def agent_cuprobe() -> str | None:
         return None
 
 
-def load_agent(directory: str) -> Any:
-    """The agent of this very process, recording into ``directory`` unless one already records."""
+def load_agent(directory: str, context: str | None = None) -> Any:
+    """The agent of this very process, recording into ``directory`` unless one already records.
+
+    ``context`` names what ran before (``pytest start-up: conftest.py``): a cuInit
+    the agent finds already done when it loads is attributed to it.
+    """
     module = sys.modules.get(AGENT_MODULE)
     if module is None:
         import importlib.util
@@ -47,11 +51,14 @@ def load_agent(directory: str) -> Any:
         module = importlib.util.module_from_spec(spec)
         sys.modules[AGENT_MODULE] = module
         spec.loader.exec_module(module)
-    agent = module.install(directory, agent_cuprobe())
+    agent = module.install(directory, agent_cuprobe(), context)
     if not agent.directory:
         agent.directory = directory
         agent.open()
         agent.hello("exec")
+        agent.context = context
+        agent.check_state("startup")
+        agent.context = None
     agent.startup_done()
     return agent
 

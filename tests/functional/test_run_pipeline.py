@@ -423,3 +423,23 @@ def test_the_report_uses_the_scans_words_once_and_colours_like_a_scan(make_tree)
     assert report.count("line to change:") == 1
     assert "via:" not in report  # the calling line is the line to change: said once
     assert f"registry.py:{marked_line(root / 'registry.py')} in _detect_platform" in report
+
+
+def test_the_pytest_watch_names_a_conftest_cuinit(make_tree):
+    from diagtools.driver import resolve_driver
+
+    root = make_tree(
+        {"registry.py": REGISTRY, "conftest.py": "import registry\n", "test_a.py": "def test_a():\n    pass\n"}
+    )
+    env = {**os.environ, **resolve_driver("simulated").env}
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "--cuda-watch", "-p", "no:cacheprovider", "-q", "test_a.py"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        cwd=root,
+        env=env,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "while: pytest start-up: conftest.py" in done.stdout, done.stdout

@@ -486,8 +486,11 @@ def _hook_threads():
         threading._start_new_thread = start_new_thread
 
 
-def install(directory, cuprobe_path=None):
-    """Start recording in this process (once; a second call returns the same agent)."""
+def install(directory, cuprobe_path=None, context=None):
+    """Start recording in this process (once; a second call returns the same agent).
+
+    ``context`` names what ran before (pytest's start-up): a cuInit already done is attributed to it.
+    """
     global _AGENT
     existing = getattr(sys, "_diagtools_run_agent", None)
     if existing is not None:
@@ -504,7 +507,9 @@ def install(directory, cuprobe_path=None):
     )
     _hook_process_starts()
     _hook_threads()
+    agent.context = context
     agent.check_state("startup")
+    agent.context = None
     return agent
 
 
