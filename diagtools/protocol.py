@@ -67,6 +67,8 @@ NO_DRIVER = -1
 CHANNEL_LOST_EXIT = 213
 # private descriptors live at or above this number, out of the range programs close or dup2 over
 HIGH_FD = 2048
+# a record file whose writer lost its descriptor and could not reopen it: what came after is missing
+LOST_SUFFIX = ".lost.jsonl"
 
 # ---- the events: kind -> fields every event of that kind carries -----------------
 # Every event also has "e" (its kind); most have "t" (perf_counter seconds).
@@ -203,13 +205,22 @@ class Channel:
         data = (line + "\n").encode("utf-8", "backslashreplace")
         with self.lock:
             if not self._owned():
-                self.failed = True
+                self._lose()
                 return
             try:
                 while data:
                     data = data[posix.write(self.fd, data) :]
             except OSError:
-                self.failed = True
+                self._lose()
+
+    def _lose(self):
+        """Stop writing; a record file is renamed ``*.lost.jsonl`` (no descriptor needed) so the host knows."""
+        self.failed = True
+        if self.path is not None and self.path.endswith(".jsonl"):
+            try:
+                posix.rename(self.path, self.path[: -len(".jsonl")] + LOST_SUFFIX)
+            except OSError:
+                pass
 
     def _owned(self):
         """Whether ``fd`` is still our file; a record file whose number was taken is reopened elsewhere."""
@@ -239,12 +250,50 @@ class Channel:
 
 def open_high(path, flags, mode=0o600):
     """Open ``path`` close-on-exec and move it to a free descriptor at or above :data:`HIGH_FD`."""
-    fd = posix.open(path, flags | posix.O_CLOEXEC, mode)
-    try:
-        return move_high(fd)
-    except OSError:
-        posix.close(fd)
-        raise
+    with _RoomAbove():
+        fd = posix.open(path, flags | posix.O_CLOEXEC, mode)
+        try:
+            return move_high(fd)
+        except OSError:
+            posix.close(fd)
+            raise
+
+
+class _RoomAbove:
+    """Raise the soft descriptor limit past :data:`HIGH_FD` while inside, where the hard limit allows.
+
+    A descriptor made meanwhile stays valid once the limit is put back, so a
+    program with a low limit (or one that used every number below it) still
+    cannot reach the agent's file.  ``resource`` is taken out of
+    ``sys.modules`` again, so the program's own import of it is still its first.
+    """
+
+    def __enter__(self):
+        self.saved = None
+        if _open_max() > HIGH_FD + 64:
+            return self
+        already_loaded = "resource" in sys.modules
+        try:
+            import resource
+        except ImportError:
+            return self
+        finally:
+            if not already_loaded:
+                sys.modules.pop("resource", None)
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        wanted = HIGH_FD + 64 if hard == resource.RLIM_INFINITY else min(HIGH_FD + 64, hard)
+        if wanted > soft:
+            try:
+                resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+                self.saved = (resource, soft, hard)
+            except (OSError, ValueError):
+                pass
+        return self
+
+    def __exit__(self, *exc_info):
+        if self.saved is not None:
+            resource, soft, hard = self.saved
+            resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
 def move_high(fd):

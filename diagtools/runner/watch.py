@@ -55,18 +55,21 @@ def _python_version() -> str:
 @dataclass(frozen=True)
 class RunRecords:
     """Every process file's valid events, in file order (each file is one process image),
-    and how many lines had to be skipped."""
+    how many lines had to be skipped, and the pids whose agent lost its file (their records stop early)."""
 
     files: tuple[tuple[dict[str, Any], ...], ...]
     skipped: int = 0
+    lost: tuple[int, ...] = ()
 
 
 def read_records(directory: str | os.PathLike[str]) -> RunRecords:
     """Read every ``*.jsonl`` record file under ``directory`` with the protocol's validating reader."""
-    files, skipped = [], 0
+    files, skipped, lost = [], 0, []
     for path in sorted(Path(directory).glob("*.jsonl")):
         decoded = protocol.decode_events(path.read_bytes())
         skipped += decoded.skipped
         if decoded.events:
             files.append(tuple(decoded.events))
-    return RunRecords(tuple(files), skipped)
+        if path.name.endswith(protocol.LOST_SUFFIX) and path.name.split("-")[0].isdigit():
+            lost.append(int(path.name.split("-")[0]))
+    return RunRecords(tuple(files), skipped, tuple(lost))

@@ -258,7 +258,13 @@ def assemble_run(records: RunRecords, command: Sequence[str], driver: DriverInfo
     ]
     processes = tuple(record for record, _ in pairs)
     findings = _findings(pairs)
-    notes = [*outcome.notes, *_unwatched(images, starts, outcome, command), *_lost_children(images, starts)]
+    notes = [
+        *outcome.notes,
+        *_unwatched(images, starts, outcome, command),
+        *_lost_children(images, starts),
+        *(f"pid {pid}: the program took the agent's record file and it could not be reopened, so what the process"
+          " did after that is unknown" for pid in records.lost),
+    ]  # fmt: skip
     return RunResult(
         command=tuple(command),
         exitcode=outcome.exitcode,

@@ -75,7 +75,7 @@ def _lineage(records: RunRecords, pid: int) -> RunRecords:
         if (hello["pid"] == pid and hello.get("via") == "exec") or forked_from_ours:
             pids.add(hello["pid"])
             kept.append(events)
-    return RunRecords(tuple(kept))
+    return RunRecords(tuple(kept), records.skipped, tuple(lost for lost in records.lost if lost in pids))
 
 
 def _watch_driver(agent_state: int | None) -> DriverInfo:

@@ -215,17 +215,25 @@ def test_the_agent_never_writes_into_a_file_the_program_owns(make_tree, tmp_path
     assert result.poisoned_forks[0].child_saw.exitcode == 0
 
 
-def test_dev_null_over_every_low_descriptor_loses_nothing(make_tree):
+@pytest.mark.parametrize(
+    ("limit", "verdict"),
+    [(None, "poisoned-fork"), ("-S -n 1024", "poisoned-fork"), ("-n 1024", "unknown")],
+    ids=["default-limit", "soft-1024", "hard-1024"],
+)
+def test_dev_null_over_every_low_descriptor_is_never_clean(make_tree, limit, verdict):
+    """Above a soft limit of 1024 the agent's file is out of reach; with a hard limit of 1024 it is not,
+    and the lost records make the verdict unknown, with a note."""
     root = make_tree(
         {
             "registry.py": REGISTRY,
             "blind.py": """
-                import os
+                import ctypes, os
+                lib = ctypes.CDLL("libcuda.so.1")  # loaded first: with a limit of 1024 nothing opens afterwards
                 null = os.open(os.devnull, os.O_WRONLY)
                 for fd in range(3, 1024):
                     if fd != null:
                         os.dup2(null, fd)
-                import registry
+                lib.cuInit(0)
                 pid = os.fork()
                 if pid == 0:
                     os._exit(0)
@@ -233,10 +241,14 @@ def test_dev_null_over_every_low_descriptor_loses_nothing(make_tree):
             """,
         }
     )
-    result = sim_run(python(root / "blind.py"), cwd=root)
+    command = python(root / "blind.py")
+    if limit is not None:
+        command = ["sh", "-c", f'ulimit {limit} && exec "$@"', "sh", *command]
+    result = sim_run(command, cwd=root)
     assert result.exitcode == 0, result.stderr
-    assert result.verdict != "clean"
-    assert result.verdict == "poisoned-fork"
+    assert result.verdict == verdict, render_run(result)
+    if verdict == "unknown":
+        assert any("could not be reopened" in note for note in result.notes), result.notes
 
 
 def test_a_fork_whose_child_left_no_records_is_not_clean(tmp_path):
@@ -443,3 +455,37 @@ def test_the_pytest_watch_names_a_conftest_cuinit(make_tree):
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "while: pytest start-up: conftest.py" in done.stdout, done.stdout
+
+
+def test_records_lost_with_no_descriptor_left_make_the_verdict_unknown(make_tree):
+    root = make_tree(
+        {
+            "registry.py": REGISTRY,
+            "starved.py": """
+                import os, resource
+                import registry
+
+                def target(fd):
+                    try:
+                        return os.readlink(f"/proc/self/fd/{fd}")
+                    except OSError:
+                        return ""
+
+                ours = [int(fd) for fd in os.listdir("/proc/self/fd") if target(fd).endswith(".jsonl")]
+                assert ours and min(ours) >= 1024, ours
+                null = os.open(os.devnull, os.O_WRONLY)
+                for fd in [*range(3, 64), *ours]:
+                    if fd != null:
+                        os.dup2(null, fd)
+                resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
+                pid = os.fork()
+                if pid == 0:
+                    os._exit(0)
+                os.waitpid(pid, 0)
+            """,
+        }
+    )
+    result = sim_run(python(root / "starved.py"), cwd=root)
+    assert result.exitcode == 0, result.stderr
+    assert result.verdict == "unknown", render_run(result)
+    assert any("could not be reopened" in note for note in result.notes), result.notes
