@@ -29,6 +29,7 @@ from collections.abc import Mapping
 from typing import Any, ClassVar, TypeVar
 
 from diagtools.errors import SchemaError
+from diagtools.model.common import check_schema
 
 __all__ = ["Serial", "dump", "load"]
 
@@ -62,17 +63,12 @@ class Serial:
         """Read a value ``to_json`` wrote; :class:`SchemaError` names the first field that does not fit."""
         schema = getattr(cls, "SCHEMA", "") or cls.__name__
         if getattr(cls, "SCHEMA", ""):
-            _check_schema(data, schema)
+            check_schema(data, schema)
         return load(cls, data, schema)
 
     def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
         """IPython's plain-text display: the text report when the type has one, else the repr."""
         printer.text(str(self) if type(self).__str__ is not object.__str__ else repr(self))
-
-
-def _check_schema(data: Any, expected: str) -> None:
-    if not isinstance(data, dict) or data.get("schema") != expected:
-        raise SchemaError(expected, data.get("schema") if isinstance(data, dict) else type(data).__name__)
 
 
 # ---- writing -----------------------------------------------------------------------

@@ -481,9 +481,12 @@ def _hook_threads():
             return joinable(_AGENT.thread_started(function, sys._getframe(1)), *args, **kwargs)
 
         _thread.start_joinable_thread = start_joinable_thread
-    threading = sys.modules.get("threading")  # already imported at start-up: it holds the old function
-    if threading is not None and getattr(threading, "_start_new_thread", None) is original:
-        threading._start_new_thread = start_new_thread
+    threading = sys.modules.get("threading")  # already imported at start-up: it holds the old functions
+    if threading is not None:
+        if getattr(threading, "_start_new_thread", None) is original:
+            threading._start_new_thread = start_new_thread
+        if joinable is not None and getattr(threading, "_start_joinable_thread", None) is joinable:
+            threading._start_joinable_thread = _thread.start_joinable_thread
 
 
 def install(directory, cuprobe_path=None, context=None):
