@@ -29,6 +29,7 @@ from collections.abc import Mapping
 from typing import Any, ClassVar, TypeVar
 
 from diagtools.errors import SchemaError
+from diagtools.model._display import TextReport
 from diagtools.model.common import check_schema
 
 __all__ = ["Serial", "dump", "load"]
@@ -37,18 +38,12 @@ _T = TypeVar("_T")
 _MISSING = dataclasses.MISSING
 
 
-class Serial:
+class Serial(TextReport):
     """Mixin for a frozen dataclass: ``to_json`` and ``from_json`` derived from its fields."""
 
     SCHEMA: ClassVar[str] = ""
     _JSON_AS_LIST: ClassVar[bool] = False
     _JSON_DEFAULTS: ClassVar[dict[str, Any]] = {}
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        # IPython takes a class's own __repr__ (which @dataclass writes) before an inherited
-        # _repr_pretty_, so every subclass carries it itself.
-        cls._repr_pretty_ = Serial._repr_pretty_  # type: ignore[method-assign]
 
     def _json_extra(self) -> dict[str, Any]:
         """Derived keys written beside the fields; none by default."""
@@ -65,10 +60,6 @@ class Serial:
         if getattr(cls, "SCHEMA", ""):
             check_schema(data, schema)
         return load(cls, data, schema)
-
-    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
-        """IPython's plain-text display: the text report when the type has one, else the repr."""
-        printer.text(str(self) if type(self).__str__ is not object.__str__ else repr(self))
 
 
 # ---- writing -----------------------------------------------------------------------

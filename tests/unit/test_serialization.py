@@ -304,3 +304,10 @@ def test_results_print_as_their_text_report_in_ipython():
     scan = ScanResult(("pkg",), "ok", DriverInfo("simulated"), False)
     assert pretty(scan) == str(scan)
     assert pretty(scan).startswith("diagtools scan pkg")
+    bisect = BisectResult("pkg", "a" * 40, "b" * 40, None, "", (), None, (), ("c" * 40,))
+    assert pretty(bisect).startswith("diagtools bisect pkg")
+    from diagtools.model.diff import ScanDiff
+    from diagtools.model.sweep import SweepResult
+
+    for kind in (ScanDiff, SweepResult):
+        assert "_repr_pretty_" in vars(kind)
