@@ -33,6 +33,7 @@ _HIDDEN = ("<frozen importlib._bootstrap>", "<frozen importlib._bootstrap_extern
 _STDLIB = os.path.dirname(os.path.abspath(os.__file__))
 _MP_FORKSERVER = ("/multiprocessing/forkserver.py",)
 _MP_SPAWN = ("/multiprocessing/popen_spawn_posix.py", "/multiprocessing/spawn.py")
+_MP_HELPERS = ("/multiprocessing/resource_tracker.py", "/multiprocessing/forkserver.py")
 
 
 # ---- stacks ----------------------------------------------------------------------
@@ -103,6 +104,8 @@ def _start_kind(frames, default):
     files = [frame.f_code.co_filename.replace(os.sep, "/") for frame in frames]
     if default == "fork":
         return "forkserver" if any(name.endswith(_MP_FORKSERVER) for name in files) else "fork"
+    if any(name.endswith(_MP_HELPERS) for name in files):  # the resource tracker, the forkserver itself
+        return "subprocess"
     return "spawn" if any(name.endswith(_MP_SPAWN) for name in files) else "subprocess"
 
 
