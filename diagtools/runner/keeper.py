@@ -207,7 +207,7 @@ class Census:
     def report(self, status):
         for pid, (count, argv) in sorted(self.sightings.items()):
             if count >= 2:
-                words = NUL.join(argv)[:2000].hex()
+                words = NUL.join(argv)[:600].hex()
                 with contextlib.suppress(OSError):
                     os.write(status, f"python {pid} {words}\n".encode())
 

@@ -105,7 +105,10 @@ class Kept:
             self.kill()
         os.close(self._lifeline)  # even if this process dies now, the closed lifeline makes the keeper sweep
         self._lifeline = None
-        if not self.wait(KEEPER_WAIT_S):
+        stop = time.monotonic() + KEEPER_WAIT_S
+        while not self.wait(0) and time.monotonic() < stop:
+            self._read(timeout=0.05)  # its last lines (a census can be long) must not fill the pipe it waits on
+        if not self.wait(0):
             self.keeper.kill()
             self.keeper.wait()
         self._read(timeout=_END_WAIT_S)
@@ -119,29 +122,37 @@ class Kept:
         stop = time.monotonic() + timeout
         while self._status is not None:
             ready, _, _ = select.select([self._status], [], [], max(0.0, stop - time.monotonic()))
-            data = os.read(self._status, 4096) if ready else b""
+            data = os.read(self._status, 65536) if ready else b""
+            self._said += data
+            self._parse(final=bool(ready) and not data)
             if not data:  # the end of the pipe, or nothing within the time
                 return
-            self._said += data
-            self._parse()
             if until_pid and (self.pid is not None or self.error is not None):
                 return
 
-    def _parse(self) -> None:
-        for line in self._said.decode("ascii", "replace").splitlines():
-            word, _, rest = line.partition(" ")
-            if word == "pid":
-                self.pid = int(rest)
-            elif word == "error":
-                errno, _, message = rest.partition(" ")
-                self.error = message or f"errno {errno}"
-            elif word == "python":
-                pid, _, words = rest.partition(" ")
-                argv = bytes.fromhex(words).decode("utf-8", "replace").split("\0")
-                self.pythons[int(pid)] = tuple(argv)
-            elif word == "exit":
-                code, _, tail = rest.partition(" ")
-                self.exitcode, self.leftover = (None if self.error else int(code)), tail == "leftover"
+    def _parse(self, *, final: bool = False) -> None:
+        """Take every complete line said so far (and, at the end of the pipe, what is left)."""
+        complete, _, rest = self._said.rpartition(b"\n")
+        if final:
+            complete, rest = self._said, b""
+        self._said = rest
+        for line in complete.decode("ascii", "replace").split("\n"):
+            self._line(line)
+
+    def _line(self, line: str) -> None:
+        word, _, rest = line.partition(" ")
+        if word == "pid":
+            self.pid = int(rest)
+        elif word == "error":
+            errno, _, message = rest.partition(" ")
+            self.error = message or f"errno {errno}"
+        elif word == "python":
+            pid, _, words = rest.partition(" ")
+            with contextlib.suppress(ValueError):
+                self.pythons[int(pid)] = tuple(bytes.fromhex(words).decode("utf-8", "replace").split("\0"))
+        elif word == "exit":
+            code, _, tail = rest.partition(" ")
+            self.exitcode, self.leftover = (None if self.error else int(code)), tail == "leftover"
 
 
 def start_kept(
