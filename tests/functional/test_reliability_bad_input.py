@@ -48,6 +48,8 @@ def test_the_python_api_rejects_a_bad_timeout(value, tmp_path):
         diagtools.sweep("json", timeout=value, driver="none")
     with pytest.raises(UsageError, match="--timeout"):
         bisect(tmp_path, "HEAD", "HEAD", "json", timeout=value)
+    with pytest.raises(UsageError, match="--timeout"):
+        diagtools.run(["true"], timeout=value, driver="none")
 
 
 @pytest.mark.parametrize("path", ["src\nother", "src\0other"], ids=["newline", "NUL"])
