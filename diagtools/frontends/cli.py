@@ -437,13 +437,15 @@ def _report_run(result: Any, args: argparse.Namespace) -> None:
 
     text = render_run(result)
     print(paint(text) if use_color(sys.stderr.isatty(), os.environ) else text, file=sys.stderr, flush=True)
-    try:
-        if args.json:
-            _write_json(result.to_json(), args.json)
-        if args.html:
-            Path(args.html).write_text(run_page(result), encoding="utf-8")
-    except OSError as exc:
-        raise UsageError(f"cannot write {exc.filename or 'the report'}: {exc.strerror or exc}") from None
+    for destination, write in (
+        (args.json, lambda: _write_json(result.to_json(), args.json)),
+        (args.html, lambda: Path(args.html).write_text(run_page(result), encoding="utf-8")),
+    ):
+        try:
+            if destination:
+                write()
+        except OSError as exc:
+            raise UsageError(f"cannot write {destination}: {exc.strerror or exc}") from None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
