@@ -28,7 +28,6 @@ compiled on first use.  Compiling needs no GPU: set ``CUTE_DSL_ARCH=sm_90a``.
 
 import functools
 import math
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,10 +35,14 @@ import torch
 
 from diagtools.kernels import ROPE_DIM
 from diagtools.kernels.cuda_launch import (
-    VECTOR_BYTES,
+    ARCH,
+    PTX_DIR,
     KernelLaunch,
     LoadedKernel,
     aligned,
+    compile_to_ptx,
+    compiled_or_shipped,
+    gmem_pointer,
     launch_kernel,
     load_kernel,
 )
@@ -59,9 +62,7 @@ __all__ = [
 THREADS = 128
 WARPS = THREADS // 32
 CTAS_PER_SM = 8
-PTX_DIR = Path(__file__).resolve().parent / "ptx"
 PREBUILT = ((512, 4), (128, 4))  # the (head dim, ratio) pairs whose PTX ships in ptx/
-ARCH = "sm_90a"
 
 
 # ----------------------------------------------------------------------------- launch config
@@ -298,28 +299,15 @@ def _define_kernel():  # noqa: PLR0915 - the device code is defined inside, wher
 def compile_ptx(head_dim: int, ratio: int, dump_dir: str | Path, *, arch: str = ARCH) -> str:
     """Compile with nvidia-cutlass-dsl for ``arch`` (no GPU needed) and return the PTX text."""
     import cutlass
-    from cutlass import cute
-    from cutlass.cute.runtime import make_ptr
 
     config = LaunchConfig(head_dim, ratio)
     config.validate()
-    Path(dump_dir).mkdir(parents=True, exist_ok=True)
-
-    def pointer(dtype):
-        return make_ptr(dtype, 0, cute.AddressSpace.gmem, assumed_align=VECTOR_BYTES)
-
+    f32, i64 = cutlass.Float32, cutlass.Int64
+    pointers = (cutlass.BFloat16, f32, f32, f32, i64, i64, cutlass.BFloat16)
     arguments = (
-        pointer(cutlass.BFloat16),
-        pointer(cutlass.Float32),
-        pointer(cutlass.Float32),
-        pointer(cutlass.Float32),
-        pointer(cutlass.Int64),
-        pointer(cutlass.Int64),
-        pointer(cutlass.BFloat16),
-        cutlass.Int64(1),
-        cutlass.Int64(1),
-        cutlass.Int64(1),
-        cutlass.Float32(1e-6),
+        *(gmem_pointer(dtype) for dtype in pointers),
+        *(i64(1) for _ in range(3)),
+        f32(1e-6),
         cutlass.Int32(1),
         head_dim,
         ratio,
@@ -327,9 +315,7 @@ def compile_ptx(head_dim: int, ratio: int, dump_dir: str | Path, *, arch: str = 
         config.lanes,
         config.rope_first_lane,
     )
-    options = f"--keep-ptx --dump-dir={dump_dir} --gpu-arch {arch}"
-    ptx = cute.compile(_define_kernel(), *arguments, options=options).artifacts.PTX
-    return Path(ptx).read_text() if "\n" not in ptx and Path(ptx).is_file() else ptx
+    return compile_to_ptx(_define_kernel(), arguments, dump_dir, arch)
 
 
 def prebuilt_path(head_dim: int, ratio: int) -> Path:
@@ -339,20 +325,15 @@ def prebuilt_path(head_dim: int, ratio: int) -> Path:
 @functools.cache
 def kernel_ptx(head_dim: int, ratio: int) -> str:
     """The PTX to load: compiled here when nvidia-cutlass-dsl is importable, else the shipped copy."""
-    try:
-        import cutlass  # noqa: F401
-    except ImportError:
-        path = prebuilt_path(head_dim, ratio)
-        if not path.is_file():
-            raise ValueError(
-                f"no compiled kernel for head dim {head_dim}, ratio {ratio}: install nvidia-cutlass-dsl "
-                f"to compile it, or use one of the shipped pairs {PREBUILT}"
-            ) from None
-        return path.read_text()
-    import tempfile
-
-    with tempfile.TemporaryDirectory() as folder:
-        return compile_ptx(head_dim, ratio, folder, arch=os.environ.get("CUTE_DSL_ARCH", ARCH))
+    missing = (
+        f"no compiled kernel for head dim {head_dim}, ratio {ratio}: install nvidia-cutlass-dsl "
+        f"to compile it, or use one of the shipped pairs {PREBUILT}"
+    )
+    return compiled_or_shipped(
+        prebuilt_path(head_dim, ratio),
+        lambda folder, arch: compile_ptx(head_dim, ratio, folder, arch=arch),
+        missing,
+    )
 
 
 # ----------------------------------------------------------------------------- launch

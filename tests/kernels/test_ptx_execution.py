@@ -105,12 +105,13 @@ def test_a_wrong_score_column_is_caught():
 
 
 def test_a_launch_past_the_tensors_is_refused():
-    """Too many tokens: the kernel reads positions past the tensor, which the interpreter refuses."""
+    """Too many working tokens: the kernel reads the compacted index past its tensor, which the
+    interpreter refuses."""
     inputs = _state_inputs(4, seed=7)
     launch = state_cutedsl.plan_launch(*inputs.args(), 4, 1e-6)
     arguments = list(launch.arguments)
-    arguments[8] += 64  # tokens
-    grid = (state_cutedsl.StateLaunchConfig(4).grid(arguments[8]), 1, 1)
+    arguments[10] += 64  # the working-token count
+    grid = (state_cutedsl.StateLaunchConfig(4).grid(arguments[10]), 1, 1)
     kernel = Kernel(state_cutedsl.prebuilt_path(4).read_text())
     with pytest.raises(PtxError, match="outside every tensor"):
         kernel.run(grid, launch.block, arguments, Memory(launch.keep_alive))
