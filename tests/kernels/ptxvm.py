@@ -24,7 +24,8 @@ the warp always steps the lanes with the lowest program counter, which reconverg
 control flow.  Between two barriers the warps of a CTA run in one of :data:`SCHEDULES`: each
 warp to the barrier in turn, in reverse, or one instruction each in turn.
 
-Each launch also counts, per CTA, whether it wrote any global byte (a CTA that does work), and
+Each launch also counts, per CTA, whether it wrote any global byte (a CTA that does work), per
+warp whether it stored anything (a warp that does work), and
 per warp-wide memory instruction, the bytes it touched and whether they were one contiguous
 range (global memory), and its worst shared-memory bank conflict: :class:`LaunchStats`.
 """
@@ -83,6 +84,8 @@ class LaunchStats:
 
     ctas: int = 0
     working_ctas: int = 0  # CTAs that wrote at least one global byte
+    warps: int = 0
+    working_warps: int = 0  # warps that stored anything (global or shared memory)
     accesses: dict[int, AccessStats] = field(default_factory=dict)
 
     def of(self, space: str, kind: str) -> list[AccessStats]:
@@ -332,6 +335,8 @@ class Kernel:
             _run_cta([w.run(fine) for w in warps], shared, schedule)
             stats.ctas += 1
             stats.working_ctas += memory.written > written
+            stats.warps += len(warps)
+            stats.working_warps += sum(w.stored for w in warps)
         return stats
 
 
@@ -462,6 +467,7 @@ class _Warp:
         }
         self.alive = warp * LANES + lanes < threads
         self.pc = np.zeros(LANES, dtype=np.int64)
+        self.stored = False
 
     # --- operands
 
@@ -784,6 +790,7 @@ class _Warp:
         rows = values.astype(_TYPES[kind] if not kind.startswith("s") else np.dtype(f"u{size}")).view(np.uint8)
         rows = rows.reshape(addresses.size, size * vector)
         self.record(line, space, "st", addresses, size * vector)
+        self.stored = True
         if space == "global":
             self.memory.write(addresses, origins, rows)
         else:

@@ -79,6 +79,8 @@ def assert_state_store_matches_reference(inputs) -> None:
 # values that cancel).  A stored byte must be one the quantizer gives for a value in that bracket; where the
 # whole bracket rounds alike (all but a few bytes in ten thousand) that is one exact byte.
 STORED_VALUE_ERROR = {"relative": 2e-6, "of_weight": 2e-6}
+# On a GPU, ex2/rcp/rsqrt .approx are off by an ulp or two and sums run in other orders: ten times wider.
+GPU_STORED_VALUE_ERROR = {"relative": 2e-5, "of_weight": 2e-5}
 
 
 @dataclass(frozen=True)
@@ -110,9 +112,9 @@ def _fp8_at(values: torch.Tensor, exponent: torch.Tensor) -> torch.Tensor:
     return scaled.to(torch.float8_e4m3fn).double() * scale
 
 
-def assert_state_bytes_match_reference(inputs) -> ByteCheck:
+def assert_state_bytes_match_reference(inputs, error_bound: dict[str, float] = STORED_VALUE_ERROR) -> ByteCheck:
     """Every stored scale byte, FP8 byte and bf16 tail byte of the working tokens is one the
-    reference quantizer gives for the float64 value moved by at most ``STORED_VALUE_ERROR``."""
+    reference quantizer gives for the float64 value moved by at most ``error_bound``."""
     from diagtools.kernels.state_reference import read_fp8_ds_mla_cache
 
     work = inputs.working().cpu()
@@ -124,7 +126,7 @@ def assert_state_bytes_match_reference(inputs) -> ByteCheck:
     weight = inputs.weight.cpu().double().abs()
     pairs = weight[448:].view(32, 2).amax(dim=1).repeat_interleave(2)
     reach = torch.cat((weight[:448], pairs))
-    error = y.abs() * STORED_VALUE_ERROR["relative"] + reach * STORED_VALUE_ERROR["of_weight"]
+    error = y.abs() * error_bound["relative"] + reach * error_bound["of_weight"]
     low, high = y - error, y + error
     # the scale: from the tile maxima at the smallest and the largest magnitudes in the bracket
     small = y.sign() * (y.abs() - error).clamp_min(0)
