@@ -115,8 +115,17 @@ def planned(name: str, ratio: int, requests) -> dict:
         "batch": name,
         "tokens": tokens,
         "working_tokens": int(working.sum()),
-        "now": {"ctas": grid_now, "cta_efficiency": 1.0},
-        "before": {"ctas": old_grid, "working_ctas": old_working, "cta_efficiency": old_working / old_grid},
+        "now": {
+            "ctas": grid_now,
+            "cta_efficiency": 1.0,
+            "warp_efficiency": int(working.sum()) / (grid_now * per_cta),
+        },
+        "before": {
+            "ctas": old_grid,
+            "working_ctas": old_working,
+            "cta_efficiency": old_working / old_grid,
+            "warp_efficiency": int(working.sum()) / (old_grid * per_cta),
+        },
     }
 
 
@@ -154,13 +163,15 @@ def markdown(document: dict) -> str:
         "",
         "## Full benchmark sizes (from the launch plan)",
         "",
-        "| batch | tokens | working | CTAs now | efficiency now | CTAs before | efficiency before |",
+        "| batch | tokens | working | CTAs now | CTA / warp efficiency now | CTAs before"
+        " | CTA / warp efficiency before |",
         "| --- | --- | --- | --- | --- | --- | --- |",
     ]
     for row in document["planned"]:
         lines.append(
             f"| {row['batch']} | {row['tokens']} | {row['working_tokens']} | {row['now']['ctas']} | "
-            f"{row['now']['cta_efficiency']:.3f} | {row['before']['ctas']} | {row['before']['cta_efficiency']:.3f} |"
+            f"{row['now']['cta_efficiency']:.3f} / {row['now']['warp_efficiency']:.3f} | {row['before']['ctas']} | "
+            f"{row['before']['cta_efficiency']:.3f} / {row['before']['warp_efficiency']:.3f} |"
         )
     return "\n".join(lines) + "\n"
 
