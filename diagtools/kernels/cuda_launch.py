@@ -27,6 +27,7 @@ __all__ = [
     "aligned",
     "compile_to_ptx",
     "compiled_or_shipped",
+    "cuda_device_of",
     "cuda_driver",
     "entry_of",
     "gmem_pointer",
@@ -145,6 +146,18 @@ def load_kernel(device: int, ptx: str, param_types: Sequence[str], threads: int)
         raise RuntimeError(f"the kernel's parameters {params} are not the {tuple(param_types)} this launcher packs")
     function, fitting = cuda_driver().load(device, ptx, name, threads)
     return LoadedKernel(function, fitting)
+
+
+def cuda_device_of(tensor: Any) -> int:
+    """The CUDA device index of ``tensor`` (the current device for a bare ``cuda``); a CPU tensor
+    raises ``ValueError``: the CuTe DSL kernels run on CUDA only."""
+    if not tensor.is_cuda:
+        raise ValueError("the CuTe DSL backend runs on CUDA tensors only; use backend='torch' or 'triton' here")
+    if tensor.device.index is not None:
+        return int(tensor.device.index)
+    import torch
+
+    return int(torch.cuda.current_device())
 
 
 def launch_kernel(kernel: LoadedKernel, launch: KernelLaunch, stream: int) -> None:

@@ -42,6 +42,7 @@ from diagtools.kernels.cuda_launch import (
     aligned,
     compile_to_ptx,
     compiled_or_shipped,
+    cuda_device_of,
     gmem_pointer,
     launch_kernel,
     load_kernel,
@@ -392,10 +393,8 @@ def _load(device: int, head_dim: int, ratio: int) -> LoadedKernel:
 
 
 def _launch(kv, score, weight, cos_sin_cache, positions, slot_mapping, kv_cache, ratio: int, eps: float) -> None:
-    if not kv.is_cuda:
-        raise ValueError("the CuTe DSL backend runs on CUDA tensors only; use backend='torch' or 'triton' here")
     _, head_dim = check_inputs(kv, score, weight, cos_sin_cache, positions, slot_mapping, kv_cache, ratio)
-    device = kv.device.index if kv.device.index is not None else torch.cuda.current_device()
+    device = cuda_device_of(kv)
     with torch.cuda.device(device):
         kernel = _load(device, head_dim, ratio)
         multiprocessors = torch.cuda.get_device_properties(device).multi_processor_count

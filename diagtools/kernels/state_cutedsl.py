@@ -54,6 +54,7 @@ from diagtools.kernels.cuda_launch import (
     aligned,
     compile_to_ptx,
     compiled_or_shipped,
+    cuda_device_of,
     gmem_pointer,
     launch_kernel,
     load_kernel,
@@ -556,10 +557,8 @@ def compress_state_store_cutedsl(
     eps: float = 1e-6,
 ) -> torch.Tensor:
     """The CuTe DSL backend (CUDA only); writes and returns ``kv_cache``."""
-    if not state_cache.is_cuda:
-        raise ValueError("the CuTe DSL backend runs on CUDA tensors only; use backend='torch' or 'triton' here")
     arguments = (state_cache, block_table, request_indices, positions, slot_mapping, weight, cos_sin_cache, kv_cache)
-    device = state_cache.device.index if state_cache.device.index is not None else torch.cuda.current_device()
+    device = cuda_device_of(state_cache)
     with torch.cuda.device(device):
         launch = plan_launch(*arguments, ratio, eps)
         if launch is not None:
