@@ -6,7 +6,7 @@ four batches (C4 and C128, decode and prefill, real boundary density) and a mixe
 compressor with padding, int32 indices and windows across state blocks.  Each case draws fresh
 inputs with the output poisoned and the RMSNorm weight sending tiles down the zero, tiny and
 large-exponent paths, synchronizes after the launch, checks every stored byte against the
-reference quantizer (a bracket ten times the CPU's, for the approximate instructions) and prints
+reference quantizer (a wider bracket than the CPU's, for the approximate instructions) and prints
 one JSON line.
 """
 

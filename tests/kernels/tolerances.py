@@ -79,8 +79,9 @@ def assert_state_store_matches_reference(inputs) -> None:
 # values that cancel).  A stored byte must be one the quantizer gives for a value in that bracket; where the
 # whole bracket rounds alike (all but a few bytes in ten thousand) that is one exact byte.
 STORED_VALUE_ERROR = {"relative": 2e-6, "of_weight": 2e-6}
-# On a GPU, ex2/rcp/rsqrt .approx are off by an ulp or two and sums run in other orders: ten times wider.
-GPU_STORED_VALUE_ERROR = {"relative": 2e-5, "of_weight": 2e-5}
+# On a GPU, ex2/rcp/rsqrt .approx are off by an ulp or two and sums run in other orders (and cancel):
+# wider, still far inside the factor of two a wrong scale exponent makes.
+GPU_STORED_VALUE_ERROR = {"relative": 3e-5, "of_weight": 1e-4}
 
 
 @dataclass(frozen=True)
