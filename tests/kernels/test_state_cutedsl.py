@@ -257,6 +257,22 @@ def test_the_driver_receives_the_real_sizes(monkeypatch):
     assert call["values"][18] == pytest.approx(1e-6)
 
 
+def test_a_plan_is_launched_again_without_host_work(monkeypatch):
+    """Plan once, launch twice (as a CUDA graph replays it): the same grid and arguments, and the
+    inputs are not looked at again (a changed slot mapping does not move the launch)."""
+    fake = FakeDriver(PARAM_TYPES)
+    monkeypatch.setattr(cuda_launch, "cuda_driver", lambda: fake)
+    monkeypatch.setattr(state_cutedsl, "_load", lambda device, ratio: LoadedKernel(5, 1))
+    inputs = make_state_inputs(4, ((0, 64),), padding=0.0)
+    launch = plan_launch(*inputs.args(), 4, 1e-6)
+    state_cutedsl.launch_planned(launch, 0, stream=7)
+    inputs.slot_mapping.fill_(-1)
+    state_cutedsl.launch_planned(launch, 0, stream=7)
+    first, second = fake.calls
+    assert first == second
+    assert first["grid"] == (4, 1, 1)  # 16 working tokens, four a CTA
+
+
 def test_no_working_token_means_no_launch():
     inputs = make_state_inputs(128, ((0, 100),))  # no position reaches 127
     assert plan_launch(*inputs.args(), 128, 1e-6) is None
