@@ -340,6 +340,11 @@ def _is_frames(value):
     )
 
 
+def _is_frame(value):
+    """One frame, ``[file, line, function]``: the import line of a ``begin`` event."""
+    return _is_frames([value])
+
+
 _TYPED_KINDS = ("hello", "phase", "begin", "end", "thread", "transition", "refined", "cuinit", "error", "exit", "final")
 FIELD_TYPES = {
     "e": _is_str,
@@ -347,6 +352,7 @@ FIELD_TYPES = {
     "n": _is_str,
     "p": _optional(_is_str),
     "f": _optional(_is_str),
+    "l": _optional(_is_frame),
     "th": _is_int,
     "ph": _is_str,
     "ok": _is_bool,

@@ -95,7 +95,19 @@ def _add_scan(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--fail-on-cuda", action="store_true", help="exit 1 when CUDA got initialized")
     parser.add_argument("--stack", action="store_true", help="print the whole Python stack of the culprit")
     parser.add_argument("--svg", metavar="FILE", help="write the import graph (culprit chains) as SVG")
+    _add_own(parser)
     _add_debug(parser)
+
+
+def _add_own(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--own",
+        action="append",
+        default=[],
+        metavar="PATTERN",
+        help="your own packages (name or glob, repeatable): the line to change is the last line on the chain in "
+        "them (default: the target's top-level package)",
+    )
 
 
 def _add_replay(parser: argparse.ArgumentParser) -> None:
@@ -130,6 +142,7 @@ def _add_sweep(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--exclude", action="append", default=[], metavar="PATTERN", help="glob on module names to skip (repeatable)"
     )
+    _add_own(parser)
     _add_debug(parser)
 
 
@@ -243,7 +256,9 @@ def _run_scan(args: argparse.Namespace) -> int:
     from diagtools.usecases.scan import scan
 
     _check_writable(args.json, "--json")
-    result = scan(args.targets, path=args.path, driver=args.driver, timeout=args.timeout, settle=args.settle)
+    result = scan(
+        args.targets, path=args.path, driver=args.driver, timeout=args.timeout, settle=args.settle, own=args.own
+    )
     if args.svg:
         from diagtools.render.graph import write_svg
 
@@ -316,6 +331,7 @@ def _run_sweep(args: argparse.Namespace) -> int:
         preload=args.preload,
         fresh=args.fresh,
         exclude=args.exclude,
+        own=args.own,
     )
     _print(render_sweep(result))
     return EXIT_CUDA if (args.fail_on_cuda and result.culprits) else EXIT_OK

@@ -63,6 +63,8 @@ _DOCUMENT = {
             "thread?": str,
             "evidence?": str,
             "stack_dropped?": int,
+            "chain_imports?": [(_SITE, None)],
+            "first_party?": (_SITE, None),
         }
     ],
     "error?": (
@@ -176,6 +178,13 @@ class Culprit:
     cuInit), ``trace`` (a line-traced rerun) or ``state-probe`` (the driver's
     state changed between two observations).
     ``stack_dropped`` counts the outermost frames left out of a very deep stack.
+
+    ``chain_imports`` runs beside ``chain``: item ``i`` is the statement that
+    imported ``chain[i]`` (``None`` where unknown, as for the scanned target
+    itself).  ``first_party`` is the last frame on the chain in the user's
+    own packages (the scanned target's top-level package, or ``--own``
+    patterns): the line a user can edit, when the initializer itself
+    (``initialized_in``) lies in a third-party package.
     """
 
     module: str | None
@@ -188,11 +197,24 @@ class Culprit:
     module_site: Site | None = None
     thread_started_at: Site | None = None
     stack_dropped: int = 0
+    chain_imports: tuple[Site | None, ...] = ()
+    first_party: Site | None = None
 
     @property
     def line_to_change(self) -> Site | None:
-        """Where to edit: the culprit module's own line, else the calling line."""
-        return self.module_site or self.site
+        """Where to edit: the user's own line on the chain, else the culprit module's line, else the call."""
+        return self.first_party or self.module_site or self.site
+
+    @property
+    def initialized_in(self) -> Site | None:
+        """The line that initialized CUDA, when it is not the line to change (a third-party initializer)."""
+        inner = self.module_site or self.site
+        return inner if self.first_party is not None and inner != self.first_party else None
+
+    def import_edges(self) -> tuple[tuple[str, str, Site | None], ...]:
+        """``(importer, imported, import line)`` for each edge of the chain, outermost first."""
+        lines = self.chain_imports + (None,) * (len(self.chain) - len(self.chain_imports))
+        return tuple((self.chain[i - 1], self.chain[i], lines[i]) for i in range(1, len(self.chain)))
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -206,6 +228,10 @@ class Culprit:
             "thread_started_at": self.thread_started_at.to_json() if self.thread_started_at else None,
             "evidence": self.evidence,
             "stack_dropped": self.stack_dropped,
+            "chain_imports": [site.to_json() if site else None for site in self.chain_imports],
+            "first_party": self.first_party.to_json() if self.first_party else None,
+            "line_to_change": self.line_to_change.to_json() if self.line_to_change else None,
+            "initialized_in": self.initialized_in.to_json() if self.initialized_in else None,
         }
 
     @classmethod
@@ -221,6 +247,8 @@ class Culprit:
             module_site=Site.optional(data.get("module_site")),
             thread_started_at=Site.optional(data.get("thread_started_at")),
             stack_dropped=int(data.get("stack_dropped", 0)),
+            chain_imports=tuple(Site.optional(site) for site in data.get("chain_imports", ())),
+            first_party=Site.optional(data.get("first_party")),
         )
 
 

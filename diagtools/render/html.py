@@ -61,11 +61,23 @@ def _culprit_html(culprit: Culprit) -> str:
         parts.append(f"<p>Thread: <code>{escape(culprit.thread)}</code></p>")
         if culprit.thread_started_at is not None:
             parts.append(_site_html("Started at", culprit.thread_started_at))
-    if culprit.module_site is not None:
-        parts.append(_site_html("<b>Line to change</b>", culprit.module_site))
-    if culprit.site is not None and culprit.site != culprit.module_site:
-        parts.append(_site_html("Via" if culprit.module_site else "Site", culprit.site))
+    change, initialized = culprit.line_to_change, culprit.initialized_in
+    if change is not None and (culprit.module_site is not None or culprit.first_party is not None):
+        parts.append(_site_html("<b>Line to change</b>", change))
+    if initialized is not None:
+        parts.append(_site_html("Initialized in", initialized))
+    if culprit.site is not None and culprit.site not in (change, initialized):
+        parts.append(_site_html("Via" if len(parts) > 1 else "Site", culprit.site))
+    edges = culprit.import_edges()
+    if any(site is not None for _, _, site in edges):
+        parts.append("<p>Imports:</p><ul>" + "".join(_edge_html(edge) for edge in edges) + "</ul>")
     return "".join(parts)
+
+
+def _edge_html(edge: tuple[str, str, Site | None]) -> str:
+    importer, imported, site = edge
+    where = f"<code>{escape(site.file)}:{site.line}</code> <code>{escape(site.source)}</code>" if site else "?"
+    return f"<li><code>{escape(importer)}</code> &rarr; <code>{escape(imported)}</code>: {where}</li>"
 
 
 def svg_of(graph: Any) -> str:

@@ -133,17 +133,38 @@ def _culprit_lines(culprit: Culprit, *, stack: bool) -> list[str]:
         lines.append(f"    thread: {_one_line(culprit.thread)}")
         if culprit.thread_started_at is not None:
             lines += _site_lines("started at:", culprit.thread_started_at)
-    if culprit.module_site is not None:
-        lines += _site_lines("line to change:", culprit.module_site)
-    if culprit.site is not None and culprit.site != culprit.module_site:
-        lines += _site_lines("via:" if culprit.module_site else "site:", culprit.site)
+    lines += _change_lines(culprit)
     lines.append(f"    evidence: {culprit.evidence}")
+    if stack and culprit.chain_imports:
+        lines.append("    imports (importer -> imported at the import line):")
+        lines += [_edge_line(edge) for edge in culprit.import_edges()]
     if stack and culprit.stack:
         lines.append("    stack (outermost first):")
         if culprit.stack_dropped:
             lines.append(f"      [... {culprit.stack_dropped} outer frames dropped]")
         lines += [f"      {_one_line(frame)}" for frame in culprit.stack]
     return lines
+
+
+def _change_lines(culprit: Culprit) -> list[str]:
+    """The line to change, then the third-party line that initialized CUDA, then the calling line."""
+    change, initialized = culprit.line_to_change, culprit.initialized_in
+    if change is None:
+        return []
+    lines: list[str] = []
+    if culprit.module_site is not None or culprit.first_party is not None:
+        lines += _site_lines("line to change:", change)
+    if initialized is not None:
+        lines += _site_lines("initialized in:", initialized)
+    if culprit.site is not None and culprit.site not in (change, initialized):
+        lines += _site_lines("via:" if lines else "site:", culprit.site)
+    return lines
+
+
+def _edge_line(edge: tuple[str, str, Site | None]) -> str:
+    importer, imported, site = edge
+    where = f"{site.file}:{site.line}" + (f"  {site.source}" if site.source else "") if site else "(line unknown)"
+    return _one_line(f"      {importer} -> {imported}: {where}")
 
 
 @_safe
@@ -297,9 +318,11 @@ def render_guard_failure(result: ScanResult) -> str:
 
 def _sweep_where(row: SweepRow) -> str:
     if row.culprit is not None:
-        site = f" at {row.culprit.site.file}:{row.culprit.site.line}" if row.culprit.site else ""
+        line, initialized = row.culprit.line_to_change, row.culprit.initialized_in
+        site = f" at {line.file}:{line.line}" if line else ""
+        init = f" (initialized in {initialized.file}:{initialized.line})" if initialized else ""
         via = f" (inherited from {row.inherited_from})" if row.inherited_from else ""
-        return _one_line(f"{row.culprit.module}{site}{via}")
+        return _one_line(f"{row.culprit.module}{site}{init}{via}")
     if row.preloaded:
         return "(preloaded by the zygote)"
     return _one_line(row.error)

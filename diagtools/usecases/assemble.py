@@ -7,6 +7,7 @@ a process.
 
 from __future__ import annotations
 
+import fnmatch
 import linecache
 import re
 import signal
@@ -21,7 +22,7 @@ from diagtools.model.scan import AliveThread, Culprit, DriverInfo, ImportNode, R
 from diagtools.model.verdict import ScanStatus
 from diagtools.runner.subkernel import RawRun
 
-__all__ = ["assemble", "pick_site", "source_line", "start_site", "subkernel_failure"]
+__all__ = ["assemble", "is_own", "own_patterns", "pick_site", "source_line", "start_site", "subkernel_failure"]
 
 _HIDDEN_FILES = (
     "<frozen importlib._bootstrap>",
@@ -73,6 +74,7 @@ class _Node:
     begin: float
     thread: int
     phase: str
+    imported_at: Sequence[Any] | None = None
     end: float | None = None
     raised: bool = False
     threads_started: int = 0
@@ -91,6 +93,7 @@ class _Tree:
         if name in self.nodes:
             return
         node = _Node(name, event.get("p"), event.get("f"), event["t"], event.get("th", 0), event.get("ph", "import"))
+        node.imported_at = event.get("l")
         self.nodes[name] = node
         if node.parent in self.nodes:
             self.nodes[node.parent].children.append(name)
@@ -108,6 +111,12 @@ class _Tree:
     def file_of(self, module: str | None) -> str | None:
         node = self.nodes.get(module) if module is not None else None
         return node.file if node is not None else None
+
+    def import_line(self, module: str) -> Site | None:
+        """The statement that imported ``module``, when it is user-visible code."""
+        node = self.nodes.get(module)
+        frame = node.imported_at if node is not None else None
+        return _site(frame) if frame is not None and _visible([frame]) else None
 
     def chain(self, module: str | None) -> tuple[str, ...]:
         chain: list[str] = []
@@ -145,13 +154,46 @@ class _Tree:
         return child.thread == parent.thread and parent.begin <= child.begin <= parent_end
 
 
-def _culprit(event: dict[str, Any], tree: _Tree, main_thread: int) -> Culprit:
+def own_patterns(targets: Sequence[str], own: Iterable[str] = ()) -> tuple[str, ...]:
+    """The user's own packages: ``own`` when given, else the targets' top-level packages."""
+    given = tuple(pattern for pattern in own if pattern)
+    return given or tuple(dict.fromkeys(target.split(".", 1)[0] for target in targets))
+
+
+def is_own(module: str, patterns: Sequence[str]) -> bool:
+    """``module`` is one of ``patterns`` (a package and its submodules, or a glob on dotted names)."""
+    return any(module == p or module.startswith(p + ".") or fnmatch.fnmatchcase(module, p) for p in patterns)
+
+
+def _first_party(
+    stack: Sequence[Sequence[Any]],
+    chain: tuple[str, ...],
+    imports: tuple[Site | None, ...],
+    started_at: Site | None,
+    *,
+    tree: _Tree,
+    own: Sequence[str],
+) -> Site | None:
+    """The last frame on the chain in the user's own code: the stack first, then the chain's import lines."""
+    files = {tree.file_of(module) for module in chain if is_own(module, own)} - {None}
+    if not files:
+        return None
+    frame = next((frame for frame in _visible(stack) if frame[0] in files), None)
+    if frame is not None:
+        return _site(frame)
+    candidates = [started_at, *reversed(imports)]
+    return next((site for site in candidates if site is not None and site.file in files), None)
+
+
+def _culprit(event: dict[str, Any], tree: _Tree, main_thread: int, own: Sequence[str]) -> Culprit:
     stack = event.get("stack") or []
     module = event.get("m")
     chain = tree.chain(module)
     if module is not None and module not in tree.nodes:
         chain = (*tree.chain(event.get("importer")), module)  # executed without an import the tracer saw
     visible = _visible(stack)
+    imports = tuple(tree.import_line(name) for name in chain)
+    started_at = start_site(event.get("started"))
     return Culprit(
         module=module,
         chain=chain,
@@ -161,8 +203,10 @@ def _culprit(event: dict[str, Any], tree: _Tree, main_thread: int) -> Culprit:
         thread=_thread_label(event, main_thread),
         evidence=_EVIDENCE_ORDER[event["e"]],
         module_site=_module_site(stack, tree.file_of(module)),
-        thread_started_at=start_site(event.get("started")),
+        thread_started_at=started_at,
         stack_dropped=max(0, len(visible) - FRAME_LIMIT),
+        chain_imports=imports,
+        first_party=_first_party(stack, chain, imports, started_at, tree=tree, own=own),
     )
 
 
@@ -294,8 +338,12 @@ def _status_and_error(raw: RawRun, events: Sequence[dict[str, Any]]) -> tuple[Sc
     return ScanStatus.OK, None
 
 
-def assemble(raw: RawRun, targets: Sequence[str], driver: DriverInfo) -> ScanResult:
-    """Build the scan result from one run's events, keeping whatever was recorded."""
+def assemble(raw: RawRun, targets: Sequence[str], driver: DriverInfo, own: Iterable[str] = ()) -> ScanResult:
+    """Build the scan result from one run's events, keeping whatever was recorded.
+
+    ``own`` names the user's packages (default: the targets' top-level
+    packages); the culprit's ``first_party`` line is looked for there.
+    """
     events = [event for event in raw.events if isinstance(event.get("e"), str)]
     tree = _Tree()
     hello = next((event for event in events if event["e"] == "hello"), {})
@@ -309,7 +357,8 @@ def assemble(raw: RawRun, targets: Sequence[str], driver: DriverInfo) -> ScanRes
         elif event["e"] == "thread":
             tree.thread_started(event.get("by"))
     culprit_event = _best_culprit_event(events)
-    culprits = (_culprit(culprit_event, tree, main_thread),) if culprit_event else ()
+    mine = own_patterns(targets, own)
+    culprits = (_culprit(culprit_event, tree, main_thread, mine),) if culprit_event else ()
     status, error = _status_and_error(raw, events)
     final = next((event for event in events if event["e"] == "final"), None)
     cuda_initialized = bool(final["initialized"]) if final else bool(culprits)

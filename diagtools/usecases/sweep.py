@@ -29,7 +29,7 @@ from diagtools.driver import resolve_driver
 from diagtools.errors import UsageError
 from diagtools.model.sweep import SweepResult, SweepRow
 from diagtools.runner.subkernel import abort_runs
-from diagtools.usecases.scan import scan, validate_paths, validate_targets, validate_timeout
+from diagtools.usecases.scan import scan, validate_own, validate_paths, validate_targets, validate_timeout
 from diagtools.usecases.sweep_discover import SweptTree, discover_modules, locate_tree
 from diagtools.usecases.sweep_journal import Fingerprints, Journal
 from diagtools.usecases.sweep_zygote import ZygotePass, in_package_deps, zygote_pass
@@ -84,6 +84,7 @@ class _Plan:
     timeout: float
     jobs: int
     preload: tuple[str, ...] | None  # None: fresh subkernels only
+    own: tuple[str, ...] = ()  # the user's packages; () : the swept package's top level
 
     @property
     def tree(self) -> SweptTree:
@@ -92,7 +93,7 @@ class _Plan:
 
 def _scan_fresh(module: str, plan: _Plan) -> SweepRow:
     started = time.time()
-    result = scan(module, path=plan.roots, driver=plan.driver, timeout=plan.timeout)
+    result = scan(module, path=plan.roots, driver=plan.driver, timeout=plan.timeout, own=plan.own)
     row = SweepRow.from_scan(module, result, started, time.time())
     return replace(row, deps=in_package_deps(plan.tree, [node.file for node in result.modules]))
 
@@ -114,6 +115,7 @@ def _zygote_chunk(modules: list[str], plan: _Plan) -> dict[str, Any]:
         jobs=1,
         timeout=plan.timeout,
         on_row=rows.append,
+        own=plan.own,
     )
     rows += [_scan_fresh(m, plan) for m in done.leftover]
     return {
@@ -175,6 +177,7 @@ def _run_zygote_here(plan: _Plan, pending: Sequence[str], run: _Run, tree: Swept
         jobs=plan.jobs,
         timeout=plan.timeout,
         on_row=run.record,
+        own=plan.own,
     )
     if done.leftover:
         _run_fresh(plan, done.leftover, run, None)
@@ -217,6 +220,7 @@ def sweep(
     preload: str | Sequence[str] | None = "auto",
     fresh: bool = False,
     exclude: Iterable[str] = (),
+    own: str | Iterable[str] = (),
 ) -> SweepResult:
     """Scan every submodule of ``package`` alone, ``jobs`` at a time (or on ``executor``).
 
@@ -239,6 +243,9 @@ def sweep(
         module, zygote mode one task per chunk of modules.
     progress
         ``progress(done, total, row)``, called after each module.
+    own
+        The user's own packages (names or globs); each row's line to change is
+        the last line on its chain in them.  Default: the swept package's top level.
     """
     if jobs is not None and jobs < 1:
         raise UsageError(f"--jobs must be at least 1, got {jobs}")
@@ -254,6 +261,7 @@ def sweep(
         timeout,
         jobs or os.cpu_count() or 1,
         None if fresh else _preload_list(tree, roots, preload),
+        validate_own(own),
     )
     journal = Journal(Path(json_path) if json_path is not None else None, tree.package, roots)
     fingerprints = Fingerprints(tree)

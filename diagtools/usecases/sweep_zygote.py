@@ -50,8 +50,10 @@ def in_package_deps(tree: SweptTree, files: Sequence[str | None]) -> tuple[str, 
     return tuple(sorted({rel for rel in (tree.relative(f) for f in files) if rel is not None}))
 
 
-def _row(module: str, raw: RawRun, setup: DriverSetup, tree: SweptTree, outcome: ZygoteOutcome) -> SweepRow:
-    result: ScanResult = assemble(raw, (module,), setup.info)
+def _row(
+    module: str, raw: RawRun, setup: DriverSetup, tree: SweptTree, outcome: ZygoteOutcome, *, own: tuple[str, ...]
+) -> SweepRow:
+    result: ScanResult = assemble(raw, (module,), setup.info, own)
     row = SweepRow.from_scan(module, result, raw.started_at, time.time(), mode="zygote")
     files = [node.file for node in result.modules] + [file for _, file in outcome.inside]
     return _with_deps(row, in_package_deps(tree, files))
@@ -70,8 +72,15 @@ def _needs_fresh_scan(row: SweepRow) -> bool:
 class _Collector:
     """Turns the zygote's children into rows; remembers the modules a fresh scan must redo."""
 
-    def __init__(self, modules: Sequence[str], setup: DriverSetup, tree: SweptTree, on_row: Callable[[SweepRow], None]):
-        self.modules, self.setup, self.tree, self.on_row = modules, setup, tree, on_row
+    def __init__(
+        self,
+        modules: Sequence[str],
+        setup: DriverSetup,
+        tree: SweptTree,
+        on_row: Callable[[SweepRow], None],
+        own: tuple[str, ...] = (),
+    ):
+        self.modules, self.setup, self.tree, self.on_row, self.own = modules, setup, tree, on_row, own
         self.redo: list[str] = []
 
     def __call__(self, index: int, raw: RawRun | None, outcome: ZygoteOutcome) -> None:
@@ -81,7 +90,7 @@ class _Collector:
             row = SweepRow.preloaded_in_zygote(module, seconds, time.time())
             self.on_row(_with_deps(row, in_package_deps(self.tree, [f for _, f in outcome.inside])))
             return
-        row = _row(module, raw, self.setup, self.tree, outcome)
+        row = _row(module, raw, self.setup, self.tree, outcome, own=self.own)
         if _needs_fresh_scan(row):
             self.redo.append(module)
         else:
@@ -108,12 +117,13 @@ def zygote_pass(
     jobs: int,
     timeout: float,
     on_row: Callable[[SweepRow], None],
+    own: tuple[str, ...] = (),
 ) -> ZygotePass:
     """Scan ``modules`` in children of a zygote that preloaded ``preload``; ``on_row`` gets each row."""
     attempt, notes = list(preload), []
     request = _request(setup, roots, timeout)
     while True:
-        collector = _Collector(modules, setup, tree, on_row)
+        collector = _Collector(modules, setup, tree, on_row, own)
         outcome = run_zygote(
             request,
             modules,
