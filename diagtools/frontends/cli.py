@@ -223,6 +223,23 @@ def _check_writable(destination: str | None, option: str) -> None:
         raise UsageError(f"{option} {destination!r} {problem}; choose another file")
 
 
+def _check_journal(destination: str) -> None:
+    """A journal that can be opened for appending; never created here.
+
+    Creating a probe file (as :func:`_check_writable` does) would race a sweep
+    started at the same moment on the same new journal: the loser must meet
+    that sweep's lock, not a file that appeared between its checks.
+    """
+    path = Path(destination)
+    if "\0" in destination:
+        raise UsageError(f"--json {destination!r} contains a NUL byte; choose another file")
+    if path.is_dir() or (path.exists() and not os.access(path, os.W_OK)):
+        raise UsageError(f"--json {destination!r} is not a writable journal file; choose another file")
+    parent = path.parent
+    if not path.exists() and not (parent.is_dir() and os.access(parent, os.W_OK | os.X_OK)):
+        raise UsageError(f"--json {destination!r} cannot be created in {str(parent)!r}; choose another file")
+
+
 def _probe_create(path: Path) -> str:
     try:
         os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
@@ -316,10 +333,8 @@ def _run_sweep(args: argparse.Namespace) -> int:
 
     if args.jobs is not None and args.jobs < 1:
         raise UsageError(f"--jobs must be at least 1, got {args.jobs}")
-    if args.json and not Path(args.json).exists():
-        _check_writable(args.json, "--json")
-    elif args.json and (Path(args.json).is_dir() or not os.access(args.json, os.W_OK)):
-        raise UsageError(f"--json {args.json!r} is not a writable journal file; choose another file")
+    if args.json:
+        _check_journal(args.json)
     result = sweep(
         args.package,
         path=args.path,

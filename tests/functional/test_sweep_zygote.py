@@ -6,6 +6,7 @@ from __future__ import annotations
 import fcntl
 import importlib.machinery
 import json
+from pathlib import Path
 
 import pytest
 
@@ -210,6 +211,24 @@ def test_a_locked_journal_is_refused_in_one_line(zp, tmp_path):
         done = cli("sweep", "zp", "--path", str(zp), "--driver", "simulated", "--json", str(journal))
     assert done.returncode == 2
     assert done.stderr.strip() == (
+        f"diagtools: error: {journal} is in use by another sweep; wait for it to finish or choose another --json"
+    )
+
+
+def test_the_loser_of_a_race_on_a_new_journal_meets_the_winners_lock(zp, tmp_path, monkeypatch, capsys):
+    """Two sweeps started together on one new journal: the winner creates and locks it between the
+    loser's "does it exist?" and its open.  Replayed deterministically: the loser is told the file
+    does not exist yet while the winner (this test) already holds it."""
+    from diagtools.frontends import cli as cli_module
+
+    journal = tmp_path / "new.jsonl"
+    real_exists = Path.exists
+    monkeypatch.setattr(Path, "exists", lambda self: False if self == journal else real_exists(self))
+    with journal.open("a") as winner:
+        fcntl.flock(winner.fileno(), fcntl.LOCK_EX)
+        code = cli_module.main(["sweep", "zp", "--path", str(zp), "--driver", "simulated", "--json", str(journal)])
+    assert code == 2
+    assert capsys.readouterr().err.strip() == (
         f"diagtools: error: {journal} is in use by another sweep; wait for it to finish or choose another --json"
     )
 
