@@ -296,6 +296,7 @@ def _install():
     _thread.start_new_thread = _traced_start_new_thread
     if hasattr(_thread, "start_joinable_thread"):
         _install_joinable()
+    _install_in_loaded_threading()
 
 
 def _install_joinable():
@@ -305,6 +306,18 @@ def _install_joinable():
         return original(_traced_thread(function, sys._getframe(1)), *args, **kwargs)
 
     _thread.start_joinable_thread = start_joinable_thread
+
+
+def _install_in_loaded_threading():
+    """``threading`` copies the start functions when it loads; one loaded before the probe (the sweep
+    zygote preloads it with torch) still holds the untraced ones, so it gets the traced ones too."""
+    threading = sys.modules.get("threading")
+    if threading is None:
+        return
+    names = {"_start_new_thread": "start_new_thread", "_start_joinable_thread": "start_joinable_thread"}
+    for copy, name in names.items():
+        if copy in vars(threading) and hasattr(_thread, name):
+            setattr(threading, copy, getattr(_thread, name))
 
 
 # ---- errors ------------------------------------------------------------------
