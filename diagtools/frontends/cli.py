@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from diagtools.driver import DRIVER_CHOICES
-from diagtools.errors import DiagtoolsError, UsageError
+from diagtools.errors import DiagtoolsError, SweepInterrupted, UsageError
 from diagtools.model.replay import REPLAY_BROKEN, START_METHODS
 from diagtools.usecases.scan import DEFAULT_SETTLE_S
 
@@ -142,6 +142,13 @@ def _add_sweep(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--exclude", action="append", default=[], metavar="PATTERN", help="glob on module names to skip (repeatable)"
     )
+    parser.add_argument(
+        "--baseline",
+        metavar="FILE",
+        help="an earlier sweep's journal or --summary: exit 1 only for root causes it does not list",
+    )
+    parser.add_argument("--summary", metavar="FILE", help="write the sweep's answer (root causes, rows) as JSON")
+    parser.add_argument("--html", metavar="FILE", help="write the root-cause summary as an HTML page")
     _add_own(parser)
     _add_debug(parser)
 
@@ -328,13 +335,17 @@ def _print(text: str) -> None:
 
 def _run_sweep(args: argparse.Namespace) -> int:
     from diagtools.frontends.progress import terminal_progress
-    from diagtools.render.text import render_sweep
+    from diagtools.render.text import render_baseline, render_sweep
     from diagtools.usecases.sweep import sweep
+    from diagtools.usecases.sweep_journal import read_baseline
 
     if args.jobs is not None and args.jobs < 1:
         raise UsageError(f"--jobs must be at least 1, got {args.jobs}")
     if args.json:
         _check_journal(args.json)
+    _check_writable(args.summary, "--summary")
+    _check_writable(args.html, "--html")
+    known = read_baseline(args.baseline) if args.baseline else None
     result = sweep(
         args.package,
         path=args.path,
@@ -349,7 +360,21 @@ def _run_sweep(args: argparse.Namespace) -> int:
         own=args.own,
     )
     _print(render_sweep(result))
+    _write_sweep_files(result, args)
+    if known is not None:
+        _print(render_baseline(result, known, args.baseline))
+        return EXIT_CUDA if result.new_causes(known) else EXIT_OK
     return EXIT_CUDA if (args.fail_on_cuda and result.culprits) else EXIT_OK
+
+
+def _write_sweep_files(result: Any, args: argparse.Namespace) -> None:
+    """``--summary`` and ``--html``: written after the report is printed, so a failure loses nothing."""
+    if args.summary:
+        _write_json(result.to_json(), args.summary)
+    if args.html:
+        from diagtools.render.html import sweep_html
+
+        Path(args.html).write_text(sweep_html(result), encoding="utf-8")
 
 
 def _run_bisect(args: argparse.Namespace) -> int:
@@ -467,6 +492,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     restore = _translate_termination()
     try:
         return handlers[args.command](args)
+    except SweepInterrupted as exc:
+        return _interrupted_sweep(exc)
     except _Terminated as exc:
         print(f"diagtools: {signal.Signals(exc.signum).name}: stopped, subkernels killed", file=sys.stderr)
         return EXIT_HANGUP if exc.signum == signal.SIGHUP else EXIT_TERMINATED
@@ -488,6 +515,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     finally:
         restore()
+
+
+def _interrupted_sweep(exc: SweepInterrupted) -> int:
+    """Ctrl-C (or SIGTERM/SIGHUP) in a sweep: the summary of what it had, then the signal's exit code."""
+    from diagtools.render.text import render_sweep
+
+    _print(render_sweep(exc.result))  # type: ignore[arg-type]
+    if exc.signum is None:
+        print("diagtools: interrupted, subkernels killed", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    print(f"diagtools: {signal.Signals(exc.signum).name}: stopped, subkernels killed", file=sys.stderr)
+    return EXIT_HANGUP if exc.signum == signal.SIGHUP else EXIT_TERMINATED
 
 
 def _one_line(value: object) -> str:

@@ -11,6 +11,7 @@ from diagtools.errors import MissingExtraError
 from diagtools.model.diff import ScanDiff
 from diagtools.model.replay import ChildOutcome, ReplayComparison, ReplayResult
 from diagtools.model.scan import Culprit, ScanResult, Site
+from diagtools.model.sweep import RootCause, SweepResult
 from diagtools.model.verdict import Verdict
 
 __all__ = [
@@ -22,6 +23,7 @@ __all__ = [
     "replay_html",
     "scan_html",
     "svg_of",
+    "sweep_html",
 ]
 
 _STYLE = (
@@ -123,6 +125,37 @@ def scan_html(result: ScanResult, *, graph: bool = False, selected: str | None =
     if graph:
         parts.append(graph_block(result.graph, _graph_details(result), selected=selected))
     parts.append("</div>")
+    return "".join(parts)
+
+
+def sweep_html(result: SweepResult) -> str:
+    """The sweep's answer: each root cause once, then the modules that initialize CUDA."""
+    verdict = _verdict_badge(result.verdict)
+    causes = result.causes
+    parts = [
+        _STYLE,
+        '<div class="dt">',
+        f"<p><b>diagtools sweep</b> <code>{escape(result.package)}</code> &mdash; {verdict}</p>",
+        f"<p>{len(result.rows)} modules, {len(result.culprits)} initialize CUDA through {len(causes)} root "
+        f"cause(s); {len(result.failures)} failed to import ({result.seconds:.1f} s, {escape(result.mode)}).</p>",
+    ]
+    if result.interrupted:
+        parts.append(f'<p class="unknown">Interrupted: {result.interrupted} modules were not scanned.</p>')
+    if causes:
+        parts.append("<h3>Root causes</h3><ol>" + "".join(_cause_html(cause) for cause in causes) + "</ol>")
+    parts.append("</div>")
+    return "".join(parts)
+
+
+def _cause_html(cause: RootCause) -> str:
+    parts = [f"<li><code>{escape(cause.key)}</code>"]
+    if cause.line_to_change is not None:
+        parts.append(_site_html("<b>Line to change</b>", cause.line_to_change))
+    if cause.initialized_in is not None and cause.initialized_in != cause.line_to_change:
+        parts.append(_site_html("Initialized in", cause.initialized_in))
+    parent = f", {len(cause.through_parent)} only through a parent package" if cause.through_parent else ""
+    names = ", ".join(f"<code>{escape(m)}</code>" for m in cause.modules)
+    parts.append(f"<p>Reached by {len(cause.modules)} module(s){parent}: {names}</p></li>")
     return "".join(parts)
 
 

@@ -328,12 +328,46 @@ def _sweep_where(row: SweepRow) -> str:
     return _one_line(row.error)
 
 
+def _cause_lines(result: SweepResult) -> list[str]:
+    """Each root cause once: the line to change, the initializer, how many modules reach it."""
+    causes = result.causes
+    if not causes:
+        return []
+    lines = [f"root causes: {len(causes)} (for {len(result.culprits)} modules that initialize CUDA)"]
+    for number, cause in enumerate(causes, 1):
+        lines.append(_one_line(f"  {number}. {cause.key}"))
+        if cause.line_to_change is not None:
+            lines.append(_one_line(f"     line to change: {cause.line_to_change.file}:{cause.line_to_change.line}"))
+        if cause.initialized_in is not None and cause.initialized_in != cause.line_to_change:
+            lines.append(_one_line(f"     initialized in: {cause.initialized_in.file}:{cause.initialized_in.line}"))
+        parent = len(cause.through_parent)
+        only = f", {parent} only through a parent package" if parent else ""
+        lines.append(_one_line(f"     reached by {len(cause.modules)} module(s){only}: {_names(cause.modules)}"))
+    return lines
+
+
+def _names(modules: Sequence[str], limit: int = 6) -> str:
+    shown = ", ".join(modules[:limit])
+    return shown + (f", ... {len(modules) - limit} more" if len(modules) > limit else "")
+
+
+@_safe
+def render_baseline(result: SweepResult, known: frozenset[str], source: str) -> str:
+    """What a baseline comparison found: the new root causes (the ones that fail), and the known ones."""
+    new = result.new_causes(known)
+    known_here = len(result.causes) - len(new)
+    lines = [f"baseline {_one_line(source)}: {len(new)} new root cause(s), {known_here} known"]
+    lines += [_one_line(f"  NEW: {cause.key} ({len(cause.modules)} module(s))") for cause in new]
+    return "\n".join(lines)
+
+
 def _sweep_mode(result: SweepResult) -> str:
     if result.mode == "zygote":
         preload = ", ".join(result.preload) or "nothing"
         line = f"mode: zygote (preloaded {preload}; each module in a forked child)"
     else:
         line = "mode: fresh subkernels"
+    line += "".join(f"\npreload: {_one_line(note)}" for note in result.preload_notes)
     return line + (f"\nfallback: {result.fallback}" if result.fallback else "")
 
 
@@ -346,7 +380,12 @@ def render_sweep(result: SweepResult) -> str:
         cuda = {"initializes-cuda": "YES", "clean": "no"}.get(row.verdict.value, "?")
         table.append([row.module, cuda, f"{row.import_s:.3f}", row.status, _sweep_where(row)])
     lines = text_table(["module", "CUDA?", "import s", "status", "culprit / site"], table, right=(2,))
+    lines += _cause_lines(result)
     lines.append(_sweep_mode(result))
+    if result.interrupted:
+        lines.append(
+            f"interrupted: {result.interrupted} modules were not scanned; rerun with the same --json to resume"
+        )
     resumed = f", {result.resumed} from the journal" if result.resumed else ""
     inherited = sum(1 for row in result.culprits if row.cuda_source == "parent")
     lines.append(

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from diagtools.driver import resolve_driver
-from diagtools.errors import UsageError
+from diagtools.errors import SweepInterrupted, UsageError
 from diagtools.model.sweep import SweepResult, SweepRow
 from diagtools.runner.subkernel import abort_runs
 from diagtools.usecases.scan import scan, validate_own, validate_paths, validate_targets, validate_timeout
@@ -271,10 +271,30 @@ def sweep(
         resumed = len(rows)
         run = _Run(tree.modules, rows, journal, fingerprints, progress)
         pending = [m for m in tree.modules if m not in rows]
-        done = _dispatch(plan, pending, run, executor, tree)
-    ordered = tuple(run.rows[m] for m in tree.modules)
+        try:
+            done = _dispatch(plan, pending, run, executor, tree)
+        except KeyboardInterrupt as exc:
+            stopped = ZygotePass(plan.preload or (), "", ())
+            partial = _result(tree, run, resumed, started, plan=plan, done=stopped)
+            raise SweepInterrupted(partial, getattr(exc, "signum", None)) from exc
+    return _result(tree, run, resumed, started, plan=plan, done=done)
+
+
+def _result(tree: SweptTree, run: _Run, resumed: int, started: float, *, plan: _Plan, done: ZygotePass) -> SweepResult:
+    """The rows so far in module order; ``interrupted`` counts the modules without one."""
+    ordered = tuple(run.rows[m] for m in tree.modules if m in run.rows)
     mode = "zygote" if plan.preload is not None and done.used else "fresh"
-    return SweepResult(tree.package, ordered, resumed, time.perf_counter() - started, mode, done.preload, done.fallback)
+    return SweepResult(
+        tree.package,
+        ordered,
+        resumed,
+        time.perf_counter() - started,
+        mode,
+        done.preload,
+        done.fallback,
+        interrupted=len(tree.modules) - len(ordered),
+        preload_notes=done.notes,
+    )
 
 
 def _dispatch(plan: _Plan, pending: Sequence[str], run: _Run, executor: Executor | None, tree: SweptTree) -> ZygotePass:

@@ -43,6 +43,7 @@ class ZygotePass:
     fallback: str
     leftover: tuple[str, ...]
     used: bool = True  # False: the zygote was refused and every module went to fresh subkernels
+    notes: tuple[str, ...] = ()  # what was preloaded beyond the list given, and why
 
 
 def in_package_deps(tree: SweptTree, files: Sequence[str | None]) -> tuple[str, ...]:
