@@ -16,7 +16,6 @@ process reads those declarations once (tens of milliseconds), then only
 from __future__ import annotations
 
 import hashlib
-import importlib.machinery
 import os
 import shlex
 import subprocess
@@ -76,6 +75,7 @@ class SimulatedWorld:
 
 
 _world_cache: dict[tuple[object, ...], SimulatedWorld] = {}
+_ABI3_FLOOR = "3.10"  # cuprobe.c's Py_LIMITED_API
 
 
 def cache_dir() -> Path:
@@ -200,11 +200,14 @@ def build_injection_library() -> Path:
 
 
 def build_probe_extension() -> Path:
-    """The compiled ``_diagtools_cuprobe`` extension for the running interpreter."""
+    """The compiled ``_diagtools_cuprobe`` extension, built once for every supported interpreter.
+
+    It uses only the stable ABI of CPython 3.10 (``Py_LIMITED_API``), so the
+    key names no interpreter: a scan with ``--python`` loads the same file.
+    """
     source = _SOURCES / "cuprobe.c"
-    suffix = importlib.machinery.EXTENSION_SUFFIXES[0]
-    key = _build_key(source.read_bytes(), *_compiler(), sys.version, sys.prefix, suffix)
-    library = cache_dir() / "cuprobe" / key / f"_diagtools_cuprobe{suffix}"
+    key = _build_key(source.read_bytes(), *_compiler(), "abi3", _ABI3_FLOOR)
+    library = cache_dir() / "cuprobe" / key / "_diagtools_cuprobe.abi3.so"
     if library.exists():
         return library
     import sysconfig  # only needed to compile: finding the headers costs a few ms

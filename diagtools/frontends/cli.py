@@ -96,7 +96,16 @@ def _add_scan(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--stack", action="store_true", help="print the whole Python stack of the culprit")
     parser.add_argument("--svg", metavar="FILE", help="write the import graph (culprit chains) as SVG")
     _add_own(parser)
+    _add_python(parser)
     _add_debug(parser)
+
+
+def _add_python(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--python",
+        metavar="PATH",
+        help="run the subkernel with this interpreter (the environment under test; CPython 3.10+)",
+    )
 
 
 def _add_own(parser: argparse.ArgumentParser) -> None:
@@ -121,6 +130,7 @@ def _add_replay(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--driver", choices=DRIVER_CHOICES, default="auto")
     parser.add_argument("--timeout", type=_timeout, default=60.0, metavar="S")
     parser.add_argument("--json", metavar="FILE|-", help="write the diagtools.replay/1 document ('-' for stdout)")
+    _add_python(parser)
     _add_debug(parser)
 
 
@@ -150,6 +160,7 @@ def _add_sweep(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--summary", metavar="FILE", help="write the sweep's answer (root causes, rows) as JSON")
     parser.add_argument("--html", metavar="FILE", help="write the root-cause summary as an HTML page")
     _add_own(parser)
+    _add_python(parser)
     _add_debug(parser)
 
 
@@ -281,7 +292,13 @@ def _run_scan(args: argparse.Namespace) -> int:
 
     _check_writable(args.json, "--json")
     result = scan(
-        args.targets, path=args.path, driver=args.driver, timeout=args.timeout, settle=args.settle, own=args.own
+        args.targets,
+        path=args.path,
+        driver=args.driver,
+        timeout=args.timeout,
+        settle=args.settle,
+        own=args.own,
+        python=args.python,
     )
     if args.svg:
         from diagtools.render.graph import write_svg
@@ -298,7 +315,13 @@ def _run_replay(args: argparse.Namespace) -> int:
     from diagtools.usecases.replay import compare_replays, replay_fork
 
     _check_writable(args.json, "--json")
-    common = {"child": args.child, "path": args.path, "driver": args.driver, "timeout": args.timeout}
+    common = {
+        "child": args.child,
+        "path": args.path,
+        "driver": args.driver,
+        "timeout": args.timeout,
+        "python": args.python,
+    }
     if args.compare:
         before, after = args.compare
         comparison = compare_replays(args.target, before=before, after=after, **common)
@@ -358,6 +381,7 @@ def _run_sweep(args: argparse.Namespace) -> int:
         fresh=args.fresh,
         exclude=args.exclude,
         own=args.own,
+        python=args.python,
     )
     _print(render_sweep(result))
     _write_sweep_files(result, args)

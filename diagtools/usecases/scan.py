@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Callable, Iterable
 from dataclasses import replace
 
@@ -12,6 +13,7 @@ from diagtools.errors import UsageError
 from diagtools.model.scan import Culprit, ScanResult
 from diagtools.runner.subkernel import RawRun, SubkernelRequest, run_subkernel
 from diagtools.usecases.assemble import assemble
+from diagtools.usecases.interpreter import validate_python
 
 __all__ = [
     "DEFAULT_SETTLE_S",
@@ -85,6 +87,7 @@ def scan(
     refine: bool = True,
     runner: Runner = run_subkernel,
     own: str | Iterable[str] = (),
+    python: str | os.PathLike[str] | None = None,
 ) -> ScanResult:
     """Import ``targets`` in a fresh subkernel and report who initialized CUDA.
 
@@ -113,6 +116,9 @@ def scan(
         The user's own packages (names such as ``vllm``, or globs on dotted
         names): the culprit's line to change is the last line on its chain in
         them.  Default: the targets' top-level packages.
+    python
+        The interpreter that runs the subkernel (the environment under test);
+        default: this one.  CPython 3.10 or later.
     """
     names = validate_targets(targets)
     mine = validate_own(own)
@@ -120,8 +126,9 @@ def scan(
     timeout = validate_timeout(timeout)
     if not 0 <= settle < timeout:
         raise UsageError(f"--settle must be at least 0 and below the timeout ({timeout} s), got {settle}")
+    interpreter = validate_python(python)
     setup = resolve_driver(driver)
-    request = probe_request(names, roots, setup.env, timeout, settle)
+    request = probe_request(names, roots, setup.env, timeout, settle, python=interpreter)
     result = assemble(runner(request), names, setup.info, mine)
     if refine and _needs_refinement(result.culprit):
         result = _refine(result, request, runner, mine)
@@ -147,6 +154,8 @@ def probe_request(
     env: dict[str, str],
     timeout: float,
     settle: float = 0.0,
+    *,
+    python: str = sys.executable,
 ) -> SubkernelRequest:
     """A subkernel run of the import probe over ``targets``."""
     settings = {
@@ -156,7 +165,7 @@ def probe_request(
         protocol.SCAN_REFINE: "",
         protocol.SCAN_SETTLE: repr(float(settle)),
     }
-    return SubkernelRequest(SCAN_PROBE, settings, env, timeout, flags=("-S",))
+    return SubkernelRequest(SCAN_PROBE, settings, env, timeout, flags=("-S",), python=python)
 
 
 def _needs_refinement(culprit: Culprit | None) -> bool:

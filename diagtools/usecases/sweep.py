@@ -29,6 +29,7 @@ from diagtools.driver import resolve_driver
 from diagtools.errors import SweepInterrupted, UsageError
 from diagtools.model.sweep import SweepResult, SweepRow
 from diagtools.runner.subkernel import abort_runs
+from diagtools.usecases.interpreter import validate_python
 from diagtools.usecases.scan import scan, validate_own, validate_paths, validate_targets, validate_timeout
 from diagtools.usecases.sweep_discover import SweptTree, discover_modules, locate_tree
 from diagtools.usecases.sweep_journal import Fingerprints, Journal
@@ -85,6 +86,7 @@ class _Plan:
     jobs: int
     preload: tuple[str, ...] | None  # None: fresh subkernels only
     own: tuple[str, ...] = ()  # the user's packages; () : the swept package's top level
+    python: str = sys.executable  # the subkernels' interpreter
 
     @property
     def tree(self) -> SweptTree:
@@ -93,7 +95,7 @@ class _Plan:
 
 def _scan_fresh(module: str, plan: _Plan) -> SweepRow:
     started = time.time()
-    result = scan(module, path=plan.roots, driver=plan.driver, timeout=plan.timeout, own=plan.own)
+    result = scan(module, path=plan.roots, driver=plan.driver, timeout=plan.timeout, own=plan.own, python=plan.python)
     row = SweepRow.from_scan(module, result, started, time.time())
     return replace(row, deps=in_package_deps(plan.tree, [node.file for node in result.modules]))
 
@@ -116,6 +118,7 @@ def _zygote_chunk(modules: list[str], plan: _Plan) -> dict[str, Any]:
         timeout=plan.timeout,
         on_row=rows.append,
         own=plan.own,
+        python=plan.python,
     )
     rows += [_scan_fresh(m, plan) for m in done.leftover]
     return {
@@ -178,6 +181,7 @@ def _run_zygote_here(plan: _Plan, pending: Sequence[str], run: _Run, tree: Swept
         timeout=plan.timeout,
         on_row=run.record,
         own=plan.own,
+        python=plan.python,
     )
     if done.leftover:
         _run_fresh(plan, done.leftover, run, None)
@@ -221,6 +225,7 @@ def sweep(
     fresh: bool = False,
     exclude: Iterable[str] = (),
     own: str | Iterable[str] = (),
+    python: str | os.PathLike[str] | None = None,
 ) -> SweepResult:
     """Scan every submodule of ``package`` alone, ``jobs`` at a time (or on ``executor``).
 
@@ -246,6 +251,8 @@ def sweep(
     own
         The user's own packages (names or globs); each row's line to change is
         the last line on its chain in them.  Default: the swept package's top level.
+    python
+        The interpreter of the subkernels and the zygote (default: this one).
     """
     if jobs is not None and jobs < 1:
         raise UsageError(f"--jobs must be at least 1, got {jobs}")
@@ -262,6 +269,7 @@ def sweep(
         jobs or os.cpu_count() or 1,
         None if fresh else _preload_list(tree, roots, preload),
         validate_own(own),
+        validate_python(python),
     )
     journal = Journal(Path(json_path) if json_path is not None else None, tree.package, roots)
     fingerprints = Fingerprints(tree)

@@ -12,6 +12,7 @@ which refines the site with a line-traced rerun.
 from __future__ import annotations
 
 import os
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -98,14 +99,15 @@ class _Collector:
             self.on_row(row)
 
 
-def _request(setup: DriverSetup, roots: tuple[str, ...], timeout: float) -> SubkernelRequest:
+def _request(setup: DriverSetup, roots: tuple[str, ...], timeout: float, python: str) -> SubkernelRequest:
     settings = {
         protocol.CUPROBE: str(build_probe_extension()),
         protocol.SCAN_PATH: "\n".join(roots),
         protocol.SCAN_SETTLE: repr(DEFAULT_SETTLE_S),  # as a fresh scan waits for the threads a module started
     }
     env = {**{name: os.environ.get(name) or "1" for name in _ONE_THREAD}, **setup.env}
-    return SubkernelRequest(SWEEP_ZYGOTE, settings, env, max(timeout, PRELOAD_TIMEOUT_MIN_S), flags=("-S",))
+    limit = max(timeout, PRELOAD_TIMEOUT_MIN_S)
+    return SubkernelRequest(SWEEP_ZYGOTE, settings, env, limit, flags=("-S",), python=python)
 
 
 def zygote_pass(
@@ -119,10 +121,11 @@ def zygote_pass(
     timeout: float,
     on_row: Callable[[SweepRow], None],
     own: tuple[str, ...] = (),
+    python: str = sys.executable,
 ) -> ZygotePass:
     """Scan ``modules`` in children of a zygote that preloaded ``preload``; ``on_row`` gets each row."""
     attempt, notes = list(preload), []
-    request = _request(setup, roots, timeout)
+    request = _request(setup, roots, timeout, python)
     while True:
         collector = _Collector(modules, setup, tree, on_row, own)
         outcome = run_zygote(
