@@ -150,6 +150,12 @@ def _add_sweep(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--fresh", action="store_true", help="a fresh subkernel per module, no zygote (slower)")
     parser.add_argument(
+        "--no-adapt",
+        dest="adapt",
+        action="store_false",
+        help="keep the preload as given (default: also preload the package modules most children import)",
+    )
+    parser.add_argument(
         "--exclude", action="append", default=[], metavar="PATTERN", help="glob on module names to skip (repeatable)"
     )
     parser.add_argument(
@@ -382,6 +388,7 @@ def _run_sweep(args: argparse.Namespace) -> int:
         exclude=args.exclude,
         own=args.own,
         python=args.python,
+        adapt=args.adapt,
     )
     _print(render_sweep(result))
     _write_sweep_files(result, args)

@@ -87,6 +87,7 @@ class _Plan:
     preload: tuple[str, ...] | None  # None: fresh subkernels only
     own: tuple[str, ...] = ()  # the user's packages; () : the swept package's top level
     python: str = sys.executable  # the subkernels' interpreter
+    adapt: bool = True  # grow the preload from what the first children import
 
     @property
     def tree(self) -> SweptTree:
@@ -182,6 +183,7 @@ def _run_zygote_here(plan: _Plan, pending: Sequence[str], run: _Run, tree: Swept
         on_row=run.record,
         own=plan.own,
         python=plan.python,
+        adapt=plan.adapt,
     )
     if done.leftover:
         _run_fresh(plan, done.leftover, run, None)
@@ -226,6 +228,7 @@ def sweep(
     exclude: Iterable[str] = (),
     own: str | Iterable[str] = (),
     python: str | os.PathLike[str] | None = None,
+    adapt: bool = True,
 ) -> SweepResult:
     """Scan every submodule of ``package`` alone, ``jobs`` at a time (or on ``executor``).
 
@@ -253,6 +256,11 @@ def sweep(
         the last line on its chain in them.  Default: the swept package's top level.
     python
         The interpreter of the subkernels and the zygote (default: this one).
+    adapt
+        In zygote mode without an executor, on a package of at least 100
+        modules: learn from a sample of children which of the package's modules
+        most of them import, and preload those too (each checked clean in the
+        zygote); ``result.preload_notes`` says what was added and why.
     """
     if jobs is not None and jobs < 1:
         raise UsageError(f"--jobs must be at least 1, got {jobs}")
@@ -270,6 +278,7 @@ def sweep(
         None if fresh else _preload_list(tree, roots, preload),
         validate_own(own),
         validate_python(python),
+        bool(adapt),
     )
     journal = Journal(Path(json_path) if json_path is not None else None, tree.package, roots)
     fingerprints = Fingerprints(tree)

@@ -27,7 +27,7 @@ from diagtools.usecases.assemble import assemble
 from diagtools.usecases.scan import DEFAULT_SETTLE_S, SCAN_PROBE
 from diagtools.usecases.sweep_discover import SweptTree
 
-__all__ = ["SWEEP_ZYGOTE", "ZygotePass", "in_package_deps", "zygote_pass"]
+__all__ = ["ADAPT_MIN_MODULES", "SWEEP_ZYGOTE", "ZygotePass", "in_package_deps", "zygote_pass"]
 
 SWEEP_ZYGOTE = agents.program("sweep_zygote")
 PRELOAD_TIMEOUT_MIN_S = 300.0
@@ -54,11 +54,36 @@ def in_package_deps(tree: SweptTree, files: Sequence[str | None]) -> tuple[str, 
 
 def _row(
     module: str, raw: RawRun, setup: DriverSetup, tree: SweptTree, outcome: ZygoteOutcome, *, own: tuple[str, ...]
-) -> SweepRow:
+) -> tuple[SweepRow, ScanResult]:
     result: ScanResult = assemble(raw, (module,), setup.info, own)
     row = SweepRow.from_scan(module, result, raw.started_at, time.time(), mode="zygote")
     files = [node.file for node in result.modules] + [file for _, file in outcome.inside]
-    return _with_deps(row, in_package_deps(tree, files))
+    return _with_deps(row, in_package_deps(tree, files)), result
+
+
+class _Learner:
+    """What the first children imported of the swept package: the candidates for a larger preload."""
+
+    def __init__(self, package: str) -> None:
+        self.package = package
+        self.counts: dict[str, int] = {}  # first-import order: a package before its modules
+        self.children = 0
+        self.unsafe: set[str] = set()
+
+    def observe(self, module: str, result: ScanResult) -> None:
+        self.children += 1
+        for culprit in result.culprits:
+            self.unsafe.update(culprit.chain)
+        for node in result.modules:
+            inside = node.name == self.package or node.name.startswith(self.package + ".")
+            if inside and node.name != module and node.complete and node.phase == "import":
+                self.counts[node.name] = self.counts.get(node.name, 0) + 1
+
+    def candidates(self, share: float, exclude: Sequence[str]) -> list[tuple[str, int]]:
+        """Modules most children imported (at least ``share`` of them), clean in every child, in import order."""
+        floor = max(2, share * self.children)
+        skip = set(exclude) | self.unsafe
+        return [(name, count) for name, count in self.counts.items() if count >= floor and name not in skip]
 
 
 def _with_deps(row: SweepRow, deps: tuple[str, ...]) -> SweepRow:
@@ -80,9 +105,12 @@ class _Collector:
         setup: DriverSetup,
         tree: SweptTree,
         on_row: Callable[[SweepRow], None],
+        *,
         own: tuple[str, ...] = (),
+        learner: _Learner | None = None,
     ):
         self.modules, self.setup, self.tree, self.on_row, self.own = modules, setup, tree, on_row, own
+        self.learner = learner
         self.redo: list[str] = []
 
     def __call__(self, index: int, raw: RawRun | None, outcome: ZygoteOutcome) -> None:
@@ -92,7 +120,9 @@ class _Collector:
             row = SweepRow.preloaded_in_zygote(module, seconds, time.time())
             self.on_row(_with_deps(row, in_package_deps(self.tree, [f for _, f in outcome.inside])))
             return
-        row = _row(module, raw, self.setup, self.tree, outcome, own=self.own)
+        row, result = _row(module, raw, self.setup, self.tree, outcome, own=self.own)
+        if self.learner is not None:
+            self.learner.observe(module, result)
         if _needs_fresh_scan(row):
             self.redo.append(module)
         else:
@@ -110,6 +140,19 @@ def _request(setup: DriverSetup, roots: tuple[str, ...], timeout: float, python:
     return SubkernelRequest(SWEEP_ZYGOTE, settings, env, limit, flags=("-S",), python=python)
 
 
+@dataclass(frozen=True)
+class _Sweep:
+    """What every pass of one sweep shares: the tree, the driver, the limits, where rows go."""
+
+    tree: SweptTree
+    setup: DriverSetup
+    request: SubkernelRequest
+    jobs: int
+    timeout: float
+    on_row: Callable[[SweepRow], None]
+    own: tuple[str, ...]
+
+
 def zygote_pass(
     modules: Sequence[str],
     *,
@@ -122,12 +165,82 @@ def zygote_pass(
     on_row: Callable[[SweepRow], None],
     own: tuple[str, ...] = (),
     python: str = sys.executable,
+    adapt: bool = False,
 ) -> ZygotePass:
-    """Scan ``modules`` in children of a zygote that preloaded ``preload``; ``on_row`` gets each row."""
+    """Scan ``modules`` in children of a zygote that preloaded ``preload``; ``on_row`` gets each row.
+
+    With ``adapt`` (and at least :data:`ADAPT_MIN_MODULES` modules), the
+    preload grows: see :func:`_adaptive_pass`.
+    """
+    sweep = _Sweep(tree, setup, _request(setup, roots, timeout, python), jobs, timeout, on_row, own)
+    if adapt and len(modules) >= ADAPT_MIN_MODULES:
+        return _adaptive_pass(sweep, modules, list(preload))
+    return _pass(sweep, modules, list(preload))
+
+
+ADAPT_MIN_MODULES = 100  # below this, learning costs more zygote starts than it saves
+ADAPT_SAMPLE = 24  # children observed before choosing what else to preload
+ADAPT_SHARE = 0.5  # a module at least this share of them imported is preloaded
+
+
+def _spread(modules: Sequence[str], count: int) -> list[str]:
+    """``count`` modules spread evenly over the sorted list, so every part of the package is seen."""
+    step = len(modules) / count
+    return list(dict.fromkeys(modules[int(i * step)] for i in range(count)))
+
+
+def _adaptive_pass(sweep: _Sweep, modules: Sequence[str], preload: list[str]) -> ZygotePass:
+    """Learn from a sample of children which in-package modules most of them import, then preload those.
+
+    1. A zygote with ``preload`` scans an evenly spread sample, counting the
+       package's modules each child imported (never one on a culprit chain).
+    2. The candidates' own rows, where still to do, come from children of that
+       same preload, so every row is what a fresh subkernel would give.
+    3. A zygote that also preloads the candidates scans the rest; it checks each
+       one clean (no CUDA, no thread) as it preloads, and a refused one is
+       dropped with those after it, as for any preload.
+    """
+    learner = _Learner(sweep.tree.package)
+    sample = _spread(modules, ADAPT_SAMPLE)
+    first = _pass(sweep, sample, preload, learner)
+    if not first.used:
+        rest = [m for m in modules if m not in set(sample)]
+        return ZygotePass((), first.fallback, (*first.leftover, *rest), used=False)
+    chosen = learner.candidates(ADAPT_SHARE, preload)
+    done = set(sample)
+    own_rows = [name for name, _ in chosen if name in set(modules) and name not in done]
+    second = _pass(sweep, own_rows, preload) if own_rows else first
+    done.update(own_rows)
+    rest = [m for m in modules if m not in done]
+    grown = [*preload, *(name for name, _ in chosen)]
+    third = _pass(sweep, rest, grown) if rest else first
+    notes = _adapt_notes(learner, chosen, third.preload, len(sample))
+    fallback = "; ".join(n for n in (first.fallback, second.fallback, third.fallback) if n)
+    leftover = (*first.leftover, *second.leftover, *third.leftover)
+    return ZygotePass(third.preload, fallback, leftover, used=True, notes=notes)
+
+
+def _adapt_notes(
+    learner: _Learner, chosen: list[tuple[str, int]], used: Sequence[str], sampled: int
+) -> tuple[str, ...]:
+    if not chosen:
+        return (f"learned from {learner.children} of {sampled} sampled children: no module most of them import",)
+    kept = set(used)
+    notes = [
+        f"{name}: imported by {count} of {learner.children} sampled children"
+        + ("" if name in kept else " (refused by the zygote's check, not preloaded)")
+        for name, count in chosen
+    ]
+    return tuple(notes)
+
+
+def _pass(sweep: _Sweep, modules: Sequence[str], preload: list[str], learner: _Learner | None = None) -> ZygotePass:
+    """One zygote over ``modules``, retried with a shorter preload while the zygote refuses one."""
     attempt, notes = list(preload), []
-    request = _request(setup, roots, timeout, python)
+    tree, setup, request, on_row, own = sweep.tree, sweep.setup, sweep.request, sweep.on_row, sweep.own
+    jobs, timeout = sweep.jobs, sweep.timeout
     while True:
-        collector = _Collector(modules, setup, tree, on_row, own)
+        collector = _Collector(modules, setup, tree, on_row, own=own, learner=learner)
         outcome = run_zygote(
             request,
             modules,
