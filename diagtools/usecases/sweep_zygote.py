@@ -62,7 +62,7 @@ def _row(
 
 
 class _Learner:
-    """What the first children imported of the swept package: the candidates for a larger preload."""
+    """What the first children imported of ``package``: the candidates for a larger preload."""
 
     def __init__(self, package: str) -> None:
         self.package = package
@@ -200,7 +200,7 @@ def _adaptive_pass(sweep: _Sweep, modules: Sequence[str], preload: list[str]) ->
        one clean (no CUDA, no thread) as it preloads, and a refused one is
        dropped with those after it, as for any preload.
     """
-    learner = _Learner(sweep.tree.package)
+    learner = _Learner(sweep.tree.package.split(".", 1)[0])  # a subpackage's sweep learns its whole package
     sample = _spread(modules, ADAPT_SAMPLE)
     first = _pass(sweep, sample, preload, learner)
     if not first.used:
