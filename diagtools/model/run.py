@@ -6,6 +6,7 @@ schema is ``diagtools.run/1``.  Stacks are outermost first, as in a scan.
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,6 +38,16 @@ def _stack(data: Any) -> tuple[Site, ...]:
     return tuple(Site.from_json(frame) for frame in data or ())
 
 
+_INSTALLED = ("/site-packages/", "/dist-packages/")
+
+
+def _is_users_file(file: str) -> bool:
+    """A source file of the user's own code: not installed, not the standard library, not generated."""
+    if file.startswith("<") or any(part in file for part in _INSTALLED):
+        return False
+    return not file.startswith((sys.base_prefix + "/lib/", sys.prefix + "/lib/"))
+
+
 def _stack_json(stack: tuple[Site, ...]) -> list[dict[str, Any]]:
     return [frame.to_json() for frame in stack]
 
@@ -65,12 +76,36 @@ class CudaInit:
     evidence: str = "driver-hook"
     context: str | None = None
 
+    @property
+    def first_party(self) -> Site | None:
+        """The innermost frame in the file of a module body on the stack that is the user's own code.
+
+        Module bodies (``<module>`` frames) are the chain; the user's are those
+        outside installed packages and the standard library (a script's
+        ``__main__``, a package run from its checkout).
+        """
+        files = {frame.file for frame in self.stack if frame.function == "<module>" and _is_users_file(frame.file)}
+        return next((frame for frame in reversed(self.stack) if frame.file in files), None)
+
+    @property
+    def line_to_change(self) -> Site | None:
+        """Where to edit: the user's own line on the chain, else the module's own line, else the call."""
+        return self.first_party or self.module_site or self.site
+
+    @property
+    def initialized_in(self) -> Site | None:
+        """The line that initialized CUDA, when it is not the line to change (a third-party initializer)."""
+        inner, change = self.module_site or self.site, self.line_to_change
+        return inner if inner != change else None
+
     def to_json(self) -> dict[str, Any]:
         return {
             "module": self.module,
             "chain": list(self.chain),
             "site": self.site.to_json() if self.site else None,
             "module_site": self.module_site.to_json() if self.module_site else None,
+            "line_to_change": self.line_to_change.to_json() if self.line_to_change else None,
+            "initialized_in": self.initialized_in.to_json() if self.initialized_in else None,
             "stack": _stack_json(self.stack),
             "phase": self.phase,
             "thread": self.thread,

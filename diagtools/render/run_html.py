@@ -34,8 +34,10 @@ def _stack_cell(stack: Sequence[Site]) -> str:
 def _cuinit_html(cuinit: CudaInit | None) -> str:
     if cuinit is None:
         return "<p>CUDA initialized: seen only through the driver's state.</p>"
-    site = cuinit.module_site or cuinit.site
+    site, initialized = cuinit.line_to_change, cuinit.initialized_in
     where = f" at <code>{_esc(site)}</code>: <code>{_esc(site.source)}</code>" if site else ""
+    if initialized is not None:
+        where += f" (initialized in <code>{_esc(initialized)}</code>)"
     context = f" while <code>{_esc(cuinit.context)}</code>" if cuinit.context else ""
     return (
         f"<p>CUDA initialized by <b>{_esc(cuinit.module or '?')}</b>{where}{context} "

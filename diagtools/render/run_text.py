@@ -62,7 +62,9 @@ def _cuinit_lines(cuinit: CudaInit | None) -> list[str]:
     lines.append(f"      chain: {chain}")
     if cuinit.context:
         lines.append(f"      while: {cuinit.context}")
-    for label, site in (("site", cuinit.site), ("module line", cuinit.module_site)):
+    change, initialized = cuinit.line_to_change, cuinit.initialized_in
+    via = cuinit.site if cuinit.site not in (change, initialized) else None
+    for label, site in (("line to change", change), ("initialized in", initialized), ("via", via)):
         if site is not None:
             lines.append(f"      {label}: {site}")
             if site.source:

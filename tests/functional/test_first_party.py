@@ -10,6 +10,7 @@ the ``import`` statement that made it.
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -108,3 +109,31 @@ def test_sweep_rows_headline_the_users_line(fresh):
     assert row.culprit.initialized_in.file.endswith("jitkern/jit/env.py")
     line = next(line for line in render_sweep(swept).splitlines() if line.startswith("ringllm.layers.quant_fusion "))
     assert "quant_fusion.py:3 (initialized in " in line
+
+
+def test_run_finding_headlines_the_scripts_import_line(tmp_path):
+    """``diagtools run``: a script importing an installed library that initializes CUDA at import."""
+    import shutil
+    import sys
+
+    from diagtools.render.run_html import run_html
+    from diagtools.render.run_text import render_run
+    from diagtools.usecases.run import run
+
+    installed = tmp_path / "lib" / "site-packages"
+    shutil.copytree(SPECIMEN.tree("before") / "jitkern", installed / "jitkern")
+    script = tmp_path / "app" / "serve.py"
+    script.parent.mkdir()
+    script.write_text("import os\nfrom jitkern import rmsnorm\nprint('ready')\n")
+    env = {**os.environ, "PYTHONPATH": str(installed)}
+    result = run([sys.executable, str(script)], driver="simulated", output="capture", env=env)
+    assert result.exitcode == 0, result.stderr
+    cuinit = result.findings[0].cuinit
+    assert cuinit.module == "jitkern.jit.env"
+    assert (cuinit.line_to_change.file, cuinit.line_to_change.line) == (str(script), 2)
+    assert cuinit.initialized_in.file == str(installed / "jitkern" / "jit" / "env.py")
+    assert result.to_json()["findings"][0]["cuinit"]["line_to_change"]["source"] == "from jitkern import rmsnorm"
+    text = render_run(result)
+    assert f"line to change: {script}:2 in <module>" in text
+    assert "initialized in: " in text
+    assert "serve.py:2" in run_html(result)
