@@ -319,8 +319,8 @@ def render_guard_failure(result: ScanResult) -> str:
 def _sweep_where(row: SweepRow) -> str:
     if row.culprit is not None:
         line, initialized = row.culprit.line_to_change, row.culprit.initialized_in
-        site = f" at {line.file}:{line.line}" if line else ""
-        init = f" (initialized in {initialized.file}:{initialized.line})" if initialized else ""
+        site = f" at {display_path(line.file)}:{line.line}" if line else ""
+        init = f" (initialized in {display_path(initialized.file)}:{initialized.line})" if initialized else ""
         via = f" (inherited from {row.inherited_from})" if row.inherited_from else ""
         return _one_line(f"{row.culprit.module}{site}{init}{via}")
     if row.preloaded:
@@ -337,9 +337,11 @@ def _cause_lines(result: SweepResult) -> list[str]:
     for number, cause in enumerate(causes, 1):
         lines.append(_one_line(f"  {number}. {cause.key}"))
         if cause.line_to_change is not None:
-            lines.append(_one_line(f"     line to change: {cause.line_to_change.file}:{cause.line_to_change.line}"))
+            change = cause.line_to_change
+            lines.append(_one_line(f"     line to change: {display_path(change.file)}:{change.line}"))
         if cause.initialized_in is not None and cause.initialized_in != cause.line_to_change:
-            lines.append(_one_line(f"     initialized in: {cause.initialized_in.file}:{cause.initialized_in.line}"))
+            where = cause.initialized_in
+            lines.append(_one_line(f"     initialized in: {display_path(where.file)}:{where.line}"))
         parent = len(cause.through_parent)
         only = f", {parent} only through a parent package" if parent else ""
         lines.append(_one_line(f"     reached by {len(cause.modules)} module(s){only}: {_names(cause.modules)}"))
