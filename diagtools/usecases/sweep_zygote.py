@@ -67,6 +67,7 @@ class _Learner:
     def __init__(self, package: str) -> None:
         self.package = package
         self.counts: dict[str, int] = {}  # first-import order: a package before its modules
+        self.importers: dict[str, str | None] = {}  # who imported each module, the first time it was seen
         self.children = 0
         self.unsafe: set[str] = set()
 
@@ -78,6 +79,7 @@ class _Learner:
             inside = node.name == self.package or node.name.startswith(self.package + ".")
             if inside and node.name != module and node.complete and node.phase == "import":
                 self.counts[node.name] = self.counts.get(node.name, 0) + 1
+                self.importers.setdefault(node.name, node.parent)
 
     def candidates(self, share: float, exclude: Sequence[str]) -> list[tuple[str, int]]:
         """Modules most children imported (at least ``share`` of them), clean in every child, in import order."""
@@ -225,11 +227,20 @@ def _adapt_notes(
 ) -> tuple[str, ...]:
     if not chosen:
         return (f"learned from {learner.children} of {sampled} sampled children: no module most of them import",)
-    kept = set(used)
+    kept, names = set(used), {name for name, _ in chosen}
+    roots: dict[str, int] = {}
+    for name, _ in chosen:
+        root = name
+        while learner.importers.get(root) in names and learner.importers.get(root) != root:
+            root = str(learner.importers[root])
+        roots[root] = roots.get(root, 0) + (root != name)
+    counts = dict(chosen)
     notes = [
-        f"{name}: imported by {count} of {learner.children} sampled children"
-        + ("" if name in kept else " (refused by the zygote's check, not preloaded)")
-        for name, count in chosen
+        f"{root}"
+        + (f" (+{below} module{'s' if below > 1 else ''} it imports)" if below else "")
+        + f": imported by {counts[root]} of {learner.children} sampled children"
+        + ("" if root in kept else " (refused by the zygote's check, not preloaded)")
+        for root, below in roots.items()
     ]
     return tuple(notes)
 

@@ -51,8 +51,8 @@ def test_adaptive_preload_learns_the_shared_modules_and_keeps_the_rows(shared_pa
     assert result.preload[:1] == ("ad",)
     assert {"ad.common", "ad.config"} <= set(result.preload), result.preload_notes
     assert not {"ad.gpu", "ad.gpu_a", "ad.worker"} & set(result.preload)
-    assert any(note.startswith("ad.config: imported by ") for note in result.preload_notes)
-    assert "preload: ad.config: imported by" in str(result)
+    assert any(note.startswith("ad.config (+1 module it imports): imported by ") for note in result.preload_notes)
+    assert "preload: ad.config (+1 module it imports): imported by" in str(result)
     assert result.to_json()["preload_notes"] == list(result.preload_notes)
     sample = ["ad.common", "ad.config", "ad.gpu_a", "ad.gpu", "ad.gpu.leaf", "ad.worker", "ad.leaves.m000"]
     sample += [f"ad.leaves.m{n:03}" for n in (7, 55, LEAVES - 1)]
