@@ -196,11 +196,12 @@ def _adaptive_pass(sweep: _Sweep, modules: Sequence[str], preload: list[str]) ->
 
     1. A zygote with ``preload`` scans an evenly spread sample, counting the
        package's modules each child imported (never one on a culprit chain).
-    2. The candidates' own rows, where still to do, come from children of that
-       same preload, so every row is what a fresh subkernel would give.
-    3. A zygote that also preloads the candidates scans the rest; it checks each
+    2. A zygote that also preloads the candidates scans the rest; it checks each
        one clean (no CUDA, no thread) as it preloads, and a refused one is
-       dropped with those after it, as for any preload.
+       dropped with those after it, as for any preload.  A candidate whose own
+       row is still to do is scanned by a child forked just before the zygote
+       preloads it, so no row is a preloaded one and every row is what a fresh
+       subkernel would give.
     """
     learner = _Learner(sweep.tree.package.split(".", 1)[0])  # a subpackage's sweep learns its whole package
     sample = _spread(modules, ADAPT_SAMPLE)
@@ -210,16 +211,12 @@ def _adaptive_pass(sweep: _Sweep, modules: Sequence[str], preload: list[str]) ->
         return ZygotePass((), first.fallback, (*first.leftover, *rest), used=False)
     chosen = learner.candidates(ADAPT_SHARE, preload)
     done = set(sample)
-    own_rows = [name for name, _ in chosen if name in set(modules) and name not in done]
-    second = _pass(sweep, own_rows, preload) if own_rows else first
-    done.update(own_rows)
     rest = [m for m in modules if m not in done]
     grown = [*preload, *(name for name, _ in chosen)]
-    third = _pass(sweep, rest, grown) if rest else first
-    notes = _adapt_notes(learner, chosen, third.preload, len(sample))
-    fallback = "; ".join(n for n in (first.fallback, second.fallback, third.fallback) if n)
-    leftover = (*first.leftover, *second.leftover, *third.leftover)
-    return ZygotePass(third.preload, fallback, leftover, used=True, notes=notes)
+    second = _pass(sweep, rest, grown, scan_first=[name for name, _ in chosen]) if rest else first
+    notes = _adapt_notes(learner, chosen, second.preload, len(sample))
+    fallback = "; ".join(n for n in (first.fallback, second.fallback) if n)
+    return ZygotePass(second.preload, fallback, (*first.leftover, *second.leftover), used=True, notes=notes)
 
 
 def _adapt_notes(
@@ -245,7 +242,14 @@ def _adapt_notes(
     return tuple(notes)
 
 
-def _pass(sweep: _Sweep, modules: Sequence[str], preload: list[str], learner: _Learner | None = None) -> ZygotePass:
+def _pass(
+    sweep: _Sweep,
+    modules: Sequence[str],
+    preload: list[str],
+    learner: _Learner | None = None,
+    *,
+    scan_first: Sequence[str] = (),
+) -> ZygotePass:
     """One zygote over ``modules``, retried with a shorter preload while the zygote refuses one."""
     attempt, notes = list(preload), []
     tree, setup, request, on_row, own = sweep.tree, sweep.setup, sweep.request, sweep.on_row, sweep.own
@@ -261,6 +265,7 @@ def _pass(sweep: _Sweep, modules: Sequence[str], preload: list[str], learner: _L
             jobs=jobs,
             timeout=timeout,
             on_child=collector,
+            scan_first=scan_first,
         )
         if outcome.ready:
             break
