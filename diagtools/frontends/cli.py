@@ -363,9 +363,7 @@ def _print(text: str) -> None:
 
 
 def _run_sweep(args: argparse.Namespace) -> int:
-    from diagtools.frontends.progress import terminal_progress
     from diagtools.render.text import render_baseline, render_sweep
-    from diagtools.usecases.sweep import sweep
     from diagtools.usecases.sweep_journal import read_baseline
 
     if args.jobs is not None and args.jobs < 1:
@@ -375,7 +373,24 @@ def _run_sweep(args: argparse.Namespace) -> int:
     _check_writable(args.summary, "--summary")
     _check_writable(args.html, "--html")
     known = read_baseline(args.baseline) if args.baseline else None
-    result = sweep(
+    try:
+        result = _sweep_for(args)
+    except SweepInterrupted as exc:
+        _write_sweep_files(exc.result, args)  # what it has, for the summary main() prints
+        raise
+    _print(render_sweep(result))
+    _write_sweep_files(result, args)
+    if known is not None:
+        _print(render_baseline(result, known, args.baseline))
+        return EXIT_CUDA if result.new_causes(known) else EXIT_OK
+    return EXIT_CUDA if (args.fail_on_cuda and result.culprits) else EXIT_OK
+
+
+def _sweep_for(args: argparse.Namespace) -> Any:
+    from diagtools.frontends.progress import terminal_progress
+    from diagtools.usecases.sweep import sweep
+
+    return sweep(
         args.package,
         path=args.path,
         jobs=args.jobs,
@@ -390,12 +405,6 @@ def _run_sweep(args: argparse.Namespace) -> int:
         python=args.python,
         adapt=args.adapt,
     )
-    _print(render_sweep(result))
-    _write_sweep_files(result, args)
-    if known is not None:
-        _print(render_baseline(result, known, args.baseline))
-        return EXIT_CUDA if result.new_causes(known) else EXIT_OK
-    return EXIT_CUDA if (args.fail_on_cuda and result.culprits) else EXIT_OK
 
 
 def _write_sweep_files(result: Any, args: argparse.Namespace) -> None:

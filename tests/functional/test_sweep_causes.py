@@ -94,8 +94,12 @@ def test_ctrl_c_prints_the_summary_of_what_the_sweep_has(tmp_path):
     root = write_tree(tmp_path / "src", files)
     journal = tmp_path / "slow.jsonl"
     command = [DIAGTOOLS, "sweep", "slow", "--path", str(root), "--driver", "simulated", "--jobs", "1"]
+    summary = tmp_path / "partial.json"
     process = subprocess.Popen(
-        [*command, "--json", str(journal)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        [*command, "--json", str(journal), "--summary", str(summary)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and (not journal.exists() or journal.read_text().count("\n") < 5):
@@ -107,3 +111,6 @@ def test_ctrl_c_prints_the_summary_of_what_the_sweep_has(tmp_path):
     assert "interrupted:" in out
     assert "modules were not scanned; rerun with the same --json to resume" in out
     assert "module " in out.splitlines()[0]  # the table of the rows it had
+    partial = json.loads(summary.read_text())
+    assert 0 < partial["interrupted"] < 31
+    assert len(partial["rows"]) + partial["interrupted"] == 32
