@@ -15,7 +15,7 @@ import os
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from diagtools import agents, protocol
 from diagtools.driver import DriverSetup, build_probe_extension
@@ -61,17 +61,30 @@ def _row(
     return _with_deps(row, in_package_deps(tree, files)), result
 
 
-class _Learner:
-    """What the first children imported of ``package``: the candidates for a larger preload."""
+class _Learned(Exception):  # noqa: N818 - control flow that stops a zygote, not an error
+    """Raised from a zygote's child callback once the sample has shown what to preload: stops that zygote."""
 
-    def __init__(self, package: str) -> None:
-        self.package = package
+
+class _Learner:
+    """What the first children imported of ``package``: the candidates for a larger preload.
+
+    After ``sample`` children it decides once: when some module of the package
+    was imported by at least ``share`` of them, :meth:`decide` raises
+    :class:`_Learned` (the zygote is stopped and a larger one started);
+    otherwise the same zygote goes on.
+    """
+
+    def __init__(self, package: str, sample: int = 0, share: float = 1.0, exclude: Sequence[str] = ()) -> None:
+        self.package, self.sample, self.share, self.exclude = package, sample, share, tuple(exclude)
+        self.decided = False
         self.counts: dict[str, int] = {}  # first-import order: a package before its modules
         self.importers: dict[str, str | None] = {}  # who imported each module, the first time it was seen
         self.children = 0
         self.unsafe: set[str] = set()
 
     def observe(self, module: str, result: ScanResult) -> None:
+        if self.decided:
+            return
         self.children += 1
         for culprit in result.culprits:
             self.unsafe.update(culprit.chain)
@@ -81,6 +94,14 @@ class _Learner:
                 self.counts[node.name] = self.counts.get(node.name, 0) + 1
                 self.importers.setdefault(node.name, node.parent)
 
+    def decide(self) -> None:
+        """Once ``sample`` children were seen: raise :class:`_Learned` when there is something to preload."""
+        if self.decided or self.children < self.sample:
+            return
+        self.decided = True
+        if self.candidates(self.share, self.exclude):
+            raise _Learned
+
     def candidates(self, share: float, exclude: Sequence[str]) -> list[tuple[str, int]]:
         """Modules most children imported (at least ``share`` of them), clean in every child, in import order."""
         floor = max(2, share * self.children)
@@ -89,8 +110,6 @@ class _Learner:
 
 
 def _with_deps(row: SweepRow, deps: tuple[str, ...]) -> SweepRow:
-    from dataclasses import replace
-
     return replace(row, deps=deps)
 
 
@@ -129,6 +148,8 @@ class _Collector:
             self.redo.append(module)
         else:
             self.on_row(row)
+        if self.learner is not None:
+            self.learner.decide()
 
 
 def _request(setup: DriverSetup, roots: tuple[str, ...], timeout: float, python: str) -> SubkernelRequest:
@@ -194,29 +215,40 @@ def _spread(modules: Sequence[str], count: int) -> list[str]:
 def _adaptive_pass(sweep: _Sweep, modules: Sequence[str], preload: list[str]) -> ZygotePass:
     """Learn from a sample of children which in-package modules most of them import, then preload those.
 
-    1. A zygote with ``preload`` scans an evenly spread sample, counting the
-       package's modules each child imported (never one on a culprit chain).
-    2. A zygote that also preloads the candidates scans the rest; it checks each
+    1. A zygote with ``preload`` scans an evenly spread sample first, counting
+       the package's modules each child imported (never one on a culprit
+       chain); when none is worth preloading, the same zygote goes on with the
+       rest, so learning costs nothing more.
+    2. Otherwise that zygote is stopped, and one that also preloads the
+       candidates scans what is left (children it had in flight included); it checks each
        one clean (no CUDA, no thread) as it preloads, and a refused one is
        dropped with those after it, as for any preload.  A candidate whose own
        row is still to do is scanned by a child forked just before the zygote
        preloads it, so no row is a preloaded one and every row is what a fresh
        subkernel would give.
     """
-    learner = _Learner(sweep.tree.package.split(".", 1)[0])  # a subpackage's sweep learns its whole package
     sample = _spread(modules, ADAPT_SAMPLE)
-    first = _pass(sweep, sample, preload, learner)
-    if not first.used:
-        rest = [m for m in modules if m not in set(sample)]
-        return ZygotePass((), first.fallback, (*first.leftover, *rest), used=False)
+    top = sweep.tree.package.split(".", 1)[0]  # a subpackage's sweep learns from its whole package
+    learner = _Learner(top, len(sample), ADAPT_SHARE, preload)
+    ordered = [*sample, *(m for m in modules if m not in set(sample))]
+    recorded: set[str] = set()
+
+    def record(row: SweepRow) -> None:
+        recorded.add(row.module)
+        sweep.on_row(row)
+
+    try:
+        first = _pass(replace(sweep, on_row=record), ordered, preload, learner)
+    except _Learned:
+        pass
+    else:  # nothing worth preloading: the one zygote scanned everything
+        return replace(first, notes=_adapt_notes(learner, [], first.preload, len(sample)))
     chosen = learner.candidates(ADAPT_SHARE, preload)
-    done = set(sample)
-    rest = [m for m in modules if m not in done]
+    rest = [m for m in ordered if m not in recorded]
     grown = [*preload, *(name for name, _ in chosen)]
-    second = _pass(sweep, rest, grown, scan_first=[name for name, _ in chosen]) if rest else first
+    second = _pass(sweep, rest, grown, scan_first=[name for name, _ in chosen])
     notes = _adapt_notes(learner, chosen, second.preload, len(sample))
-    fallback = "; ".join(n for n in (first.fallback, second.fallback) if n)
-    return ZygotePass(second.preload, fallback, (*first.leftover, *second.leftover), used=True, notes=notes)
+    return replace(second, notes=notes)
 
 
 def _adapt_notes(

@@ -69,3 +69,31 @@ def test_no_adapt_keeps_the_preload_as_given(shared_package):
     result = sweep("ad", path=[shared_package], driver="simulated", jobs=2, timeout=30, adapt=False)
     assert result.preload == ("ad",)
     assert result.preload_notes == ()
+
+
+def test_nothing_to_learn_costs_no_second_zygote(make_tree, monkeypatch):
+    from diagtools.usecases import sweep_zygote
+
+    root = make_tree({"pl/__init__.py": "", **{f"pl/m{n:03}.py": f"VALUE = {n}\n" for n in range(LEAVES)}})
+    started = []
+    real = sweep_zygote.run_zygote
+    monkeypatch.setattr(sweep_zygote, "run_zygote", lambda *a, **k: started.append(1) or real(*a, **k))
+    result = sweep("pl", path=[root], driver="simulated", jobs=2, timeout=30)
+    assert len(started) == 1
+    assert result.preload == ("pl",)
+    assert result.preload_notes == ("learned from 24 of 24 sampled children: no module most of them import",)
+    assert len(result.rows) == LEAVES + 1
+    assert all(row.mode == "zygote" for row in result.rows)
+
+
+def test_learning_stops_the_first_zygote_and_every_module_gets_one_row(shared_package, monkeypatch):
+    from diagtools.usecases import sweep_zygote
+
+    started = []
+    real = sweep_zygote.run_zygote
+    monkeypatch.setattr(sweep_zygote, "run_zygote", lambda *a, **k: started.append(k["preload"]) or real(*a, **k))
+    result = sweep("ad", path=[shared_package], driver="simulated", jobs=2, timeout=30)
+    assert len(started) == 2
+    assert "ad.config" in started[1]
+    assert len(result.rows) == LEAVES + 8
+    assert {row.status for row in result.rows} == {"ok"}
