@@ -13,8 +13,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from diagtools.model._display import present
+from diagtools.model._display import TextReport, present
 from diagtools.model.scan import Culprit, ScanResult, Site
+from diagtools.model.serial import Serial
 from diagtools.model.verdict import Verdict, combine
 
 __all__ = ["CUDA_SOURCES", "SWEEP_SCHEMA", "RootCause", "SweepResult", "SweepRow", "cause_key", "cuda_source"]
@@ -186,7 +187,7 @@ def cause_key(culprit: Culprit | None) -> str:
 
 
 @dataclass(frozen=True)
-class RootCause:
+class RootCause(Serial):
     """One reason modules initialize CUDA, listed once however many modules reach it.
 
     ``modules`` are every swept module whose import reaches it;
@@ -224,31 +225,12 @@ class RootCause:
             through_parent=tuple(sorted(row.module for row in rows if row.cuda_source == "parent")),
         )
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "key": self.key,
-            "culprit": self.culprit,
-            "line_to_change": self.line_to_change.to_json() if self.line_to_change else None,
-            "initialized_in": self.initialized_in.to_json() if self.initialized_in else None,
-            "count": len(self.modules),
-            "modules": list(self.modules),
-            "through_parent": list(self.through_parent),
-        }
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> RootCause:
-        return cls(
-            key=data["key"],
-            culprit=data.get("culprit"),
-            line_to_change=Site.optional(data.get("line_to_change")),
-            initialized_in=Site.optional(data.get("initialized_in")),
-            modules=tuple(data.get("modules", ())),
-            through_parent=tuple(data.get("through_parent", ())),
-        )
+    def _json_extra(self) -> dict[str, Any]:
+        return {"count": len(self.modules)}
 
 
 @dataclass(frozen=True)
-class SweepResult:
+class SweepResult(TextReport):
     """All rows of a sweep, sorted by module, and how many came from an earlier run.
 
     ``mode`` is ``zygote`` when a preloading worker forked the children (with

@@ -23,6 +23,8 @@ from diagtools.render.ordering import ModuleGroups, group_modules
 from diagtools.render.paths import display_path
 
 __all__ = [
+    "culprit_details",
+    "one_line",
     "paint",
     "render_bisect",
     "render_comparison",
@@ -53,7 +55,7 @@ def terminal_safe(text: str) -> str:
     return _CONTROLS.sub(_escape, text)
 
 
-def _one_line(text: object) -> str:
+def one_line(text: object) -> str:
     """A single-line field (a name, a path, a source line): line breaks are escaped too."""
     return _CONTROLS_AND_BREAKS.sub(_escape, str(text))
 
@@ -64,6 +66,9 @@ def _safe(render: Callable[_P, str]) -> Callable[_P, str]:
         return terminal_safe(render(*args, **kwargs))
 
     return wrapper
+
+
+_one_line = one_line
 
 
 @_safe
@@ -118,53 +123,64 @@ def _cuda_lines(result: ScanResult) -> list[str]:
     return lines
 
 
-def _site_lines(label: str, site: Site) -> list[str]:
-    lines = [f"    {label} {_one_line(site)}"]
+def _site_lines(label: str, site: Site, indent: str = "    ") -> list[str]:
+    lines = [f"{indent}{label} {_one_line(site)}"]
     if site.source:
-        lines.append(f"    {site.line:>5} | {_one_line(site.source)}")
+        lines.append(f"{indent}{site.line:>5} | {_one_line(site.source)}")
     return lines
 
 
 def _culprit_lines(culprit: Culprit, *, stack: bool) -> list[str]:
-    lines = [f"  culprit: {_one_line(culprit.module or '(no module was executing)')}"]
+    return [
+        f"  culprit: {_one_line(culprit.module or '(no module was executing)')}",
+        *culprit_details(culprit, stack=stack),
+    ]
+
+
+def culprit_details(culprit: Culprit, *, stack: bool = False, indent: str = "    ") -> list[str]:
+    """A culprit's chain, thread, line to change, calling line, context and evidence: the words every report uses.
+
+    The calling line (``via``) is shown only when it is not the line to change.
+    """
+    lines = []
     if culprit.chain:
-        lines.append(f"    chain: {' -> '.join(map(_one_line, culprit.chain))}")
+        lines.append(f"{indent}chain: {' -> '.join(map(_one_line, culprit.chain))}")
     if culprit.phase == "thread":
-        lines.append(f"    thread: {_one_line(culprit.thread)}")
+        lines.append(f"{indent}thread: {_one_line(culprit.thread)}")
         if culprit.thread_started_at is not None:
-            lines += _site_lines("started at:", culprit.thread_started_at)
-    lines += _change_lines(culprit)
-    lines.append(f"    evidence: {culprit.evidence}")
+            lines += _site_lines("started at:", culprit.thread_started_at, indent)
+    lines += _change_lines(culprit, indent)
+    if culprit.context:
+        lines.append(f"{indent}while: {_one_line(culprit.context)}")
+    lines.append(f"{indent}evidence: {culprit.evidence} (phase {culprit.phase})")
     if stack and culprit.chain_imports:
-        lines.append("    imports (importer -> imported at the import line):")
-        lines += [_edge_line(edge) for edge in culprit.import_edges()]
+        lines.append(f"{indent}imports (importer -> imported at the import line):")
+        lines += [_edge_line(edge, indent) for edge in culprit.import_edges()]
     if stack and culprit.stack:
-        lines.append("    stack (outermost first):")
+        lines.append(f"{indent}stack (outermost first):")
         if culprit.stack_dropped:
-            lines.append(f"      [... {culprit.stack_dropped} outer frames dropped]")
-        lines += [f"      {_one_line(frame)}" for frame in culprit.stack]
+            lines.append(f"{indent}  [... {culprit.stack_dropped} outer frames dropped]")
+        lines += [f"{indent}  {_one_line(frame)}" for frame in culprit.stack]
     return lines
 
 
-def _change_lines(culprit: Culprit) -> list[str]:
+def _change_lines(culprit: Culprit, indent: str) -> list[str]:
     """The line to change, then the third-party line that initialized CUDA, then the calling line."""
     change, initialized = culprit.line_to_change, culprit.initialized_in
     if change is None:
         return []
-    lines: list[str] = []
-    if culprit.module_site is not None or culprit.first_party is not None:
-        lines += _site_lines("line to change:", change)
+    lines = _site_lines("line to change:", change, indent)
     if initialized is not None:
-        lines += _site_lines("initialized in:", initialized)
+        lines += _site_lines("initialized in:", initialized, indent)
     if culprit.site is not None and culprit.site not in (change, initialized):
-        lines += _site_lines("via:" if lines else "site:", culprit.site)
+        lines += _site_lines("via:", culprit.site, indent)
     return lines
 
 
-def _edge_line(edge: tuple[str, str, Site | None]) -> str:
+def _edge_line(edge: tuple[str, str, Site | None], indent: str) -> str:
     importer, imported, site = edge
     where = f"{site.file}:{site.line}" + (f"  {site.source}" if site.source else "") if site else "(line unknown)"
-    return _one_line(f"      {importer} -> {imported}: {where}")
+    return _one_line(f"{indent}  {importer} -> {imported}: {where}")
 
 
 @_safe
@@ -419,7 +435,7 @@ _PAINT = (
     (
         _RED,
         r"CUDA initialized: YES|(?<!not )(?<!no longer )initializes CUDA|initializes-cuda|CUDA initialized(?!:)"
-        r"|\bUNEXPECTED\b|\bYES\b",
+        r"|\bUNEXPECTED\b|\bYES\b|poisoned-fork|poisoned fork",
     ),
     (
         _GREEN,
