@@ -187,13 +187,25 @@ def _refine_thread(starter):
 # ---- the driver hook and threads --------------------------------------------
 
 
-def _on_cuinit():
-    """Called by the driver during the first cuInit, on the calling thread."""
+def _caller(thread, depth):
+    """The innermost Python frame of the thread that called the driver, and that thread's id.
+
+    The driver calls a hook on the calling thread when that thread holds the GIL,
+    and otherwise from a helper thread while the caller waits inside the driver,
+    its frames unchanged (see driver/simcuda.c).
+    """
+    tid = _thread.get_ident()
+    if thread is None or thread == tid:
+        return sys._getframe(depth + 1), tid
+    return sys._current_frames().get(thread), thread
+
+
+def _on_cuinit(thread=None):
+    """Called by the driver during the first cuInit, with the calling thread's id."""
     if _State.hook_fired:
         return
     _State.hook_fired = True
-    tid = _thread.get_ident()
-    caller = sys._getframe(1)
+    caller, tid = _caller(thread, 1)
     module = _innermost(tid)
     running = _module_code_running(caller)
     if running is not None and running not in _State.stacks.get(tid, ()):
