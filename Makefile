@@ -3,9 +3,10 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.diagtools-installed
-# The tools CI runs, pinned; every pip install below (and its build environment) honours it.
+# The tools CI runs, pinned; every pip install below honours it.  Given with -c, not PIP_CONSTRAINT,
+# which would replace a machine's own pip constraint file instead of adding to it.
 CONSTRAINTS := constraints.txt
-PIP := PIP_CONSTRAINT=$(CURDIR)/$(CONSTRAINTS) PIP_DISABLE_PIP_VERSION_CHECK=1 $(BIN)/python -m pip
+PIP := PIP_DISABLE_PIP_VERSION_CHECK=1 $(BIN)/python -m pip
 # Every supported CPython runs the core suite in its own venv (.venv-pyX.Y) with only the core's
 # dependencies; a missing one fails under CI.
 PYTHONS ?= 3.10 3.11 3.12 3.13
@@ -27,8 +28,8 @@ $(BIN)/python:
 # Reinstall only when the project's metadata changed (or the venv is new).
 $(STAMP): pyproject.toml $(CONSTRAINTS) $(BIN)/python scripts/system-deps
 	sh scripts/system-deps
-	$(PIP) install --quiet --upgrade pip setuptools wheel
-	$(PIP) install --quiet -e '.[all]'
+	$(PIP) install --quiet -c $(CONSTRAINTS) --upgrade pip setuptools wheel
+	$(PIP) install --quiet -c $(CONSTRAINTS) -e '.[all]'
 	$(BIN)/python -c "import diagtools.driver as d; d.build_simulated_driver(); d.build_probe_extension()"
 	touch $(STAMP)
 

@@ -1,8 +1,9 @@
 """Run the core test suite on every supported CPython, each in its own venv with only the core's dependencies.
 
 ``make test`` calls this after the main suite: for each version (3.10 to 3.13) it finds an
-interpreter (on PATH, then under pyenv's versions), keeps a venv ``.venv-pyX.Y`` with the project
-installed editable plus the pinned test tools (``constraints.txt``), reinstalling only when
+interpreter (pyenv's versions, then PATH), keeps a venv ``.venv-pyX.Y`` with the project installed
+editable with its ``cuda`` extra (cuda-python; no torch, no notebook stack) plus the pinned test
+tools (``constraints.txt``), reinstalling only when
 pyproject.toml, the constraints or the interpreter changed (a stamp, as for ``.venv``), runs the
 given test paths there, and prints one line per interpreter with its pass counts.
 
@@ -30,6 +31,9 @@ CONSTRAINTS = ROOT / "constraints.txt"
 # pytest and its plugin, and tomllib's package for 3.10 (tests/test_packaging.py reads pyproject.toml).
 TEST_TOOLS = ("pytest", "pytest-timeout", 'tomli; python_version < "3.11"')
 OUT = ROOT / "build" / "pythons"
+# The core's test venvs get the package with the cuda extra only (cuda-python, no torch): the scan's
+# targets and the specimens call the driver through cuda.bindings, as real libraries do.
+CORE_EXTRAS = "cuda"
 
 
 @dataclass(frozen=True)
@@ -63,10 +67,12 @@ def under_ci() -> bool:
 
 
 def _candidates(version: str) -> list[str]:
-    found = [shutil.which(f"python{version}") or ""]
+    """pyenv's installs first (newest patch release first; a shim is only a redirect), then PATH."""
+    found: list[str] = []
     roots = {os.environ.get("PYENV_ROOT", ""), str(Path.home() / ".pyenv"), "/root/.pyenv"}
     for root in sorted(r for r in roots if r):
         found += sorted(glob.glob(f"{root}/versions/{version}.*/bin/python{version}"), reverse=True)
+    found.append(shutil.which(f"python{version}") or "")
     return [path for path in dict.fromkeys(found) if path]
 
 
@@ -88,7 +94,8 @@ def _stamp_text(interpreter: Interpreter) -> str:
     digest = hashlib.sha256()
     for path in (ROOT / "pyproject.toml", CONSTRAINTS):
         digest.update(path.read_bytes())
-    digest.update(f"{os.path.realpath(interpreter.path)} {interpreter.full_version} {TEST_TOOLS}".encode())
+    identity = f"{os.path.realpath(interpreter.path)} {interpreter.full_version} {CORE_EXTRAS} {TEST_TOOLS}"
+    digest.update(identity.encode())
     return digest.hexdigest() + "\n"
 
 
@@ -100,11 +107,13 @@ def prepare_venv(interpreter: Interpreter, log: Path) -> Path:
     wanted = _stamp_text(interpreter)
     if python.exists() and stamp.exists() and stamp.read_text() == wanted:
         return python
-    env = dict(os.environ, PIP_CONSTRAINT=str(CONSTRAINTS), PIP_DISABLE_PIP_VERSION_CHECK="1")
+    # -c, not PIP_CONSTRAINT: the variable would replace a machine's own pip constraints, not add to them.
+    env = dict(os.environ, PIP_DISABLE_PIP_VERSION_CHECK="1")
+    pip = [str(python), "-m", "pip", "install", "--quiet", "-c", str(CONSTRAINTS)]
     steps = (
         [interpreter.path, "-m", "venv", "--clear", str(venv)],
-        [str(python), "-m", "pip", "install", "--quiet", "--upgrade", "pip"],
-        [str(python), "-m", "pip", "install", "--quiet", "-e", str(ROOT), *TEST_TOOLS],
+        [*pip, "--upgrade", "pip"],
+        [*pip, "-e", f"{ROOT}[{CORE_EXTRAS}]", *TEST_TOOLS],
         [str(python), "-c", "import diagtools.driver as d; d.build_probe_extension()"],
     )
     with log.open("a") as out:
@@ -140,7 +149,7 @@ def run_core(interpreter: Interpreter, tests: list[str]) -> Outcome:
         python = prepare_venv(interpreter, log)
     except RuntimeError as exc:
         return Outcome(interpreter, 0, 0, 0, time.monotonic() - started, log, str(exc))
-    env = dict(os.environ, DIAGTOOLS_TEST_EXTRAS="")
+    env = dict(os.environ, DIAGTOOLS_TEST_EXTRAS=CORE_EXTRAS)
     command = [str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={report}", *tests]
     with log.open("a") as out:
         out.write(f"$ {' '.join(command)}\n")

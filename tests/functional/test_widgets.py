@@ -1,4 +1,4 @@
-"""Widget callbacks, driven without a browser or a kernel."""
+"""Widget callbacks, driven without a browser or a kernel; the panels run real scans and replays in subkernels."""
 
 from __future__ import annotations
 
