@@ -230,10 +230,17 @@ def _on_cuinit(thread=None):
 
 
 def _defining_module(frame):
-    """The innermost frame's module among those the target imported, or None."""
+    """The innermost frame's module among those the target imported, or None.
+
+    Standard-library modules are passed over: they never initialize CUDA of their own accord (a
+    ``weakref.finalize`` or ``atexit`` only calls what a module gave it), and whether the target
+    imported one first depends on what the interpreter loaded at start-up, so blaming it would make
+    the verdict depend on the environment (a fresh subkernel and a sweep's zygote child disagreed).
+    """
+    stdlib = sys.stdlib_module_names
     while frame is not None:
         name = frame.f_globals.get("__name__")
-        if isinstance(name, str) and name in _State.imported:
+        if isinstance(name, str) and name in _State.imported and name.partition(".")[0] not in stdlib:
             return name
         frame = frame.f_back
     return None
