@@ -28,8 +28,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 CONSTRAINTS = ROOT / "constraints.txt"
-# pytest and its plugin, and tomllib's package for 3.10 (tests/test_packaging.py reads pyproject.toml).
-TEST_TOOLS = ("pytest", "pytest-timeout", 'tomli; python_version < "3.11"')
+# pytest, its plugin, hypothesis (tests/unit/test_serialization.py), and tomllib's package for 3.10
+# (tests/test_packaging.py reads pyproject.toml).
+TEST_TOOLS = ("pytest", "pytest-timeout", "hypothesis", 'tomli; python_version < "3.11"')
 OUT = ROOT / "build" / "pythons"
 # The core's test venvs get the package with the cuda extra only (cuda-python, no torch): the scan's
 # targets and the specimens call the driver through cuda.bindings, as real libraries do.

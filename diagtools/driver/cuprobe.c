@@ -13,6 +13,8 @@
  * use RTLD_NOLOAD and never load it.
  */
 #define PY_SSIZE_T_CLEAN
+/* The stable ABI of 3.10: one build serves every supported interpreter (scan --python). */
+#define Py_LIMITED_API 0x030A0000
 #include <Python.h>
 #include <dlfcn.h>
 #include <signal.h>

@@ -23,6 +23,8 @@ from diagtools.render.ordering import ModuleGroups, group_modules
 from diagtools.render.paths import display_path
 
 __all__ = [
+    "culprit_details",
+    "one_line",
     "paint",
     "render_bisect",
     "render_comparison",
@@ -53,7 +55,7 @@ def terminal_safe(text: str) -> str:
     return _CONTROLS.sub(_escape, text)
 
 
-def _one_line(text: object) -> str:
+def one_line(text: object) -> str:
     """A single-line field (a name, a path, a source line): line breaks are escaped too."""
     return _CONTROLS_AND_BREAKS.sub(_escape, str(text))
 
@@ -64,6 +66,9 @@ def _safe(render: Callable[_P, str]) -> Callable[_P, str]:
         return terminal_safe(render(*args, **kwargs))
 
     return wrapper
+
+
+_one_line = one_line
 
 
 @_safe
@@ -118,32 +123,64 @@ def _cuda_lines(result: ScanResult) -> list[str]:
     return lines
 
 
-def _site_lines(label: str, site: Site) -> list[str]:
-    lines = [f"    {label} {_one_line(site)}"]
+def _site_lines(label: str, site: Site, indent: str = "    ") -> list[str]:
+    lines = [f"{indent}{label} {_one_line(site)}"]
     if site.source:
-        lines.append(f"    {site.line:>5} | {_one_line(site.source)}")
+        lines.append(f"{indent}{site.line:>5} | {_one_line(site.source)}")
     return lines
 
 
 def _culprit_lines(culprit: Culprit, *, stack: bool) -> list[str]:
-    lines = [f"  culprit: {_one_line(culprit.module or '(no module was executing)')}"]
+    return [
+        f"  culprit: {_one_line(culprit.module or '(no module was executing)')}",
+        *culprit_details(culprit, stack=stack),
+    ]
+
+
+def culprit_details(culprit: Culprit, *, stack: bool = False, indent: str = "    ") -> list[str]:
+    """A culprit's chain, thread, line to change, calling line, context and evidence: the words every report uses.
+
+    The calling line (``via``) is shown only when it is not the line to change.
+    """
+    lines = []
     if culprit.chain:
-        lines.append(f"    chain: {' -> '.join(map(_one_line, culprit.chain))}")
+        lines.append(f"{indent}chain: {' -> '.join(map(_one_line, culprit.chain))}")
     if culprit.phase == "thread":
-        lines.append(f"    thread: {_one_line(culprit.thread)}")
+        lines.append(f"{indent}thread: {_one_line(culprit.thread)}")
         if culprit.thread_started_at is not None:
-            lines += _site_lines("started at:", culprit.thread_started_at)
-    if culprit.module_site is not None:
-        lines += _site_lines("line to change:", culprit.module_site)
-    if culprit.site is not None and culprit.site != culprit.module_site:
-        lines += _site_lines("via:" if culprit.module_site else "site:", culprit.site)
-    lines.append(f"    evidence: {culprit.evidence}")
+            lines += _site_lines("started at:", culprit.thread_started_at, indent)
+    lines += _change_lines(culprit, indent)
+    if culprit.context:
+        lines.append(f"{indent}while: {_one_line(culprit.context)}")
+    lines.append(f"{indent}evidence: {culprit.evidence} (phase {culprit.phase})")
+    if stack and culprit.chain_imports:
+        lines.append(f"{indent}imports (importer -> imported at the import line):")
+        lines += [_edge_line(edge, indent) for edge in culprit.import_edges()]
     if stack and culprit.stack:
-        lines.append("    stack (outermost first):")
+        lines.append(f"{indent}stack (outermost first):")
         if culprit.stack_dropped:
-            lines.append(f"      [... {culprit.stack_dropped} outer frames dropped]")
-        lines += [f"      {_one_line(frame)}" for frame in culprit.stack]
+            lines.append(f"{indent}  [... {culprit.stack_dropped} outer frames dropped]")
+        lines += [f"{indent}  {_one_line(frame)}" for frame in culprit.stack]
     return lines
+
+
+def _change_lines(culprit: Culprit, indent: str) -> list[str]:
+    """The line to change, then the third-party line that initialized CUDA, then the calling line."""
+    change, initialized = culprit.line_to_change, culprit.initialized_in
+    if change is None:
+        return []
+    lines = _site_lines("line to change:", change, indent)
+    if initialized is not None:
+        lines += _site_lines("initialized in:", initialized, indent)
+    if culprit.site is not None and culprit.site not in (change, initialized):
+        lines += _site_lines("via:", culprit.site, indent)
+    return lines
+
+
+def _edge_line(edge: tuple[str, str, Site | None], indent: str) -> str:
+    importer, imported, site = edge
+    where = f"{site.file}:{site.line}" + (f"  {site.source}" if site.source else "") if site else "(line unknown)"
+    return _one_line(f"{indent}  {importer} -> {imported}: {where}")
 
 
 @_safe
@@ -297,12 +334,49 @@ def render_guard_failure(result: ScanResult) -> str:
 
 def _sweep_where(row: SweepRow) -> str:
     if row.culprit is not None:
-        site = f" at {row.culprit.site.file}:{row.culprit.site.line}" if row.culprit.site else ""
+        line, initialized = row.culprit.line_to_change, row.culprit.initialized_in
+        site = f" at {display_path(line.file)}:{line.line}" if line else ""
+        init = f" (initialized in {display_path(initialized.file)}:{initialized.line})" if initialized else ""
         via = f" (inherited from {row.inherited_from})" if row.inherited_from else ""
-        return _one_line(f"{row.culprit.module}{site}{via}")
+        return _one_line(f"{row.culprit.module}{site}{init}{via}")
     if row.preloaded:
         return "(preloaded by the zygote)"
     return _one_line(row.error)
+
+
+def _cause_lines(result: SweepResult) -> list[str]:
+    """Each root cause once: the line to change, the initializer, how many modules reach it."""
+    causes = result.causes
+    if not causes:
+        return []
+    lines = [f"root causes: {len(causes)} (for {len(result.culprits)} modules that initialize CUDA)"]
+    for number, cause in enumerate(causes, 1):
+        lines.append(_one_line(f"  {number}. {cause.key}"))
+        if cause.line_to_change is not None:
+            change = cause.line_to_change
+            lines.append(_one_line(f"     line to change: {display_path(change.file)}:{change.line}"))
+        if cause.initialized_in is not None and cause.initialized_in != cause.line_to_change:
+            where = cause.initialized_in
+            lines.append(_one_line(f"     initialized in: {display_path(where.file)}:{where.line}"))
+        parent = len(cause.through_parent)
+        only = f", {parent} only through a parent package" if parent else ""
+        lines.append(_one_line(f"     reached by {len(cause.modules)} module(s){only}: {_names(cause.modules)}"))
+    return lines
+
+
+def _names(modules: Sequence[str], limit: int = 6) -> str:
+    shown = ", ".join(modules[:limit])
+    return shown + (f", ... {len(modules) - limit} more" if len(modules) > limit else "")
+
+
+@_safe
+def render_baseline(result: SweepResult, known: frozenset[str], source: str) -> str:
+    """What a baseline comparison found: the new root causes (the ones that fail), and the known ones."""
+    new = result.new_causes(known)
+    known_here = len(result.causes) - len(new)
+    lines = [f"baseline {_one_line(source)}: {len(new)} new root cause(s), {known_here} known"]
+    lines += [_one_line(f"  NEW: {cause.key} ({len(cause.modules)} module(s))") for cause in new]
+    return "\n".join(lines)
 
 
 def _sweep_mode(result: SweepResult) -> str:
@@ -311,6 +385,7 @@ def _sweep_mode(result: SweepResult) -> str:
         line = f"mode: zygote (preloaded {preload}; each module in a forked child)"
     else:
         line = "mode: fresh subkernels"
+    line += "".join(f"\npreload: {_one_line(note)}" for note in result.preload_notes)
     return line + (f"\nfallback: {result.fallback}" if result.fallback else "")
 
 
@@ -323,7 +398,12 @@ def render_sweep(result: SweepResult) -> str:
         cuda = {"initializes-cuda": "YES", "clean": "no"}.get(row.verdict.value, "?")
         table.append([row.module, cuda, f"{row.import_s:.3f}", row.status, _sweep_where(row)])
     lines = text_table(["module", "CUDA?", "import s", "status", "culprit / site"], table, right=(2,))
+    lines += _cause_lines(result)
     lines.append(_sweep_mode(result))
+    if result.interrupted:
+        lines.append(
+            f"interrupted: {result.interrupted} modules were not scanned; rerun with the same --json to resume"
+        )
     resumed = f", {result.resumed} from the journal" if result.resumed else ""
     inherited = sum(1 for row in result.culprits if row.cuda_source == "parent")
     lines.append(
@@ -355,7 +435,7 @@ _PAINT = (
     (
         _RED,
         r"CUDA initialized: YES|(?<!not )(?<!no longer )initializes CUDA|initializes-cuda|CUDA initialized(?!:)"
-        r"|\bUNEXPECTED\b|\bYES\b",
+        r"|\bUNEXPECTED\b|\bYES\b|poisoned-fork|poisoned fork",
     ),
     (
         _GREEN,
