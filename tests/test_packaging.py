@@ -47,7 +47,17 @@ def test_torch_is_a_range_not_a_pin():
 
 
 # The tools CI runs; each must be pinned (==) in constraints.txt.
-CI_TOOLS = ("pytest", "pytest-timeout", "hypothesis", "ruff", "mypy", "import-linter", "playwright", "pip", "setuptools")
+CI_TOOLS = (
+    "pytest",
+    "pytest-timeout",
+    "hypothesis",
+    "ruff",
+    "mypy",
+    "import-linter",
+    "playwright",
+    "pip",
+    "setuptools",
+)
 
 
 def constraints() -> dict[str, str]:
