@@ -176,7 +176,7 @@ def bootstrap_code(program: Path) -> str:
     ``python -c`` would make the working directory the first import root, so a
     ``colorsys.py`` lying there would shadow the standard library's: it is removed.
     """
-    module, source = protocol.AGENT_MODULE, str(Path(protocol.__file__).resolve())
+    module, source = protocol.PROTOCOL_MODULE, str(Path(protocol.__file__).resolve())
     return (
         "import sys\n"
         "if sys.path[:1] == ['']: del sys.path[0]\n"  # the caller's working directory is not an import root
