@@ -210,6 +210,9 @@ def _add_bench(parser: argparse.ArgumentParser) -> None:
 def _add_demo(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default="build/report", metavar="DIR", help="where the report goes")
     parser.add_argument("--no-notebooks", action="store_true", help="only scan the specimens")
+    parser.add_argument(
+        "--notebooks", metavar="DIR", help="the notebooks to run (default: the source checkout's notebooks/)"
+    )
     parser.add_argument("--driver", choices=DRIVER_CHOICES, default="auto")
     _add_debug(parser)
 
@@ -489,7 +492,10 @@ def _run_demo(args: argparse.Namespace) -> int:
     from diagtools.frontends.demo import NOTEBOOKS, write_demo_report
 
     _check_directory(args.out, "--out")
-    report = write_demo_report(Path(args.out), driver=args.driver, notebooks=None if args.no_notebooks else NOTEBOOKS)
+    if args.notebooks is not None and not Path(args.notebooks).is_dir():
+        raise UsageError(f"--notebooks {args.notebooks!r} is not a directory")
+    notebooks = None if args.no_notebooks else Path(args.notebooks) if args.notebooks else NOTEBOOKS
+    report = write_demo_report(Path(args.out), driver=args.driver, notebooks=notebooks)
     _print(report.summary)
     print(f"report written to {report.index.resolve()}")
     postmortem = report.index.parent / "postmortem.html"

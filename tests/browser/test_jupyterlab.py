@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import survivors
+from tests.conftest import require, survivors
 
 ROOT = Path(__file__).resolve().parents[2]
 SCREENSHOTS = ROOT / "build" / "browser"
@@ -41,7 +41,7 @@ CHROMIUM_ARGS = [
     "--disable-quic",
 ]
 
-playwright_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
+playwright_api = require("playwright.sync_api", "dev")
 pytestmark = pytest.mark.skipif(
     CHROMIUM is None, reason="no Chromium: `apt-get install chromium` (make test does, as root)"
 )

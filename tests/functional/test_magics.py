@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from diagtools.usecases.selfcheck import process_cuda_state
-from tests.conftest import MARK
+from tests.conftest import MARK, require
 
 CELL = f"""
 import ctypes
@@ -28,7 +28,7 @@ CELL_LINE = next(number for number, line in enumerate(CELL.splitlines(), start=1
 
 @pytest.fixture(scope="module")
 def shell():
-    interactiveshell = pytest.importorskip("IPython.core.interactiveshell")
+    interactiveshell = require("IPython.core.interactiveshell", "notebook")
     ip = interactiveshell.InteractiveShell.instance()
     ip.run_line_magic("load_ext", "diagtools")
     yield ip
