@@ -151,9 +151,9 @@ def render_replay(result: ReplayResult) -> str:
     """The replay as a transcript: setup, parent state, child outcome, driver answers."""
     lines = [
         f"diagtools replay {result.target} --start-method {result.start_method} --child {result.child_action}",
-        f"  driver: {result.driver.describe()}",
-        f"  status: {result.status}",
-        f"  verdict: {result.verdict}" + ("  (the failure reproduced)" if result.reproduced else ""),
+        f"  driver: {_one_line(replace(result.driver, library=None).describe())}",
+        f"  {result.headline()[0]}",
+        f"  status: {result.status}; the import {_import_verdict(result)}",
     ]
     if result.error is not None:
         lines.append(f"  error: {result.error.message}")
@@ -162,6 +162,13 @@ def render_replay(result: ReplayResult) -> str:
     if result.child is not None:
         lines += _child_lines(result.child, result.driver.kind)
     return "\n".join(lines)
+
+
+def _import_verdict(result: ReplayResult) -> str:
+    """What the replay says about the import itself (not about this child)."""
+    if result.parent is None:
+        return "was not judged"
+    return "initializes CUDA" if result.parent.cuda_initialized else "does not initialize CUDA"
 
 
 def _parent_lines(parent: ParentState) -> list[str]:
@@ -173,11 +180,12 @@ def _parent_lines(parent: ParentState) -> list[str]:
 
 
 def _child_lines(child: ChildOutcome, driver_kind: str) -> list[str]:
-    lines = [f"  child: {child.summary()}  (exit code {child.exitcode})"]
+    lines = [f"  child: {child.short()}  (exit code {child.exitcode})"]
     for call in child.driver_calls:
         lines.append(f"    {call.call} -> {call.name} ({call.code}) [{driver_kind} driver]")
-    if child.traceback and child.status != "ok" and child.traceback.strip():
-        lines.append("    " + _one_line(child.traceback.strip().splitlines()[-1]))
+    shown = child.shown_traceback.strip()
+    if shown and child.status != "ok" and not child.driver_calls:
+        lines.append("    " + _one_line(shown.splitlines()[-1]))
     return lines
 
 
@@ -190,7 +198,7 @@ def render_comparison(comparison: ReplayComparison) -> str:
         parent = comparison.runs_of(variant)[0].parent
         state = "?" if parent is None else ("CUDA initialized" if parent.cuda_initialized else "CUDA not initialized")
         cells = [comparison.run(variant, method).child for method in methods]
-        rows.append([variant, state, *(_one_line(cell.summary() if cell else "no child") for cell in cells)])
+        rows.append([variant, state, *(_one_line(cell.short() if cell else "no child") for cell in cells)])
     lines = [f"diagtools replay {comparison.target} --compare"]
     lines += ["  " + line for line in text_table(["variant", "parent", *methods], rows)]
     lines += render_verdict(comparison).splitlines()
@@ -200,8 +208,7 @@ def render_comparison(comparison: ReplayComparison) -> str:
 def render_verdict(comparison: ReplayComparison) -> str:
     """The comparison's verdict as a short headline and one bullet per finding."""
     headline, *findings = comparison.explanation()
-    lines = [f"  verdict (after the fix): {comparison.verdict}", f"    {headline}"]
-    return "\n".join([*lines, *(f"    - {finding}" for finding in findings)])
+    return "\n".join([f"  {headline}", *(f"    - {finding}" for finding in findings)])
 
 
 def text_table(
@@ -354,15 +361,17 @@ _RED, _GREEN, _AMBER, _RESET = "\x1b[31m", "\x1b[32m", "\x1b[33m", "\x1b[0m"
 _PAINT = (
     (
         _RED,
-        r"CUDA initialized: YES|(?<!not )(?<!no longer )initializes CUDA|initializes-cuda|CUDA initialized(?!:)"
+        r"Reproduced: [^;\n]*|not fixed: [^;\n]*"
+        r"|CUDA initialized: YES|(?<!not )(?<!no longer )initializes CUDA|initializes-cuda|CUDA initialized(?!:)"
         r"|\bUNEXPECTED\b|\bYES\b",
     ),
     (
         _GREEN,
-        r"CUDA initialized: no|does not initialize CUDA|no longer initializes CUDA|CUDA not initialized|\bclean\b"
+        r"(?<!not )fixed: [^;\n]*|Passes: [^;\n]*"
+        r"|CUDA initialized: no|does not initialize CUDA|no longer initializes CUDA|CUDA not initialized|\bclean\b"
         r"|status: ok\b|\[ok \]|\bok \(\d+ device\(s\)\)",
     ),
-    (_AMBER, r"\bunknown\b|\bfailed\b|\bimport-error\b|\bcrashed\b|\btimeout\b|\bexited\b|\bFAILED\b"),
+    (_AMBER, r"[Nn]ot (?:judged|reproduced)\b[^;\n]*|\bunknown\b|(?<!\b0 )\bfailed\b|\bimport-error\b|\bcrashed\b|\btimeout\b|\bexited\b|\bFAILED\b"),
 )
 _PAINTER = re.compile("|".join(f"(?P<c{i}>{pattern})" for i, (_, pattern) in enumerate(_PAINT)))
 

@@ -15,6 +15,7 @@ from diagtools.model.replay import ChildOutcome, ParentState, ReplayComparison, 
 from diagtools.model.scan import Culprit, DriverInfo, ImportNode, ScanResult, Site
 from diagtools.model.sweep import SweepResult, SweepRow
 from diagtools.render.graphview import graph_view_html, node_details, prepare_svg
+from diagtools.render.html import comparison_html
 from diagtools.render.ordering import group_modules, is_stdlib, picker_options
 from diagtools.render.paths import display_path, import_roots, shareable
 from diagtools.render.text import paint, render_diff, text_table, use_color
@@ -138,11 +139,19 @@ def test_replay_results_print_as_text_with_a_short_verdict():
         ),
     )
     text = str(comparison)
-    verdict = next(line for line in text.splitlines() if "verdict" in line)
-    assert verdict.strip() == "verdict (after the fix): clean"
-    assert "    before/fork failed" in text.splitlines()
-    assert "    - after the fix every start method passes" in text
-    assert all(len(line) < 120 for line in text.splitlines())
+    headline = "Reproduced: before/fork fails; fixed: after passes fork and spawn"
+    assert comparison.headline() == headline
+    assert f"  {headline}" in text.splitlines()
+    assert "verdict (after the fix)" not in text and "clean (after the fix)" not in text
+    assert all(len(line) <= 100 for line in text.splitlines()), text
+    painted = paint(text)
+    assert "\x1b[31mReproduced: before/fork fails\x1b[0m" in painted
+    assert "\x1b[32mfixed: after passes fork and spawn\x1b[0m" in painted
+    html = comparison_html(comparison)
+    assert html.count(headline.split(";")[0]) == 1
+    assert '<span class="bad">Reproduced: before/fork fails</span>' in html
+    assert '<span class="good">fixed: after passes fork and spawn</span>' in html
+    assert "Verdict:" not in html and "(after the fix)" not in html
     assert str(comparison.runs[0][1]).startswith("diagtools replay pkg --start-method fork")
 
 
