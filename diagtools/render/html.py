@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from html import escape
 from typing import Any
@@ -13,7 +13,7 @@ from diagtools.model.replay import ChildOutcome, ReplayComparison, ReplayResult,
 from diagtools.model.scan import Culprit, ScanResult, Site
 from diagtools.model.verdict import Verdict
 from diagtools.render.ordering import ModuleGroups, group_modules
-from diagtools.render.paths import shareable
+from diagtools.render.paths import shareable, short_path
 
 __all__ = [
     "bench_table_html",
@@ -26,6 +26,7 @@ __all__ = [
     "scan_html",
     "scan_status_html",
     "short_path",
+    "table_html",
     "svg_of",
 ]
 
@@ -41,7 +42,6 @@ _STYLE = (
     ".dt .dt-path{white-space:nowrap}.dt .dt-verdict{font-size:14px}"
     ".dt-graph{max-width:100%}</style>"
 )
-PATH_CHARS = 56  # a path longer than this is shown with a middle ellipsis, the whole path on hover
 
 
 _VERDICT_CLASS = {Verdict.INITIALIZES_CUDA: "bad", Verdict.CLEAN: "good", Verdict.UNKNOWN: "unknown"}
@@ -50,14 +50,6 @@ _VERDICT_CLASS = {Verdict.INITIALIZES_CUDA: "bad", Verdict.CLEAN: "good", Verdic
 def _verdict_badge(verdict: Verdict) -> str:
     """Red for initializes-cuda, green for clean, amber for unknown."""
     return f'<span class="{_VERDICT_CLASS[verdict]}">{escape(verdict.value)}</span>'
-
-
-def short_path(path: str, limit: int = PATH_CHARS) -> str:
-    """``path`` cut in the middle to ``limit`` characters: the start and the file name stay readable."""
-    if len(path) <= limit:
-        return path
-    tail = limit // 2 + limit // 4
-    return f"{path[: limit - tail - 1]}\u2026{path[-tail:]}"
 
 
 def path_html(path: str, line: int | None = None) -> str:
@@ -302,6 +294,14 @@ def module_html(result: ScanResult, name: str) -> str:
         if culprit.module == name
     ]
     return f'{_STYLE}<div class="dt">{table}{"".join(stacks)}</div>'
+
+
+def table_html(header: Sequence[str], rows: Sequence[Sequence[object]], *, caption: str = "") -> str:
+    """Any small table for a notebook: every cell escaped, wrapping and scrolling inside its own box."""
+    head = "<tr>" + "".join(f"<th>{escape(str(column))}</th>" for column in header) + "</tr>"
+    body = "".join("<tr>" + "".join(_td(value) for value in row) + "</tr>" for row in rows)
+    title = f"<p>{escape(caption)}</p>" if caption else ""
+    return f'{_STYLE}<div class="dt">{title}{_table(head, body)}</div>'
 
 
 def bench_table_html(rows: list[dict[str, Any]], columns: list[str], *, caption: str = "") -> str:

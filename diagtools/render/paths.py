@@ -18,7 +18,9 @@ from pathlib import Path
 
 from diagtools.model.scan import ScanResult, Site
 
-__all__ = ["display_path", "import_roots", "shareable", "shorten_paths"]
+__all__ = ["PATH_CHARS", "display_path", "import_roots", "shareable", "short_path", "shorten_paths"]
+
+PATH_CHARS = 56  # a longer path is shown with a middle ellipsis (in HTML with the whole path on hover)
 
 
 @functools.lru_cache(maxsize=256)
@@ -116,3 +118,11 @@ def shorten_paths(text: str, roots: Iterable[str]) -> str:
         text = text.replace(root + os.sep, "")
     home = os.path.expanduser("~")
     return text.replace(home + os.sep, "~" + os.sep) if home not in ("", os.sep) else text
+
+
+def short_path(path: str, limit: int = PATH_CHARS) -> str:
+    """``path`` cut in the middle to ``limit`` characters: the start and the file name (and line) stay readable."""
+    if len(path) <= limit:
+        return path
+    tail = limit // 2 + limit // 4
+    return f"{path[: limit - tail - 1]}\u2026{path[-tail:]}"

@@ -20,7 +20,7 @@ from diagtools.model.replay import ChildOutcome, ParentState, ReplayComparison, 
 from diagtools.model.scan import Culprit, ScanResult, Site
 from diagtools.model.sweep import SweepResult, SweepRow
 from diagtools.render.ordering import ModuleGroups, group_modules
-from diagtools.render.paths import display_path
+from diagtools.render.paths import display_path, short_path
 
 __all__ = [
     "paint",
@@ -38,6 +38,7 @@ __all__ = [
 ]
 
 _P = ParamSpec("_P")
+WIDTH = 100  # the columns a table row may take
 _CONTROL = "\x00-\x08\x0b-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069"
 _CONTROLS = re.compile(f"[{_CONTROL}]")  # newline and tab are kept
 _CONTROLS_AND_BREAKS = re.compile(f"[{_CONTROL}\n\t]")
@@ -303,13 +304,21 @@ def render_guard_failure(result: ScanResult) -> str:
 
 
 def _sweep_where(row: SweepRow) -> str:
+    """The row's last column: the line to change (repository-relative), the parent it inherits from, or the error."""
+    if row.culprit is not None and row.inherited_from:
+        return _one_line(f"through {row.inherited_from}")
     if row.culprit is not None:
-        site = f" at {row.culprit.site.file}:{row.culprit.site.line}" if row.culprit.site else ""
-        via = f" (inherited from {row.inherited_from})" if row.inherited_from else ""
-        return _one_line(f"{row.culprit.module}{site}{via}")
+        site = row.culprit.line_to_change
+        where = f" at {display_path(site.file)}:{site.line}" if site else ""
+        return _one_line(f"{row.culprit.module}{where}")
     if row.preloaded:
         return "(preloaded by the zygote)"
     return _one_line(row.error)
+
+
+def _fit(cell: str, width: int) -> str:
+    """``cell`` cut in the middle to ``width`` characters (a path keeps its file name and line)."""
+    return cell if len(cell) <= width else short_path(cell, max(width, 12))
 
 
 def _sweep_mode(result: SweepResult) -> str:
@@ -325,17 +334,22 @@ def _sweep_mode(result: SweepResult) -> str:
 def render_sweep(result: SweepResult) -> str:
     """A module -> verdict table, culprits first, then how it ran and the counts."""
     rows = sorted(result.rows, key=lambda row: (not row.cuda_initialized, row.status == "ok", row.module))
-    table: list[list[object]] = []
+    table: list[list[str]] = []
     for row in rows:
         cuda = {"initializes-cuda": "YES", "clean": "no"}.get(row.verdict.value, "?")
-        table.append([row.module, cuda, f"{row.import_s:.3f}", row.status, _sweep_where(row)])
-    lines = text_table(["module", "CUDA?", "import s", "status", "culprit / site"], table, right=(2,))
+        table.append([row.module, cuda, f"{row.import_s:.3f}", str(row.status), _sweep_where(row)])
+    header = ["module", "CUDA?", "import s", "status", "line to change / why"]
+    used = sum(max(len(header[i]), *(len(r[i]) for r in table)) + 2 for i in range(4)) if table else 0
+    for cells in table:
+        cells[4] = _fit(cells[4], WIDTH - used)
+    lines = text_table(header, table, right=(2,))
     lines.append(_sweep_mode(result))
     resumed = f", {result.resumed} from the journal" if result.resumed else ""
     inherited = sum(1 for row in result.culprits if row.cuda_source == "parent")
+    lines.append(f"verdict: {result.verdict}")
     lines.append(
         f"{len(result.rows)} modules{resumed}: {len(result.culprits)} initialize CUDA ({inherited} through a parent "
-        f"package), {len(result.failures)} failed to import ({result.seconds:.1f} s); verdict: {result.verdict}"
+        f"package), {len(result.failures)} failed to import ({result.seconds:.1f} s)"
     )
     return "\n".join(lines)
 

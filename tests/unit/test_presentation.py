@@ -168,6 +168,23 @@ def test_sweep_results_print_as_a_table():
     assert lines[-1].startswith("2 modules: 1 initialize CUDA")
 
 
+def test_sweep_rows_fit_100_columns_and_zero_failures_are_not_amber():
+    deep = "/home/someone/projects/" + "very-long-folder-name/" * 6
+    site = Site(f"{deep}pkg/leaf.py", 4, "probe", "lib.cuInit(0)")
+    culprit = Culprit("pkg.leaf", ("pkg", "pkg.leaf"), site, (site,), "import", module_site=site)
+    rows = (
+        SweepRow("pkg.leaf", "ok", True, culprit, 0.5),
+        *(SweepRow(f"pkg.leaf.sub{i}", "ok", True, culprit, 0.1, cuda_source="parent") for i in range(3)),
+    )
+    text = str(SweepResult("pkg", rows, seconds=1.0))
+    assert all(len(line) <= 100 for line in text.splitlines()), text
+    assert text.count(deep[:30]) <= 1  # the absolute path is not repeated on every row
+    assert "leaf.py:4" in text.splitlines()[1]  # the middle goes, the file and its line stay
+    assert sum(line.rstrip().endswith("through pkg") for line in text.splitlines()) == 3
+    painted = paint(text)
+    assert "0 failed" in text and "\x1b[33mfailed" not in painted
+
+
 SVG = (
     '<?xml version="1.0"?>\n<svg width="200pt" height="100pt" viewBox="0.00 0.00 200.00 100.00" '
     'xmlns="http://www.w3.org/2000/svg"><g id="graph0" class="graph"><g id="node1" class="node culprit">'
