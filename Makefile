@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.diagtools-installed
 
-.PHONY: demo test lint setup clean
+.PHONY: demo lab test lint setup clean
 
 setup: $(STAMP)
 
@@ -21,6 +21,12 @@ $(STAMP): pyproject.toml $(BIN)/python scripts/system-deps
 
 demo: $(STAMP)
 	$(BIN)/diagtools demo --out build/report
+
+# JupyterLab from the venv on the notebooks; widget state is saved with them, so a reopened panel shows no error.
+lab: $(STAMP)
+	mkdir -p $(VENV)/share/jupyter/lab/settings
+	cp scripts/lab-overrides.json $(VENV)/share/jupyter/lab/settings/overrides.json
+	$(BIN)/jupyter lab --ServerApp.root_dir=notebooks
 
 lint: $(STAMP)
 	$(BIN)/ruff check diagtools tests benchmarks

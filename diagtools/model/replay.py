@@ -437,6 +437,7 @@ class ReplayComparison:
             "runs": [{"variant": label, "replay": result.to_json()} for label, result in self.runs],
             "verdict": self.verdict.value,
             "variant_verdicts": {variant: verdict.value for variant, verdict in self.variant_verdicts().items()},
+            "headline": self.headline(),
             "explanation": list(self.explanation()),
         }
 

@@ -101,9 +101,9 @@ def _label(node: ImportNode, hidden: int, site: str) -> str:
 
 def _site_text(result: ScanResult, name: str) -> str:
     for culprit in result.culprits:
-        if culprit.module == name and culprit.site is not None:
-            source = culprit.site.source[:60]
-            return f"{culprit.site.file.rsplit('/', 1)[-1]}:{culprit.site.line}: {source}"
+        line = culprit.line_to_change
+        if culprit.module == name and line is not None:
+            return f"{line.file.rsplit('/', 1)[-1]}:{line.line}: {line.source.strip()[:60]}"
     return ""
 
 

@@ -8,7 +8,7 @@ from html import escape
 from typing import Any
 
 from diagtools.errors import MissingExtraError
-from diagtools.model.diff import ScanDiff
+from diagtools.model.diff import ScanDiff, diff_scans
 from diagtools.model.replay import ChildOutcome, ReplayComparison, ReplayResult, Tone
 from diagtools.model.scan import Culprit, ScanResult, Site
 from diagtools.model.verdict import Verdict
@@ -128,7 +128,7 @@ def scan_html(result: ScanResult, *, graph: bool = False, selected: str | None =
         parts.append(f'<p class="unknown">Not called clean: the run could not see everything.</p><ul>{reasons}</ul>')
     parts += [_culprit_html(culprit) for culprit in shown.culprits]
     if graph:
-        parts.append(graph_block(result.graph, _graph_details(result), selected=selected))
+        parts.append(graph_block(shown.graph, _graph_details(result), selected=selected))
     parts.append("</div>")
     return "".join(parts)
 
@@ -249,8 +249,14 @@ def diff_html(diff: ScanDiff, *, limit: int = 20, graph: bool = False) -> str:
     return (
         f'{_STYLE}<div class="dt"><p class="dt-verdict"><b>diagtools diff</b> &mdash; {verdict}</p>'
         f"{cut}{lists}"
-        f"{graph_block(diff.graph, _graph_details(diff.before)) if graph else ''}</div>"
+        f"{_diff_graph(diff) if graph else ''}</div>"
     )
+
+
+def _diff_graph(diff: ScanDiff) -> str:
+    """The diff's graph drawn from shareable copies: its tooltips carry no machine-local path."""
+    shown = diff_scans(shareable(diff.before), shareable(diff.after))
+    return graph_block(shown.graph, _graph_details(diff.before))
 
 
 def _group_items(groups: ModuleGroups, tag: str, limit: int) -> str:

@@ -208,7 +208,8 @@ def test_graph_view_is_self_contained_and_escapes_what_it_embeds():
 
 def test_node_details_carry_the_culprit_line_and_stack_with_relative_paths():
     details = node_details(result(BEFORE))
-    assert details["pkg.leaf"]["line"] == "pkg/leaf.py:4: lib.cuInit(0)"
+    assert details["pkg.leaf"]["line to change"] == "pkg/leaf.py:4: lib.cuInit(0)"
+    assert "via" not in details["pkg.leaf"]
     assert details["pkg.leaf"]["stack"] == ["pkg/leaf.py:4 in probe"]
     assert details["pkg"]["file"] == "pkg.py"
 
@@ -255,3 +256,25 @@ def test_postmortem_is_public_and_lazy():
 
     assert "postmortem" in diagtools.__all__
     assert callable(diagtools.postmortem)
+
+
+def test_every_view_headlines_the_line_to_change_and_the_library_line_only_as_via():
+    library = Site(f"{ROOT}/libdsl/cuda.py", 163, "get_arch", "cuInit(0)")
+    own = Site(f"{ROOT}/pkg/leaf.py", 4, "<module>", "import libdsl")
+    culprit = Culprit("pkg.leaf", ("pkg", "pkg.ops", "pkg.leaf"), library, (own, library), "import", module_site=own)
+    plain = result(BEFORE)
+    modules = tuple(replace(n, initializes_cuda=n.name == "pkg.leaf") for n in plain.modules)
+    scan = replace(plain, culprits=(culprit,), modules=modules)
+    details = node_details(scan)["pkg.leaf"]
+    assert details["line to change"] == "pkg/leaf.py:4: import libdsl"
+    assert details["via"].endswith("cuda.py:163: cuInit(0)")
+    from diagtools.render.graph import scan_graph
+    from diagtools.render.html import scan_html, scan_status_html
+
+    pytest.importorskip("graphviz")
+    assert "leaf.py:4: import libdsl" in scan_graph(scan).source
+    assert "cuda.py:163" not in scan_graph(scan).source
+    html = scan_html(scan)
+    assert html.index("Line to change") < html.index("leaf.py:4") < html.index("Via")
+    assert "leaf.py:4" in scan_status_html(scan) and "163" not in scan_status_html(scan)
+
