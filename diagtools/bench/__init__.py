@@ -92,6 +92,10 @@ class BenchReport:
         lines = text_table(COLUMNS, [[row.get(c) for c in COLUMNS] for row in self.rows])
         return "\n".join([self.note, *lines] if self.note else lines)
 
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        """IPython's plain-text view: the table (with its CPU note), not the dataclass fields."""
+        printer.text(self.table())
+
     def _repr_html_(self) -> str:
         from diagtools.render.html import bench_table_html
 

@@ -86,7 +86,7 @@ class DiagtoolsMagics(Magics):
             except DiagtoolsError as exc:
                 _report(exc)
                 return None
-        result = renamed(result, str(script), label)
+        result = renamed(result, {str(script): label, sys.executable: "python"})
         sys.stdout.write(result.stdout or "")
         sys.stderr.write(result.stderr or "")
         return result
@@ -101,12 +101,14 @@ def cell_label(shell: Any) -> str:
     return f"{name} (cell id {cell_id[:8]})" if cell_id else name
 
 
-def renamed(result: RunResult, path: str, label: str) -> RunResult:
-    """``result`` with the temporary script's path written as the cell's name, wherever it appears."""
+def renamed(result: RunResult, names: dict[str, str]) -> RunResult:
+    """``result`` with each path in ``names`` (the temporary script, the kernel's interpreter) renamed, everywhere."""
 
     def walk(value: Any) -> Any:
         if isinstance(value, str):
-            return value.replace(path, label)
+            for path, name in names.items():
+                value = value.replace(path, name)
+            return value
         if isinstance(value, list):
             return [walk(item) for item in value]
         if isinstance(value, dict):

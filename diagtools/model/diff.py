@@ -64,6 +64,10 @@ class ScanDiff:
         """The before graph with the removed modules and edges marked."""
         return present("diff.graph", self)
 
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        """IPython's plain-text view (saved beside the HTML): the readable report, not the dataclass fields."""
+        printer.text(str(self))
+
     def _repr_html_(self) -> str:
         return str(present("diff.html", self, graph=True))
 

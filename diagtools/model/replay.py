@@ -342,6 +342,10 @@ class ReplayResult:
             started_at=data.get("started_at", ""),
         )
 
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        """IPython's plain-text view (saved beside the HTML): the readable report, not the dataclass fields."""
+        printer.text(str(self))
+
     def _repr_html_(self) -> str:
         return str(present("replay.html", self))
 
@@ -446,6 +450,10 @@ class ReplayComparison:
         check_schema(data, COMPARISON_SCHEMA)
         runs = tuple((run["variant"], ReplayResult.from_json(run["replay"])) for run in data["runs"])
         return cls(data["target"], runs)
+
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        """IPython's plain-text view (saved beside the HTML): the readable report, not the dataclass fields."""
+        printer.text(str(self))
 
     def _repr_html_(self) -> str:
         return str(present("comparison.html", self))

@@ -348,6 +348,10 @@ class RunResult:
             stderr=data.get("stderr"),
         )
 
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        """IPython's plain-text view (saved beside the HTML): the readable report, not the dataclass fields."""
+        printer.text(str(self))
+
     def _repr_html_(self) -> str:
         return str(present("run.html", self))
 

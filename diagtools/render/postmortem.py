@@ -23,7 +23,7 @@ from diagtools.model.diff import ScanDiff, diff_scans
 from diagtools.model.replay import ReplayComparison
 from diagtools.model.scan import Culprit, ScanResult, Site
 from diagtools.render.html import _STYLE, bench_table_html, comparison_html, graph_block, scan_html
-from diagtools.render.paths import shareable
+from diagtools.render.paths import display_path, shareable
 from diagtools.render.text import render_comparison, render_diff, render_scan, terminal_safe
 
 __all__ = ["HOW_TO_FIX", "Postmortem", "PostmortemFiles", "bench_rows_of", "postmortem", "write_postmortem"]
@@ -53,6 +53,10 @@ class PostmortemFiles(NamedTuple):
 
     html: Path
     markdown: Path
+
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        """IPython's plain-text view: where the files went, repository-relative."""
+        printer.text(f"postmortem: {display_path(str(self.html))}, {display_path(str(self.markdown))}")
 
     def _repr_html_(self) -> str:
         page = self.html.read_text(encoding="utf-8")
