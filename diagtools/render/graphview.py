@@ -24,7 +24,7 @@ __all__ = ["BASE_FONT_PX", "MIN_FONT_PX", "graph_view_html", "node_details", "pr
 
 BASE_FONT_PX = 12  # the graph's node font size: at scale 1 one SVG unit is one CSS pixel
 MIN_FONT_PX = 10  # text below this is small: the view then shows its zoom-in cue
-FLOOR_SCALE = 0.45  # "fit" shows the whole graph down to this scale; a wider one opens centred on the culprit
+FLOOR_SCALE = 0.4  # "fit" shows the whole graph down to this scale; a wider one opens centred on the culprit
 _IDS = itertools.count(1)
 
 _LEGEND = (

@@ -121,8 +121,21 @@ def shorten_paths(text: str, roots: Iterable[str]) -> str:
 
 
 def short_path(path: str, limit: int = PATH_CHARS) -> str:
-    """``path`` cut in the middle to ``limit`` characters: the start and the file name (and line) stay readable."""
+    """``path`` cut in the middle to about ``limit`` characters, at folder boundaries when it can be.
+
+    The first folder and as many trailing parts as fit stay (``diagtools/…/before/vmodels/platforms.py``),
+    so the file name and any ``:line`` after it are never cut.
+    """
     if len(path) <= limit:
         return path
-    tail = limit // 2 + limit // 4
-    return f"{path[: limit - tail - 1]}\u2026{path[-tail:]}"
+    parts = path.split("/")
+    head, tail = parts[0], [parts[-1]]
+    for part in reversed(parts[1:-1]):
+        if len(head) + len("/\u2026/") + len("/".join([part, *tail])) > limit:
+            break
+        tail.insert(0, part)
+    folders = f"{head}/\u2026/{'/'.join(tail)}"
+    if len(parts) > 2 and len(folders) <= limit:
+        return folders
+    keep = limit // 2 + limit // 4
+    return f"{path[: limit - keep - 1]}\u2026{path[-keep:]}"

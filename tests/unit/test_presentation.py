@@ -278,3 +278,15 @@ def test_every_view_headlines_the_line_to_change_and_the_library_line_only_as_vi
     assert html.index("Line to change") < html.index("leaf.py:4") < html.index("Via")
     assert "leaf.py:4" in scan_status_html(scan) and "163" not in scan_status_html(scan)
 
+
+def test_long_paths_lose_their_middle_never_their_file_name():
+    from diagtools.render.html import path_html
+    from diagtools.render.paths import short_path
+
+    path = "diagtools/specimens/common_ops/before/vmodels/platforms.py"
+    assert short_path(path, 50) == "diagtools/\u2026/common_ops/before/vmodels/platforms.py"
+    assert short_path("a/" + "b" * 70 + ".py").endswith("bbb.py") and len(short_path("a/" + "b" * 70 + ".py")) <= 56
+    html = path_html(path, 8)
+    assert 'title="diagtools/specimens/common_ops/before/vmodels/platforms.py:8"' in html  # the whole path on hover
+    assert "platforms.py:8</code>" in html
+
