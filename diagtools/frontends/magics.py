@@ -6,6 +6,7 @@ imports the target and never initializes CUDA.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 import tempfile
@@ -65,13 +66,13 @@ class DiagtoolsMagics(Magics):
         """Run the cell as a script under ``diagtools run``: which line initialized CUDA, and any poisoned fork.
 
         Lines are numbered as the notebook shows them (the ``%%cuda_watch`` line is
-        line 1) and the file is named after the cell (``Cell In[5]``, as IPython's own
+        line 1) and the file is named after the cell (``In[5]``, as IPython's own
         tracebacks name it), not after the temporary script, which is gone by then.
         """
         from diagtools.usecases.run import run
 
         args = parse_argstring(self.cuda_watch, line)
-        label = cell_label(self.shell)
+        label = cell_label(self.shell, cell)
         with tempfile.TemporaryDirectory(prefix="diagtools-cell-") as directory:
             script = Path(directory) / "cell.py"
             script.write_text("\n" + cell, encoding="utf-8")  # the magic's own line is line 1
@@ -86,18 +87,35 @@ class DiagtoolsMagics(Magics):
             except DiagtoolsError as exc:
                 _report(exc)
                 return None
-        result = renamed(result, {str(script): label, sys.executable: "python"})
+        name, _, cell_id = label.partition(" ")
+        result = renamed(result, {str(script): name, sys.executable: "python"})
+        result = dataclasses.replace(result, command=("python", label))  # the command names the cell id too
         sys.stdout.write(result.stdout or "")
         sys.stderr.write(result.stderr or "")
         return result
 
 
-def cell_label(shell: Any) -> str:
-    """How the cell is named: ``Cell In[N]`` (its prompt number) and, in JupyterLab, its cell id."""
+def _prompt_number(shell: Any, cell: str) -> int | None:
+    """The running cell's ``In[N]``: its index in the input history, which IPython fills before running it.
+
+    ``execution_count`` is not it: IPython 9 counts the cell up before running it, older ones after.
+    """
+    history = getattr(getattr(shell, "history_manager", None), "input_hist_raw", None) or []
+    if history and cell.strip() and cell.strip() in history[-1]:
+        return len(history) - 1
     count = getattr(shell, "execution_count", None)
+    return count if isinstance(count, int) else None
+
+
+def cell_label(shell: Any, cell: str = "") -> str:
+    """How the cell is named: ``In[N]`` (its prompt number) and, in JupyterLab, its cell id.
+
+    Lines are shown as ``In[N]:L``, the way IPython's own tracebacks name a cell.
+    """
+    count = _prompt_number(shell, cell)
     header = getattr(shell, "parent_header", None) or {}
     cell_id = (header.get("metadata") or {}).get("cellId", "") if isinstance(header, dict) else ""
-    name = f"Cell In[{count}]" if isinstance(count, int) else "the cell"
+    name = f"In[{count}]" if isinstance(count, int) else "In[?]"
     return f"{name} (cell id {cell_id[:8]})" if cell_id else name
 
 

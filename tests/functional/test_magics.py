@@ -43,11 +43,18 @@ def test_cuda_watch_names_the_cell_line_and_the_poisoned_fork(shell, capsys):
     assert finding.cuinit.module == "__main__"
     # numbered as the notebook shows the cell: the %%cuda_watch line is line 1
     assert finding.cuinit.module_site.line == CELL_LINE + 1
-    assert finding.cuinit.module_site.file == f"Cell In[{shell.execution_count}]"
+    assert finding.cuinit.module_site.file == f"In[{shell.execution_count}]"
     assert "diagtools-cell-" not in str(result) and "diagtools-cell-" not in result._repr_html_()
     assert any(frame.source == "worker.start()" for frame in finding.fork_stack)
     assert "Poisoned fork" in result._repr_html_()
     assert process_cuda_state().clean
+
+
+def test_cuda_watch_names_the_cell_by_its_prompt_number(shell):
+    cell = '%%cuda_watch --driver simulated --timeout 60\nimport ctypes\nctypes.CDLL("libcuda.so.1").cuInit(0)\n'
+    executed = shell.run_cell(cell, store_history=True)
+    site = executed.result.findings[0].cuinit.module_site
+    assert (site.file, site.line) == (f"In[{executed.execution_count}]", 3)  # as the notebook numbers it
 
 
 def test_cuda_scan_renders_a_scan(shell, make_tree):
