@@ -36,7 +36,7 @@ _STYLE = (
     ".dt .bad{color:#b00020;font-weight:600}.dt .good{color:#1b7f3b;font-weight:600}"
     ".dt .unknown{color:#a15c00;font-weight:600}.dt .dt-box{max-width:100%;overflow-x:auto}"
     ".dt table{border-collapse:collapse;max-width:100%}.dt td,.dt th{border:1px solid #ddd;padding:3px 8px;"
-    "text-align:left!important;vertical-align:top;overflow-wrap:anywhere;word-break:break-word}"
+    "text-align:left!important;vertical-align:top;overflow-wrap:break-word}"
     ".dt td.num{text-align:right!important;font-variant-numeric:tabular-nums;white-space:nowrap}"
     ".dt pre{background:#f8f8f8;padding:6px;overflow-x:auto;white-space:pre-wrap;overflow-wrap:anywhere}"
     ".dt .dt-path{white-space:nowrap}.dt .dt-verdict{font-size:14px}"

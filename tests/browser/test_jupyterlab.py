@@ -288,6 +288,16 @@ def check_graphs(page, name: str) -> None:
                 assert "Python stack when CUDA was initialized" in box.locator(".dtg-info").text_content()
 
 
+def screenshot_results(page, name: str, keep: int = 4) -> None:
+    """Element screenshots of the notebook's first rendered results (tables, reports, charts)."""
+    shown = page.locator(f"{PANEL} .jp-OutputArea-output:has(.dt), {PANEL} .jp-OutputArea-output:has(img)")
+    for index in range(min(keep, shown.count())):
+        output = shown.nth(index)
+        output.scroll_into_view_if_needed()
+        page.wait_for_timeout(300)  # content-visibility: let the browser paint what scrolled in
+        output.screenshot(path=str(SCREENSHOTS / f"{name}-result{index + 1}.png"))
+
+
 def specimen_line(relative: str, text: str) -> int:
     """The line of the specimen's own file holding ``text`` (1-based)."""
     lines = (SPECIMEN / relative).read_text().splitlines()
@@ -405,9 +415,7 @@ def test_notebook_reads_right_at_1024_px(lab, page, name):
     click_panel(page, name)
     check_graphs(page, name)
     assert_nothing_cut(page, name)
-    first = outputs(page).first
-    first.scroll_into_view_if_needed()
-    page.screenshot(path=str(SCREENSHOTS / f"{name}.png"))
+    screenshot_results(page, name)
     save(page, lab, name)
     check_export(lab, name)
     check_reopened(page, lab, name)
