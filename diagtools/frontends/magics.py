@@ -87,7 +87,7 @@ class DiagtoolsMagics(Magics):
             except DiagtoolsError as exc:
                 _report(exc)
                 return None
-        name, _, cell_id = label.partition(" ")
+        name, _, _cell_id = label.partition(" ")
         result = renamed(result, {str(script): name, sys.executable: "python"})
         result = dataclasses.replace(result, command=("python", label))  # the command names the cell id too
         sys.stdout.write(result.stdout or "")

@@ -145,8 +145,10 @@ class _Panel:
         from IPython.display import display
 
         name = type(self).__name__
-        display(_widget_bundle(self.widget, f"{name}: interactive in a running notebook; its last result follows."),
-                raw=True)
+        display(
+            _widget_bundle(self.widget, f"{name}: interactive in a running notebook; its last result follows."),
+            raw=True,
+        )
         self.view.attach()
 
 
@@ -314,5 +316,7 @@ class BenchPanel:
     def _repr_html_(self) -> str:
         table = bench_table_html(self.rows, list(self.columns), caption=self.note)
         image = base64.b64encode(self.png).decode("ascii")
-        chart = f'<img alt="{escape(self.title)}" style="max-width:100%;height:auto" src="data:image/png;base64,{image}">'
+        chart = (
+            f'<img alt="{escape(self.title)}" style="max-width:100%;height:auto" src="data:image/png;base64,{image}">'
+        )
         return f"{table}<div>{chart}</div>"

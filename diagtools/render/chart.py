@@ -12,7 +12,9 @@ from diagtools.errors import MissingExtraError
 __all__ = ["bandwidth_chart_png"]
 
 
-def bandwidth_chart_png(rows: Sequence[dict[str, Any]], title: str = "compress_norm_rope_store", *, note: str = "") -> bytes:
+def bandwidth_chart_png(
+    rows: Sequence[dict[str, Any]], title: str = "compress_norm_rope_store", *, note: str = ""
+) -> bytes:
     """Bars of achieved GB/s per size, one colour per backend, labelled; log scale when they span 100x.
 
     The title and ``note`` (say, that CPU times are not GPU timings) are wrapped

@@ -38,7 +38,8 @@ _LEGEND = (
 _CSS = (
     "<style>.dtg{margin:6px 0;max-width:100%}.dtg-bar{display:flex;flex-wrap:wrap;gap:4px;align-items:center;"
     "margin:4px 0}.dtg-bar button{font:12px system-ui,sans-serif;padding:2px 8px;cursor:pointer}"
-    ".dtg-hint{font-size:12px;color:#555}.dtg-cue{font-size:12px;color:#a15c00;font-weight:600}.dtg-legend{display:flex;flex-wrap:wrap;gap:4px 14px;font-size:12px;"
+    ".dtg-hint{font-size:12px;color:#555}.dtg-cue{font-size:12px;color:#a15c00;font-weight:600}"
+    ".dtg-legend{display:flex;flex-wrap:wrap;gap:4px 14px;font-size:12px;"
     "margin:4px 0}.dtg-sw{display:inline-block;width:14px;height:10px;border:1px solid #555;margin-right:4px;"
     "vertical-align:middle}.dtg-view{overflow:auto;max-height:70vh;border:1px solid #ddd;background:#fff}"
     ".dtg-live .dtg-view{overflow:hidden;position:relative;cursor:grab;touch-action:none}"

@@ -26,8 +26,8 @@ __all__ = [
     "scan_html",
     "scan_status_html",
     "short_path",
-    "table_html",
     "svg_of",
+    "table_html",
 ]
 
 _STYLE = (

@@ -385,7 +385,11 @@ _PAINT = (
         r"|CUDA initialized: no|does not initialize CUDA|no longer initializes CUDA|CUDA not initialized|\bclean\b"
         r"|status: ok\b|\[ok \]|\bok \(\d+ device\(s\)\)",
     ),
-    (_AMBER, r"[Nn]ot (?:judged|reproduced)\b[^;\n]*|\bunknown\b|(?<!\b0 )\bfailed\b|\bimport-error\b|\bcrashed\b|\btimeout\b|\bexited\b|\bFAILED\b"),
+    (
+        _AMBER,
+        r"[Nn]ot (?:judged|reproduced)\b[^;\n]*|\bunknown\b|(?<!\b0 )\bfailed\b|\bimport-error\b|\bcrashed\b"
+        r"|\btimeout\b|\bexited\b|\bFAILED\b",
+    ),
 )
 _PAINTER = re.compile("|".join(f"(?P<c{i}>{pattern})" for i, (_, pattern) in enumerate(_PAINT)))
 

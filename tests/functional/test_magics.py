@@ -44,7 +44,8 @@ def test_cuda_watch_names_the_cell_line_and_the_poisoned_fork(shell, capsys):
     # numbered as the notebook shows the cell: the %%cuda_watch line is line 1
     assert finding.cuinit.module_site.line == CELL_LINE + 1
     assert finding.cuinit.module_site.file == f"In[{shell.execution_count}]"
-    assert "diagtools-cell-" not in str(result) and "diagtools-cell-" not in result._repr_html_()
+    assert "diagtools-cell-" not in str(result)
+    assert "diagtools-cell-" not in result._repr_html_()
     assert any(frame.source == "worker.start()" for frame in finding.fork_stack)
     assert "Poisoned fork" in result._repr_html_()
     assert process_cuda_state().clean

@@ -35,21 +35,25 @@ def postmortem_md(tmp_path_factory) -> tuple[str, str, Path]:
 def test_dunder_names_render_literally(postmortem_md):
     _, html, _ = postmortem_md
     prose = re.sub(r"<pre>.*?</pre>|<code>.*?</code>", "", html, flags=re.DOTALL)
-    assert "__init__" in prose and "__getattr__" in prose  # the How-to-fix prose, outside code
-    assert "<strong>init</strong>" not in html and "<strong>getattr</strong>" not in html
+    assert "__init__" in prose
+    assert "__getattr__" in prose
+    assert "<strong>init</strong>" not in html
+    assert "<strong>getattr</strong>" not in html
 
 
 def test_the_chain_is_a_mermaid_block_and_the_svg_stays(postmortem_md):
-    text, html, out = postmortem_md
+    _text, html, out = postmortem_md
     block = re.search(r'<pre><code class="language-mermaid">(.*?)</code></pre>', html, re.DOTALL)
     assert block is not None, html[:2000]
-    assert "graph LR" in block.group(1) and "vmodels.platforms" in block.group(1)
+    assert "graph LR" in block.group(1)
+    assert "vmodels.platforms" in block.group(1)
     images = re.findall(r'<img src="([^"]+)"', html)
-    assert images and all((out / image).is_file() for image in images)
+    assert images
+    assert all((out / image).is_file() for image in images)
 
 
 def test_no_local_path_and_no_cpu_timing_table(postmortem_md):
-    text, html, out = postmortem_md
+    text, _html, out = postmortem_md
     for local in (str(ROOT), str(out), "/tmp/", os.path.expanduser("~") + "/", ".cache/diagtools"):
         assert local not in text, local
     assert "12.5" not in text  # CPU times mean nothing in a postmortem
@@ -59,5 +63,6 @@ def test_no_local_path_and_no_cpu_timing_table(postmortem_md):
 def test_the_line_to_change_is_said_once_and_the_verdict_is_the_replays(postmortem_md):
     text, _, _ = postmortem_md
     line = next(row for row in text.splitlines() if row.startswith("- **The line to change:**"))
-    assert "platforms.py:" in line and "(via" not in line  # site and module line coincide here
+    assert "platforms.py:" in line
+    assert "(via" not in line
     assert "Reproduced: before/fork fails; fixed: after passes fork and spawn" in text

@@ -149,7 +149,8 @@ def test_compare_before_after_fork_spawn(runner):
     assert "CUDA_ERROR_NOT_INITIALIZED" in html
     failing = comparison.run("before", "fork")
     assert "replay_child.py" in failing.child.traceback  # the JSON keeps diagtools' own frames
-    assert "replay_child" not in replay_html(failing) and "^^^" not in replay_html(failing)
+    assert "replay_child" not in replay_html(failing)
+    assert "^^^" not in replay_html(failing)
     assert "CUDA_ERROR_NOT_INITIALIZED" in failing.child.shown_traceback
 
 

@@ -142,16 +142,18 @@ def test_replay_results_print_as_text_with_a_short_verdict():
     headline = "Reproduced: before/fork fails; fixed: after passes fork and spawn"
     assert comparison.headline() == headline
     assert f"  {headline}" in text.splitlines()
-    assert "verdict (after the fix)" not in text and "clean (after the fix)" not in text
+    assert "verdict (after the fix)" not in text
+    assert "clean (after the fix)" not in text
     assert all(len(line) <= 100 for line in text.splitlines()), text
     painted = paint(text)
     assert "\x1b[31mReproduced: before/fork fails\x1b[0m" in painted
     assert "\x1b[32mfixed: after passes fork and spawn\x1b[0m" in painted
     html = comparison_html(comparison)
-    assert html.count(headline.split(";")[0]) == 1
+    assert html.count(headline.split(";", maxsplit=1)[0]) == 1
     assert '<span class="bad">Reproduced: before/fork fails</span>' in html
     assert '<span class="good">fixed: after passes fork and spawn</span>' in html
-    assert "Verdict:" not in html and "(after the fix)" not in html
+    assert "Verdict:" not in html
+    assert "(after the fix)" not in html
     assert str(comparison.runs[0][1]).startswith("diagtools replay pkg --start-method fork")
 
 
@@ -182,7 +184,8 @@ def test_sweep_rows_fit_100_columns_and_zero_failures_are_not_amber():
     assert "leaf.py:4" in text.splitlines()[1]  # the middle goes, the file and its line stay
     assert sum(line.rstrip().endswith("through pkg") for line in text.splitlines()) == 3
     painted = paint(text)
-    assert "0 failed" in text and "\x1b[33mfailed" not in painted
+    assert "0 failed" in text
+    assert "\x1b[33mfailed" not in painted
 
 
 SVG = (
@@ -276,7 +279,8 @@ def test_every_view_headlines_the_line_to_change_and_the_library_line_only_as_vi
     assert "cuda.py:163" not in scan_graph(scan).source
     html = scan_html(scan)
     assert html.index("Line to change") < html.index("leaf.py:4") < html.index("Via")
-    assert "leaf.py:4" in scan_status_html(scan) and "163" not in scan_status_html(scan)
+    assert "leaf.py:4" in scan_status_html(scan)
+    assert "163" not in scan_status_html(scan)
 
 
 def test_long_paths_lose_their_middle_never_their_file_name():
@@ -285,8 +289,8 @@ def test_long_paths_lose_their_middle_never_their_file_name():
 
     path = "diagtools/specimens/common_ops/before/vmodels/platforms.py"
     assert short_path(path, 50) == "diagtools/\u2026/common_ops/before/vmodels/platforms.py"
-    assert short_path("a/" + "b" * 70 + ".py").endswith("bbb.py") and len(short_path("a/" + "b" * 70 + ".py")) <= 56
+    assert short_path("a/" + "b" * 70 + ".py").endswith("bbb.py")
+    assert len(short_path("a/" + "b" * 70 + ".py")) <= 56
     html = path_html(path, 8)
     assert 'title="diagtools/specimens/common_ops/before/vmodels/platforms.py:8"' in html  # the whole path on hover
     assert "platforms.py:8</code>" in html
-

@@ -25,8 +25,10 @@ def test_scan_button_scans_and_module_picker_shows_details():
     assert 'data-selected="vmodels.config"' in panel.view.value
     status = panel.status.value
     assert status.startswith('done: <span class="bad">initializes-cuda</span>'), status
-    assert "line to change" in status and "vmodels/platforms.py:" in status
-    assert "/tmp/" not in panel.view.value and str(specimen.tree("before")) not in panel.view.value
+    assert "line to change" in status
+    assert "vmodels/platforms.py:" in status
+    assert "/tmp/" not in panel.view.value
+    assert str(specimen.tree("before")) not in panel.view.value
     assert all(name.startswith("vmodels") for name in panel.module_picker.options)  # the target's own package
     assert list(panel.module_picker.options[:4]) == [
         "vmodels.platforms",
@@ -55,7 +57,8 @@ def test_panel_result_is_a_static_display_saved_with_the_notebook(monkeypatch):
     panel._ipython_display_()
     assert shown[0]["text/plain"].startswith("ScanPanel: interactive in a running notebook")
     assert "application/vnd.jupyter.widget-view+json" in shown[0]
-    assert "No result yet" in shown[-1] and "press the button" not in shown[-1]
+    assert "No result yet" in shown[-1]
+    assert "press the button" not in shown[-1]
     panel.scan_button.click()
     assert any("Running" in item for item in shown if isinstance(item, str))  # "No result yet" goes while it runs
     assert '<span class="good">clean</span>' in shown[-1]
@@ -97,6 +100,8 @@ def test_bench_panel_is_static_html_with_its_note_on_table_and_chart():
     note = "CPU: time not meaningful (torch reference vs Triton interpreter; not GPU timings)"
     panel = BenchPanel(rows, note=note)
     html = panel._repr_html_()
-    assert "triton" in html and note in html
-    assert 'src="data:image/png;base64,' in html and "max-width:100%" in html
+    assert "triton" in html
+    assert note in html
+    assert 'src="data:image/png;base64,' in html
+    assert "max-width:100%" in html
     assert panel.png[:4] == b"\x89PNG"
