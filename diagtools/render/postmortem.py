@@ -201,8 +201,8 @@ def _what_broke(report: Postmortem, before: ScanResult, culprit: Culprit | None)
     text = f"Importing {_code(report.target)} initializes the CUDA driver{who}, so a process forked after that import "
     if report.replay is not None and any(r.reproduced for _, r in report.replay.runs):
         run = next(r for _, r in report.replay.runs if r.reproduced)
-        error = f" ({_code(run.child.short())})" if run.child is not None else ""
-        return text + f"gets a poisoned driver{error}. Replayed: {report.replay.headline()}."
+        error = f" ({_code(run.child.short().removeprefix('fails: '))})" if run.child is not None else ""
+        return text + f"gets a poisoned driver{error}. {report.replay.headline()}."
     return (
         text + "gets a poisoned driver (CUDA_ERROR_NOT_INITIALIZED, 'Cannot re-initialize CUDA in forked subprocess')."
     )
