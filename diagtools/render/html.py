@@ -177,7 +177,7 @@ def _headline_html(parts: tuple[tuple[str, Tone], ...]) -> str:
 def _driver_answer_html(child: ChildOutcome) -> str:
     """The child's failure as the driver's answer and the user's frames; diagtools' own frames stay in the JSON."""
     shown = child.shown_traceback.strip()
-    if child.ok or not shown:
+    if child.ok or not shown or (child.driver_calls and '  File "' not in shown):  # the table said it already
         return ""
     return f"<p>The child's error (the driver's answer, your frames only):</p><pre>{escape(shown)}</pre>"
 

@@ -294,3 +294,26 @@ def test_long_paths_lose_their_middle_never_their_file_name():
     html = path_html(path, 8)
     assert 'title="diagtools/specimens/common_ops/before/vmodels/platforms.py:8"' in html  # the whole path on hover
     assert "platforms.py:8</code>" in html
+
+
+def test_the_child_failure_shows_the_users_frames_and_the_drivers_answer_only():
+    from diagtools.model.replay import user_traceback
+
+    traceback = (
+        "Traceback (most recent call last):\n"
+        '  File "/x/diagtools/agents/replay_child.py", line 130, in run_child\n'
+        "    outcome.update(status='ok', detail=_resolve(action)(calls))\n"
+        "                                       ^^^^^^^^^^^^^^^^^^^^^^^\n"
+        '  File "/src/acts.py", line 2, in act\n'
+        "    lib.cuInit(0)\n"
+        "    ~~~~~~~~~~^^^\n"
+        "diagtools.agents.replay_child.DriverCallError: cuInit(0) failed with CUDA_ERROR_NOT_INITIALIZED (3)\n"
+    )
+    shown = user_traceback(traceback)
+    assert shown.splitlines() == [
+        "Traceback (most recent call last):",
+        '  File "/src/acts.py", line 2, in act',
+        "    lib.cuInit(0)",
+        "DriverCallError: cuInit(0) failed with CUDA_ERROR_NOT_INITIALIZED (3)",
+    ]
+
