@@ -134,10 +134,11 @@ def _culprit_lines(culprit: Culprit, *, stack: bool) -> list[str]:
         lines.append(f"    thread: {_one_line(culprit.thread)}")
         if culprit.thread_started_at is not None:
             lines += _site_lines("started at:", culprit.thread_started_at)
-    if culprit.module_site is not None:
-        lines += _site_lines("line to change:", culprit.module_site)
-    if culprit.site is not None and culprit.site != culprit.module_site:
-        lines += _site_lines("via:" if culprit.module_site else "site:", culprit.site)
+    line = culprit.line_to_change
+    if line is not None:
+        lines += _site_lines("line to change:", line)
+    if culprit.site is not None and culprit.site != line:
+        lines += _site_lines("via:", culprit.site)
     lines.append(f"    evidence: {culprit.evidence}")
     if stack and culprit.stack:
         lines.append("    stack (outermost first):")
