@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from diagtools.model._display import present
+from diagtools.model._display import TextReport, present
 from diagtools.model.scan import ScanResult
 from diagtools.model.verdict import Verdict
 
@@ -15,7 +15,7 @@ DIFF_SCHEMA = "diagtools.diff/1"
 
 
 @dataclass(frozen=True)
-class ScanDiff:
+class ScanDiff(TextReport):
     """Modules and importer edges the fix removed or added, and where the culprit chain broke.
 
     ``broken_edge`` is the first importer -> imported edge of the before
@@ -63,10 +63,6 @@ class ScanDiff:
     def graph(self) -> Any:
         """The before graph with the removed modules and edges marked."""
         return present("diff.graph", self)
-
-    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
-        """IPython's plain-text view (saved beside the HTML): the readable report, not the dataclass fields."""
-        printer.text(str(self))
 
     def _repr_html_(self) -> str:
         return str(present("diff.html", self, graph=True))

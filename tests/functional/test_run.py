@@ -107,6 +107,8 @@ def test_spawn_workers_are_fine(app):
     top = next(record for record in result.processes if record.argv[1:] == (str(app / "app.py"), "spawn"))
     spawns = [start for start in top.starts if start.kind == "spawn"]
     assert spawns
+    assert all("resource_tracker" not in " ".join(start.argv or ()) for start in spawns)  # a helper, not a worker
+    assert any("resource_tracker" in " ".join(start.argv or ()) for start in top.starts if start.kind == "subprocess")
     assert all(start.driver_initialized for start in spawns)
     worker = result.process(spawns[-1].child)
     assert worker.via == "exec"
@@ -313,7 +315,7 @@ def test_pytest_cuda_watch_names_the_collection_node_and_the_forking_test(make_t
     out = done.stdout
     assert "diagtools cuda watch" in out
     assert "poisoned fork" in out
-    assert "CUDA initialized by: registry" in out
+    assert "culprit: registry" in out
     assert "while: collecting test_models.py" in out
     assert "while: test_models.py::test_forks" in out
     assert f"test_models.py:{marked_line(root / 'test_models.py', '# <- fork')}" in out

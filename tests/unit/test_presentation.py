@@ -316,4 +316,3 @@ def test_the_child_failure_shows_the_users_frames_and_the_drivers_answer_only():
         "    lib.cuInit(0)",
         "DriverCallError: cuInit(0) failed with CUDA_ERROR_NOT_INITIALIZED (3)",
     ]
-
