@@ -39,7 +39,8 @@ _STYLE = (
     "text-align:left!important;vertical-align:top;overflow-wrap:break-word}"
     ".dt td.num{text-align:right!important;font-variant-numeric:tabular-nums;white-space:nowrap}"
     ".dt pre{background:#f8f8f8;padding:6px;overflow-x:auto;white-space:pre-wrap;overflow-wrap:anywhere}"
-    ".dt .dt-path{white-space:nowrap}.dt .dt-verdict{font-size:14px}"
+    ".dt .dt-path{white-space:nowrap}.dt td .dt-path{white-space:normal}.dt td.dt-any{overflow-wrap:anywhere}"
+    ".dt .dt-verdict{font-size:14px}"
     ".dt-graph{max-width:100%}</style>"
 )
 
@@ -58,8 +59,11 @@ def _verdict_badge(verdict: Verdict) -> str:
 
 
 def path_html(path: str, line: int | None = None) -> str:
-    """A path as ``<code>``: shortened in the middle, the whole path on hover; the line number never cut."""
-    shown = escape(short_path(path)) + (f":{line}" if line is not None else "")
+    """A path as ``<code>``: shortened in the middle, the whole path on hover; the line number never cut.
+
+    It may break after a ``/`` (never inside a name), so a narrow column wraps it instead of widening.
+    """
+    shown = escape(short_path(path)).replace("/", "/<wbr>") + (f":{line}" if line is not None else "")
     full = escape(path) + (f":{line}" if line is not None else "")
     return f'<code class="dt-path" title="{full}">{shown}</code>'
 
@@ -307,10 +311,33 @@ def module_html(result: ScanResult, name: str) -> str:
     return f'{_STYLE}<div class="dt">{table}{"".join(stacks)}</div>'
 
 
-def table_html(header: Sequence[str], rows: Sequence[Sequence[object]], *, caption: str = "") -> str:
-    """Any small table for a notebook: every cell escaped, wrapping and scrolling inside its own box."""
+def table_html(
+    header: Sequence[str],
+    rows: Sequence[Sequence[object]],
+    *,
+    caption: str = "",
+    paths: Sequence[int] = (),
+    code: Sequence[int] = (),
+) -> str:
+    """Any small table for a notebook: every cell escaped, wrapping and scrolling inside its own box.
+
+    The columns numbered in ``paths`` hold paths (``file`` or ``file:line``): shown shortened, whole on hover;
+    those in ``code`` hold source lines, which may break anywhere rather than widen the table.
+    """
     head = "<tr>" + "".join(f"<th>{escape(str(column))}</th>" for column in header) + "</tr>"
-    body = "".join("<tr>" + "".join(_td(value) for value in row) + "</tr>" for row in rows)
+    body = "".join(
+        "<tr>"
+        + "".join(
+            f'<td class="dt-any">{path_html(str(value))}</td>'
+            if i in paths and value and value != "-"
+            else f'<td class="dt-any"><code>{escape(_cell(value))}</code></td>'
+            if i in code and value
+            else _td(value)
+            for i, value in enumerate(row)
+        )
+        + "</tr>"
+        for row in rows
+    )
     title = f"<p>{escape(caption)}</p>" if caption else ""
     return f'{_STYLE}<div class="dt">{title}{_table(head, body)}</div>'
 

@@ -312,11 +312,12 @@ def check_lines(page, name: str) -> None:
     text = page.locator(PANEL).text_content()
     platforms = specimen_line("vmodels/platforms.py", "cuInit(0)")
     if name == "00_onboarding":
-        rows = page.locator(f"{PANEL} .jp-OutputArea-output table tr", has_text="specimens/")
+        rows = page.locator(f"{PANEL} .jp-OutputArea-output table tr", has=page.locator("code.dt-path"))
         assert rows.count() >= 3
         for index in range(rows.count()):
             cells = rows.nth(index).locator("td")
-            where, source = cells.nth(3).text_content(), cells.nth(4).text_content()
+            where = cells.nth(2).locator("code").get_attribute("title")  # the whole path, on hover
+            source = cells.nth(3).text_content()
             path, _, number = where.rpartition(":")
             lines = (ROOT / path).read_text().splitlines()
             assert lines[int(number) - 1].strip() == source.strip(), (where, source)

@@ -40,7 +40,7 @@ EXPECTED = {
 
 
 ROOT = NOTEBOOKS.parent
-SHOWN_LINE = re.compile(r"<td>(diagtools/specimens/[^<]+?):(\d+)</td><td>([^<]*)</td>")
+SHOWN_LINE = re.compile(r'title="(diagtools/specimens/[^"]+?):(\d+)">.*?</code></td><td[^>]*><code>([^<]*)</code></td>')
 
 
 def assert_lines_are_the_specimens_own(text: str) -> None:
