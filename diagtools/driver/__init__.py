@@ -15,8 +15,9 @@ process reads those declarations once (tens of milliseconds), then only
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
-import importlib.machinery
+import json
 import os
 import shlex
 import subprocess
@@ -76,6 +77,7 @@ class SimulatedWorld:
 
 
 _world_cache: dict[tuple[object, ...], SimulatedWorld] = {}
+_ABI3_FLOOR = "3.10"  # cuprobe.c's Py_LIMITED_API
 
 
 def cache_dir() -> Path:
@@ -164,8 +166,9 @@ def build_simulated_world() -> SimulatedWorld:
     driver and opens it again finds the init state it left, as with the real one.
     """
     stamp = _input_stamp()
-    cached = _world_cache.get(stamp)
+    cached = _world_cache.get(stamp) or _recorded_world(stamp)
     if cached is not None and all((cached.directory / name).exists() for name in (*SIMULATED_LIBRARIES, *_ALIASES)):
+        _world_cache[stamp] = cached
         return cached
     simcuda = (_SOURCES / "simcuda.c").read_text()
     simnvml = (_SOURCES / "simnvml.c").read_text()
@@ -188,7 +191,33 @@ def build_simulated_world() -> SimulatedWorld:
         _link_alias(directory, alias, target)
     world = SimulatedWorld(directory, SIMULATED_LIBRARIES, (driver_stubs.note, nvml_stubs.note))
     _world_cache[stamp] = world
+    _record_world(stamp, world)
     return world
+
+
+def _stamp_file(stamp: tuple[object, ...]) -> Path:
+    return cache_dir() / "simdriver" / "by-stamp" / _build_key(repr(stamp))
+
+
+def _recorded_world(stamp: tuple[object, ...]) -> SimulatedWorld | None:
+    """The world an earlier process built from inputs with this stamp (same files, sizes, times, compiler).
+
+    Reading one small file instead of generating the stubs again is most of
+    the driver's share of a scan's fixed cost.
+    """
+    try:
+        record = json.loads(_stamp_file(stamp).read_text(encoding="utf-8"))
+        directory = cache_dir() / "simdriver" / str(record["key"])
+        return SimulatedWorld(directory, SIMULATED_LIBRARIES, tuple(map(str, record["notes"])))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _record_world(stamp: tuple[object, ...], world: SimulatedWorld) -> None:
+    with contextlib.suppress(OSError):
+        path = _stamp_file(stamp)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _write_if_changed(path, json.dumps({"key": world.directory.name, "notes": list(world.notes)}))
 
 
 def build_injection_library() -> Path:
@@ -200,11 +229,14 @@ def build_injection_library() -> Path:
 
 
 def build_probe_extension() -> Path:
-    """The compiled ``_diagtools_cuprobe`` extension for the running interpreter."""
+    """The compiled ``_diagtools_cuprobe`` extension, built once for every supported interpreter.
+
+    It uses only the stable ABI of CPython 3.10 (``Py_LIMITED_API``), so the
+    key names no interpreter: a scan with ``--python`` loads the same file.
+    """
     source = _SOURCES / "cuprobe.c"
-    suffix = importlib.machinery.EXTENSION_SUFFIXES[0]
-    key = _build_key(source.read_bytes(), *_compiler(), sys.version, sys.prefix, suffix)
-    library = cache_dir() / "cuprobe" / key / f"_diagtools_cuprobe{suffix}"
+    key = _build_key(source.read_bytes(), *_compiler(), "abi3", _ABI3_FLOOR)
+    library = cache_dir() / "cuprobe" / key / "_diagtools_cuprobe.abi3.so"
     if library.exists():
         return library
     import sysconfig  # only needed to compile: finding the headers costs a few ms

@@ -9,6 +9,8 @@
  * the simulated driver and NVML what they refused (simulation_refusals).
  */
 #define PY_SSIZE_T_CLEAN
+/* The stable ABI of 3.10: one build serves every supported interpreter (scan --python). */
+#define Py_LIMITED_API 0x030A0000
 #include <Python.h>
 #include <dlfcn.h>
 #include <signal.h>

@@ -11,6 +11,7 @@ from diagtools.errors import MissingExtraError
 from diagtools.model.diff import ScanDiff, diff_scans
 from diagtools.model.replay import ChildOutcome, ReplayComparison, ReplayResult, Tone
 from diagtools.model.scan import Culprit, ScanResult, Site
+from diagtools.model.sweep import RootCause, SweepResult
 from diagtools.model.verdict import Verdict
 from diagtools.render.ordering import ModuleGroups, group_modules
 from diagtools.render.paths import shareable, short_path
@@ -27,6 +28,7 @@ __all__ = [
     "scan_status_html",
     "short_path",
     "svg_of",
+    "sweep_html",
     "table_html",
 ]
 
@@ -86,12 +88,23 @@ def _culprit_html(culprit: Culprit) -> str:
         parts.append(f"<p>Thread: <code>{escape(culprit.thread)}</code></p>")
         if culprit.thread_started_at is not None:
             parts.append(_site_html("Started at", culprit.thread_started_at))
-    line = culprit.line_to_change
-    if line is not None:
-        parts.append(_site_html("<b>Line to change</b>", line))
-    if culprit.site is not None and culprit.site != line:
-        parts.append(_site_html("Via", culprit.site))
+    change, initialized = culprit.line_to_change, culprit.initialized_in
+    if change is not None and (culprit.module_site is not None or culprit.first_party is not None):
+        parts.append(_site_html("<b>Line to change</b>", change))
+    if initialized is not None:
+        parts.append(_site_html("Initialized in", initialized))
+    if culprit.site is not None and culprit.site not in (change, initialized):
+        parts.append(_site_html("Via" if len(parts) > 1 else "Site", culprit.site))
+    edges = culprit.import_edges()
+    if any(site is not None for _, _, site in edges):
+        parts.append("<p>Imports:</p><ul>" + "".join(_edge_html(edge) for edge in edges) + "</ul>")
     return "".join(parts)
+
+
+def _edge_html(edge: tuple[str, str, Site | None]) -> str:
+    importer, imported, site = edge
+    where = f"<code>{escape(site.file)}:{site.line}</code> <code>{escape(site.source)}</code>" if site else "?"
+    return f"<li><code>{escape(importer)}</code> &rarr; <code>{escape(imported)}</code>: {where}</li>"
 
 
 def svg_of(graph: Any) -> str:
@@ -150,6 +163,37 @@ def scan_status_html(result: ScanResult) -> str:
     if line is not None:
         where += f", line to change {path_html(line.file, line.line)}"
     return f"done: {_verdict_badge(result.verdict)}{where} (driver {escape(result.driver.kind)})"
+
+
+def sweep_html(result: SweepResult) -> str:
+    """The sweep's answer: each root cause once, then the modules that initialize CUDA."""
+    verdict = _verdict_badge(result.verdict)
+    causes = result.causes
+    parts = [
+        _STYLE,
+        '<div class="dt">',
+        f"<p><b>diagtools sweep</b> <code>{escape(result.package)}</code> &mdash; {verdict}</p>",
+        f"<p>{len(result.rows)} modules, {len(result.culprits)} initialize CUDA through {len(causes)} root "
+        f"cause(s); {len(result.failures)} failed to import ({result.seconds:.1f} s, {escape(result.mode)}).</p>",
+    ]
+    if result.interrupted:
+        parts.append(f'<p class="unknown">Interrupted: {result.interrupted} modules were not scanned.</p>')
+    if causes:
+        parts.append("<h3>Root causes</h3><ol>" + "".join(_cause_html(cause) for cause in causes) + "</ol>")
+    parts.append("</div>")
+    return "".join(parts)
+
+
+def _cause_html(cause: RootCause) -> str:
+    parts = [f"<li><code>{escape(cause.key)}</code>"]
+    if cause.line_to_change is not None:
+        parts.append(_site_html("<b>Line to change</b>", cause.line_to_change))
+    if cause.initialized_in is not None and cause.initialized_in != cause.line_to_change:
+        parts.append(_site_html("Initialized in", cause.initialized_in))
+    parent = f", {len(cause.through_parent)} only through a parent package" if cause.through_parent else ""
+    names = ", ".join(f"<code>{escape(m)}</code>" for m in cause.modules)
+    parts.append(f"<p>Reached by {len(cause.modules)} module(s){parent}: {names}</p></li>")
+    return "".join(parts)
 
 
 def _driver_label(result: ScanResult | ReplayResult) -> str:

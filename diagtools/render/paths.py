@@ -96,6 +96,8 @@ def shareable(result: ScanResult) -> ScanResult:
             module_site=_site(c.module_site, roots),
             thread_started_at=_site(c.thread_started_at, roots),
             stack=tuple(_site(f, roots) or f for f in c.stack),
+            chain_imports=tuple(_site(f, roots) for f in c.chain_imports),
+            first_party=_site(c.first_party, roots),
         )
         for c in result.culprits
     )

@@ -188,7 +188,10 @@ def _md_text(text: str) -> str:
 def _line_to_change(culprit: Culprit | None) -> str:
     if culprit is None or culprit.site is None:
         return ""
-    site = _line_site(culprit)
+    site, initialized = _line_site(culprit), culprit.initialized_in
+    if initialized is not None:
+        where = f"{_code(f'{initialized.file}:{initialized.line}')} in {_code(culprit.module)}"
+        return f"{_code(f'{site.file}:{site.line}')}: {_code(site.source.strip())} (initialized in {where})"
     same = (site.file, site.line) == (culprit.site.file, culprit.site.line)
     via = "" if same else f" (via {_code(f'{culprit.site.file}:{culprit.site.line}')})"
     return f"{_code(f'{site.file}:{site.line}')} in {_code(culprit.module)}: {_code(site.source.strip())}{via}"
@@ -345,8 +348,17 @@ def _graph_markdown(name: str, caption: str, graphs: dict[str, str], chain_of: S
 def _mermaid_chain(culprit: Culprit) -> str:
     chain = list(culprit.chain) or [culprit.module or "?"]
     nodes = [f'    n{i}["{name.replace(chr(34), "#quot;")}"]' for i, name in enumerate(chain)]
-    edges = [f"    n{i} --> n{i + 1}" for i in range(len(chain) - 1)]
+    lines = culprit.chain_imports + (None,) * len(chain)
+    edges = [f"    n{i} -->{_mermaid_label(lines[i + 1])} n{i + 1}" for i in range(len(chain) - 1)]
     return "\n".join(["graph LR", *nodes, *edges, f"    style n{len(chain) - 1} fill:#d62728,color:#fff"])
+
+
+def _mermaid_label(site: Site | None) -> str:
+    """``|file:line|`` of an import line for a Mermaid edge, or nothing."""
+    if site is None:
+        return ""
+    text = f"{site.file.rsplit('/', 1)[-1]}:{site.line}"
+    return "|" + re.sub(r'["|<>]', "_", text) + "|"
 
 
 def _md_align(column: str) -> str:

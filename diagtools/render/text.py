@@ -150,20 +150,38 @@ def culprit_details(culprit: Culprit, *, stack: bool = False, indent: str = "   
         lines.append(f"{indent}thread: {_one_line(culprit.thread)}")
         if culprit.thread_started_at is not None:
             lines += _site_lines("started at:", culprit.thread_started_at, indent)
-    target = culprit.line_to_change
-    if target is not None:
-        lines += _site_lines("line to change:", target, indent)
-    if culprit.site is not None and culprit.site != target:
-        lines += _site_lines("via:", culprit.site, indent)
+    lines += _change_lines(culprit, indent)
     if culprit.context:
         lines.append(f"{indent}while: {_one_line(culprit.context)}")
     lines.append(f"{indent}evidence: {culprit.evidence} (phase {culprit.phase})")
+    if stack and culprit.chain_imports:
+        lines.append(f"{indent}imports (importer -> imported at the import line):")
+        lines += [_edge_line(edge, indent) for edge in culprit.import_edges()]
     if stack and culprit.stack:
         lines.append(f"{indent}stack (outermost first):")
         if culprit.stack_dropped:
             lines.append(f"{indent}  [... {culprit.stack_dropped} outer frames dropped]")
         lines += [f"{indent}  {_one_line(frame)}" for frame in culprit.stack]
     return lines
+
+
+def _change_lines(culprit: Culprit, indent: str) -> list[str]:
+    """The line to change, then the third-party line that initialized CUDA, then the calling line."""
+    change, initialized = culprit.line_to_change, culprit.initialized_in
+    if change is None:
+        return []
+    lines = _site_lines("line to change:", change, indent)
+    if initialized is not None:
+        lines += _site_lines("initialized in:", initialized, indent)
+    if culprit.site is not None and culprit.site not in (change, initialized):
+        lines += _site_lines("via:", culprit.site, indent)
+    return lines
+
+
+def _edge_line(edge: tuple[str, str, Site | None], indent: str) -> str:
+    importer, imported, site = edge
+    where = f"{site.file}:{site.line}" + (f"  {site.source}" if site.source else "") if site else "(line unknown)"
+    return _one_line(f"{indent}  {importer} -> {imported}: {where}")
 
 
 @_safe
@@ -327,9 +345,10 @@ def _sweep_where(row: SweepRow) -> str:
     if row.culprit is not None and row.inherited_from:
         return _one_line(f"through {row.inherited_from}")
     if row.culprit is not None:
-        site = row.culprit.line_to_change
-        where = f" at {display_path(site.file)}:{site.line}" if site else ""
-        return _one_line(f"{row.culprit.module}{where}")
+        line, initialized = row.culprit.line_to_change, row.culprit.initialized_in
+        site = f" at {display_path(line.file)}:{line.line}" if line else ""
+        init = f" (initialized in {display_path(initialized.file)}:{initialized.line})" if initialized else ""
+        return _one_line(f"{row.culprit.module}{site}{init}")
     if row.preloaded:
         return "(preloaded by the zygote)"
     return _one_line(row.error)
@@ -340,12 +359,49 @@ def _fit(cell: str, width: int) -> str:
     return cell if len(cell) <= width else short_path(cell, max(width, 12))
 
 
+def _cause_lines(result: SweepResult) -> list[str]:
+    """Each root cause once: the line to change, the initializer, how many modules reach it."""
+    causes = result.causes
+    if not causes:
+        return []
+    lines = [f"root causes: {len(causes)} (for {len(result.culprits)} modules that initialize CUDA)"]
+    for number, cause in enumerate(causes, 1):
+        lines.append(_one_line(f"  {number}. {cause.key}"))
+        if cause.line_to_change is not None:
+            change = cause.line_to_change
+            lines.append(_one_line(f"     line to change: {_fit(f'{display_path(change.file)}:{change.line}', 78)}"))
+        if cause.initialized_in is not None and cause.initialized_in != cause.line_to_change:
+            where = cause.initialized_in
+            lines.append(_one_line(f"     initialized in: {_fit(f'{display_path(where.file)}:{where.line}', 78)}"))
+        parent = len(cause.through_parent)
+        only = f", {parent} only through a parent package" if parent else ""
+        reached = f"     reached by {len(cause.modules)} module(s){only}: {_names(cause.modules)}"
+        lines.append(_one_line(reached if len(reached) <= WIDTH else reached[: WIDTH - 4] + " ..."))
+    return lines
+
+
+def _names(modules: Sequence[str], limit: int = 6) -> str:
+    shown = ", ".join(modules[:limit])
+    return shown + (f", ... {len(modules) - limit} more" if len(modules) > limit else "")
+
+
+@_safe
+def render_baseline(result: SweepResult, known: frozenset[str], source: str) -> str:
+    """What a baseline comparison found: the new root causes (the ones that fail), and the known ones."""
+    new = result.new_causes(known)
+    known_here = len(result.causes) - len(new)
+    lines = [f"baseline {_one_line(source)}: {len(new)} new root cause(s), {known_here} known"]
+    lines += [_one_line(f"  NEW: {cause.key} ({len(cause.modules)} module(s))") for cause in new]
+    return "\n".join(lines)
+
+
 def _sweep_mode(result: SweepResult) -> str:
     if result.mode == "zygote":
         preload = ", ".join(result.preload) or "nothing"
         line = f"mode: zygote (preloaded {preload}; each module in a forked child)"
     else:
         line = "mode: fresh subkernels"
+    line += "".join(f"\npreload: {_one_line(note)}" for note in result.preload_notes)
     return line + (f"\nfallback: {result.fallback}" if result.fallback else "")
 
 
@@ -362,7 +418,12 @@ def render_sweep(result: SweepResult) -> str:
     for cells in table:
         cells[4] = _fit(cells[4], WIDTH - used)
     lines = text_table(header, table, right=(2,))
+    lines += _cause_lines(result)
     lines.append(_sweep_mode(result))
+    if result.interrupted:
+        lines.append(
+            f"interrupted: {result.interrupted} modules were not scanned; rerun with the same --json to resume"
+        )
     resumed = f", {result.resumed} from the journal" if result.resumed else ""
     inherited = sum(1 for row in result.culprits if row.cuda_source == "parent")
     lines.append(f"verdict: {result.verdict}")

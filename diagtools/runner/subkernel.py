@@ -347,7 +347,7 @@ def _collect(fds: _Fds, started: float, timeout: float, clock: Callable[[], floa
             if moved >= _FULL_READ and extended < timeout:
                 spent = min(clock() - now, timeout - extended)
                 deadline, extended = deadline + spent, extended + spent
-            elif moved < _FULL_READ:
+            elif moved < _FULL_READ and collected.keeper_said("exit") is None:
                 time.sleep(_BATCH_S)  # read events in batches: waking per event would slow the target
         _drain(selector, sinks)
     said = collected.keeper_said("exit")

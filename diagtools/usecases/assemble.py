@@ -9,13 +9,22 @@ from __future__ import annotations
 
 import re
 import signal
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from diagtools import protocol
 from diagtools.model.common import iso_time
-from diagtools.model.scan import AliveThread, Culprit, DriverInfo, ImportNode, RunError, ScanResult, StartupInfo
+from diagtools.model.scan import (
+    AliveThread,
+    Culprit,
+    DriverInfo,
+    ImportNode,
+    RunError,
+    ScanResult,
+    Site,
+    StartupInfo,
+)
 from diagtools.model.verdict import ScanStatus
 from diagtools.runner.subkernel import RawRun
 from diagtools.usecases.attribution import (
@@ -24,6 +33,7 @@ from diagtools.usecases.attribution import (
     best_event,
     capped,
     frame_site,
+    own_patterns,
     pick_site,
     source_line,
     start_site,
@@ -41,6 +51,7 @@ class _Node:
     begin: float
     thread: int
     phase: str
+    imported_at: Sequence[Any] | None = None
     end: float | None = None
     raised: bool = False
     threads_started: int = 0
@@ -59,6 +70,7 @@ class _Tree:
         if name in self.nodes:
             return
         node = _Node(name, event.get("p"), event.get("f"), event["t"], event.get("th", 0), event.get("ph", "import"))
+        node.imported_at = event.get("l")
         self.nodes[name] = node
         if node.parent in self.nodes:
             self.nodes[node.parent].children.append(name)
@@ -76,6 +88,12 @@ class _Tree:
     def file_of(self, module: str | None) -> str | None:
         node = self.nodes.get(module) if module is not None else None
         return node.file if node is not None else None
+
+    def import_line(self, module: str) -> Site | None:
+        """The statement that imported ``module``, when it is the program's own code (not the probe's)."""
+        node = self.nodes.get(module)
+        frame = node.imported_at if node is not None else None
+        return frame_site(frame) if frame is not None and visible([frame]) else None
 
     def chain(self, module: str | None) -> tuple[str, ...]:
         chain: list[str] = []
@@ -207,8 +225,12 @@ def _status_and_error(raw: RawRun, events: Sequence[dict[str, Any]]) -> tuple[Sc
     return ScanStatus.OK, None
 
 
-def assemble(raw: RawRun, targets: Sequence[str], driver: DriverInfo) -> ScanResult:
-    """Build the scan result from one run's events, keeping whatever was recorded."""
+def assemble(raw: RawRun, targets: Sequence[str], driver: DriverInfo, own: Iterable[str] = ()) -> ScanResult:
+    """Build the scan result from one run's events, keeping whatever was recorded.
+
+    ``own`` names the user's packages (default: the targets' top-level
+    packages); the culprit's ``first_party`` line is looked for there.
+    """
     events = [event for event in raw.events if isinstance(event.get("e"), str)]
     tree = _Tree()
     hello = next((event for event in events if event["e"] == "hello"), {})
@@ -222,7 +244,8 @@ def assemble(raw: RawRun, targets: Sequence[str], driver: DriverInfo) -> ScanRes
         elif event["e"] == "thread":
             tree.thread_started(event.get("by"))
     culprit_event = best_event(events)
-    culprits = (attribute(culprit_event, tree, main_thread),) if culprit_event else ()
+    mine = own_patterns(targets, own)
+    culprits = (attribute(culprit_event, tree, main_thread, own=mine),) if culprit_event else ()
     status, error = _status_and_error(raw, events)
     final = next((event for event in events if event["e"] == "final"), None)
     cuda_initialized = bool(final["initialized"]) if final else bool(culprits)

@@ -9,6 +9,7 @@ process, so a notebook can replay the failure without poisoning itself.
 from __future__ import annotations
 
 import os
+import sys
 import tempfile
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -31,6 +32,7 @@ from diagtools.model.replay import (
 from diagtools.model.scan import DriverInfo, RunError
 from diagtools.runner.subkernel import RawRun, SubkernelRequest, run_subkernel
 from diagtools.usecases.assemble import CHANNEL_LOST_MESSAGE, channel_lost, subkernel_failure
+from diagtools.usecases.interpreter import validate_python
 from diagtools.usecases.scan import validate_paths, validate_targets, validate_timeout
 
 __all__ = ["ReplaySpec", "assemble_replay", "compare_replays", "replay_fork"]
@@ -63,6 +65,7 @@ class ReplaySpec:
     roots: tuple[str, ...]
     child: str
     start_method: str
+    python: str = sys.executable
 
     def request(self, env: dict[str, str], timeout: float, scratch: str = "") -> SubkernelRequest:
         settings = {
@@ -74,7 +77,7 @@ class ReplaySpec:
             protocol.REPLAY_CHILD_TIMEOUT: str(max(1.0, timeout / 2)),
             protocol.CUPROBE: str(build_probe_extension()),
         }
-        return SubkernelRequest(REPLAY_PROGRAM, settings, env, timeout)
+        return SubkernelRequest(REPLAY_PROGRAM, settings, env, timeout, python=self.python)
 
 
 def replay_fork(
@@ -86,6 +89,7 @@ def replay_fork(
     driver: str = "auto",
     timeout: float = 60.0,
     runner: Runner = run_subkernel,
+    python: str | os.PathLike[str] | None = None,
 ) -> ReplayResult:
     """Import ``setup`` in a fresh parent, start a child with ``start_method``, run ``child``.
 
@@ -100,10 +104,18 @@ def replay_fork(
         ``fork``, ``spawn`` or ``forkserver``.
     timeout
         Seconds for the whole replay; the child gets half of it.
+    python
+        The interpreter of the parent and child (default: this one).
     """
     (target,) = validate_targets(setup)
     timeout = validate_timeout(timeout)
-    spec = ReplaySpec(target, validate_paths(path), _validate_child(child), _validate_start_method(start_method))
+    spec = ReplaySpec(
+        target,
+        validate_paths(path),
+        _validate_child(child),
+        _validate_start_method(start_method),
+        validate_python(python),
+    )
     setup_driver = resolve_driver(driver)
     with tempfile.TemporaryDirectory(prefix="diagtools-replay-") as scratch:
         raw = runner(spec.request(setup_driver.env, timeout, scratch))
@@ -169,6 +181,7 @@ def compare_replays(
     driver: str = "auto",
     timeout: float = 60.0,
     runner: Runner = run_subkernel,
+    python: str | os.PathLike[str] | None = None,
 ) -> ReplayComparison:
     """The same replay on the ``before`` and ``after`` trees under each start method."""
     shared = validate_paths(path)
@@ -184,6 +197,7 @@ def compare_replays(
                 driver=driver,
                 timeout=timeout,
                 runner=runner,
+                python=python,
             )
             runs.append((label, result))
     return ReplayComparison(setup, tuple(runs))

@@ -39,7 +39,10 @@ def test_culprit_node_is_highlighted_with_its_site_line(common_ops):
     assert 'fillcolor="#d62728"' in culprit
     assert "platforms.py:8: (status,) = driver.cuInit(0)" in dot
     assert "class=chain" in node_line(dot, "vmodels.config")
-    assert '"vmodels.config" -> "vmodels.platforms" [class=chain' in dot
+    assert (
+        '"vmodels.config" -> "vmodels.platforms" [label="config.py:5: '
+        'from vmodels.platforms import current_platform" class=chain'
+    ) in dot
     svg = before.graph().pipe(format="svg").decode()
     assert 'class="node culprit"' in svg
 
@@ -110,3 +113,14 @@ def test_unknown_view_is_a_usage_error(common_ops):
 
     with pytest.raises(UsageError, match="unknown graph view"):
         scan_graph(common_ops[0], "sideways")
+
+
+def test_chain_edges_carry_their_import_lines_and_the_users_line(sim_scan):
+    specimen = get("third_party_init")
+    dot = sim_scan(specimen.target, path=[specimen.tree("before")]).to_dot()
+    assert (
+        '"ringllm.layers.quant_fusion" -> jitkern '
+        '[label="line to change: quant_fusion.py:3: from jitkern import rmsnorm"'
+    ) in dot
+    assert 'jitkern -> "jitkern.jit.env" [label="__init__.py:3: from jitkern.jit.env import CONTEXT"' in dot
+    assert "env.py:11: if cuda.cuInit(0) != 0:" in node_line(dot, "jitkern.jit.env")

@@ -11,6 +11,7 @@ import math
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -33,7 +34,11 @@ from diagtools.kernels.state_reference import (  # noqa: E402
 )
 
 from .test_fp8_ds_mla import fp8_ds_mla_cases  # noqa: E402
-from .tolerances import assert_state_store_matches_reference  # noqa: E402
+from .tolerances import (  # noqa: E402
+    assert_state_bytes_match_reference,
+    assert_state_store_matches_reference,
+    with_edge_tiles,
+)
 
 try:  # the encoders' test kernel; the interpreter resolves its callees from this module's globals
     import triton
@@ -207,6 +212,54 @@ def test_flat_cache_shape_stores_the_same_bytes(backend):
     assert_state_store_matches_reference(flat)
 
 
+@pytest.mark.parametrize(("ratio", "requests", "state_block"), CASES)
+def test_triton_stores_the_reference_bytes(ratio, requests, state_block):
+    """Every stored byte of the whole kernel (scale bytes, FP8 bytes, the bf16 tail) against the
+    reference quantizer, with tiles sent down the zero, tiny (below the amax floor), large-exponent
+    and negative paths."""
+    pytest.importorskip("triton")
+    inputs = with_edge_tiles(make_state_inputs(ratio, requests, padding=0.25, state_block=state_block))
+    compress_state_store(*inputs.args(), ratio=ratio, backend="triton")
+    assert_state_store_matches_reference(inputs)
+    checked = assert_state_bytes_match_reference(inputs)
+    assert checked.ambiguous_fraction < 0.01, checked
+
+
+# In the Triton source: the UE8M0 exponent one too large (consistently in the byte and the inverse
+# scale), and the amax floor removed.
+TRITON_MUTATIONS = {
+    "exponent+1": ("exponent = _ue8m0_exponent(amax)", "exponent = _ue8m0_exponent(amax) + 1"),
+    "no-amax-floor": (
+        "amax = tl.maximum(tl.max(tl.abs(rounded), axis=1), 1e-4)",
+        "amax = tl.max(tl.abs(rounded), axis=1)",
+    ),
+}
+
+
+@pytest.mark.parametrize("ratio", [4, 128])
+@pytest.mark.parametrize("mutation", sorted(TRITON_MUTATIONS))
+def test_triton_scale_mutations_are_caught(ratio, mutation, tmp_path, monkeypatch):
+    pytest.importorskip("triton")
+    import importlib.util
+
+    from diagtools.kernels import state_triton
+
+    old, new = TRITON_MUTATIONS[mutation]
+    source = Path(state_triton.__file__).read_text()
+    assert source.count(old) == 1, old
+    path = tmp_path / "mutated_state_triton.py"
+    path.write_text(source.replace(old, new))
+    spec = importlib.util.spec_from_file_location("mutated_state_triton", path)
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, module)  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    requests = ((0, 8), (6, 2)) if ratio == 4 else ((100, 28),)
+    inputs = with_edge_tiles(make_state_inputs(ratio, requests, padding=0.0, seed=4))
+    module.compress_state_store_triton(*inputs.args(), ratio=ratio)
+    with pytest.raises(AssertionError, match="scale bytes outside the reference's"):
+        assert_state_bytes_match_reference(inputs)
+
+
 def test_triton_store_equals_the_torch_quantizer_bit_for_bit():
     """The kernel's fp8_ds_mla store of given fp32 rows writes exactly the bytes of
     ``quantize_fp8_ds_mla`` and a zero padding byte: bf16 rounding before the FP8 rounding, amax
@@ -304,13 +357,17 @@ def test_triton_kernel_compiles_for_sm90_without_local_memory():
         assert ".local" not in ptx, f"C{ratio} spills to local memory"
 
 
-def test_bench_sizes_match_the_floors_in_the_notes():
-    # KERNEL-NOTES: C4 decode 1024 ~34 MB, C4 prefill 32768 ~276 MB, C128 256 boundary ~134 MB
-    floors = {"C4 decode 1024": 34e6, "C4 prefill 32768": 276e6, "C128 256 boundary": 134e6}
+def test_bench_sizes_are_realistic_batches():
+    """The prefills match the floors in the notes (C4 prefill 32768 ~276 MB, C128 with 256 boundary
+    tokens ~134 MB); every batch has the real boundary density, one token in R."""
+    floors = {"C4 prefill 32768": 276e6, "C128 prefill 32768": 134e6}
     for name, (ratio, requests) in BENCH_SIZES.items():
         _, positions = request_tokens(requests)
-        moved = min_bytes(ratio, positions, torch.zeros_like(positions), state_block=16)
-        assert abs(moved / floors[name] - 1) < 0.02, (name, moved)
+        boundaries = int(((positions + 1) % ratio == 0).sum())
+        assert boundaries * ratio == positions.numel(), (name, boundaries)
+        if name in floors:
+            moved = min_bytes(ratio, positions, torch.zeros_like(positions), state_block=16)
+            assert abs(moved / floors[name] - 1) < 0.02, (name, moved)
 
 
 def test_min_bytes_counts_only_working_tokens():
