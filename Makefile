@@ -18,7 +18,7 @@ CORE_TESTS := tests/test_packaging.py tests/unit \
 # The main venv has every extra; a module of one of them missing under CI fails the run (tests/conftest.py).
 ALL_EXTRAS := notebook,cuda,kernels,dev
 
-.PHONY: demo test test-pythons lint setup clean
+.PHONY: demo lab test test-pythons lint setup clean
 
 setup: $(STAMP)
 
@@ -35,6 +35,12 @@ $(STAMP): pyproject.toml $(CONSTRAINTS) $(BIN)/python scripts/system-deps
 
 demo: $(STAMP)
 	$(BIN)/diagtools demo --out build/report
+
+# JupyterLab from the venv on the notebooks; widget state is saved with them, so a reopened panel shows no error.
+lab: $(STAMP)
+	mkdir -p $(VENV)/share/jupyter/lab/settings
+	cp scripts/lab-overrides.json $(VENV)/share/jupyter/lab/settings/overrides.json
+	$(BIN)/jupyter lab --ServerApp.root_dir=notebooks
 
 lint: $(STAMP)
 	$(BIN)/ruff check diagtools tests benchmarks

@@ -74,6 +74,13 @@ def _build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+DRIVER_HELP = (
+    "the CUDA driver (libcuda) to use: auto (the real driver when a GPU answers, else the simulated one), "
+    "real, simulated (a stand-in with no GPU) or none (no driver: nothing can be seen initializing)"
+)
+TIMEOUT_HELP = "stop each subkernel after S seconds (default %(default)s); the verdict is then unknown"
+
+
 def _add_debug(parser: argparse.ArgumentParser) -> None:
     """Accept --debug after the subcommand too, without resetting one given before it."""
     parser.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
@@ -82,8 +89,8 @@ def _add_debug(parser: argparse.ArgumentParser) -> None:
 def _add_scan(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("targets", nargs="+", metavar="TARGET", help="module to import, e.g. pkg.ops")
     parser.add_argument("--path", action="append", default=[], metavar="DIR", help="prepend DIR to sys.path")
-    parser.add_argument("--driver", choices=DRIVER_CHOICES, default="auto")
-    parser.add_argument("--timeout", type=_timeout, default=120.0, metavar="S")
+    parser.add_argument("--driver", choices=DRIVER_CHOICES, default="auto", help=DRIVER_HELP)
+    parser.add_argument("--timeout", type=_timeout, default=120.0, metavar="S", help=TIMEOUT_HELP)
     parser.add_argument("--json", metavar="FILE|-", help="write the diagtools.scan/1 document ('-' for stdout)")
     parser.add_argument(
         "--settle",
@@ -127,8 +134,8 @@ def _add_replay(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--compare", nargs=2, metavar=("BEFORE", "AFTER"), help="replay on both trees, under fork and spawn"
     )
-    parser.add_argument("--driver", choices=DRIVER_CHOICES, default="auto")
-    parser.add_argument("--timeout", type=_timeout, default=60.0, metavar="S")
+    parser.add_argument("--driver", choices=DRIVER_CHOICES, default="auto", help=DRIVER_HELP)
+    parser.add_argument("--timeout", type=_timeout, default=60.0, metavar="S", help=TIMEOUT_HELP)
     parser.add_argument("--json", metavar="FILE|-", help="write the diagtools.replay/1 document ('-' for stdout)")
     _add_python(parser)
     _add_debug(parser)
@@ -139,8 +146,8 @@ def _add_sweep(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--path", action="append", default=[], metavar="DIR", help="prepend DIR to sys.path")
     parser.add_argument("--jobs", type=int, default=None, metavar="N", help="parallel subkernels (default: CPUs)")
     parser.add_argument("--json", metavar="FILE", help="JSON Lines journal: appended as modules finish, resumed")
-    parser.add_argument("--driver", choices=DRIVER_CHOICES, default="auto")
-    parser.add_argument("--timeout", type=_timeout, default=120.0, metavar="S")
+    parser.add_argument("--driver", choices=DRIVER_CHOICES, default="auto", help=DRIVER_HELP)
+    parser.add_argument("--timeout", type=_timeout, default=120.0, metavar="S", help=TIMEOUT_HELP)
     parser.add_argument("--fail-on-cuda", action="store_true", help="exit 1 when any module initializes CUDA")
     parser.add_argument(
         "--preload",
@@ -176,8 +183,8 @@ def _add_bisect(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--good", required=True, metavar="REV", help="a commit where the import is clean")
     parser.add_argument("--bad", required=True, metavar="REV", help="a commit where it initializes CUDA")
     parser.add_argument("--path-in-repo", default="", metavar="SUBDIR", help="import root inside the repository")
-    parser.add_argument("--driver", choices=DRIVER_CHOICES, default="auto")
-    parser.add_argument("--timeout", type=_timeout, default=120.0, metavar="S")
+    parser.add_argument("--driver", choices=DRIVER_CHOICES, default="auto", help=DRIVER_HELP)
+    parser.add_argument("--timeout", type=_timeout, default=120.0, metavar="S", help=TIMEOUT_HELP)
     parser.add_argument("--json", metavar="FILE|-", help="write the diagtools.bisect/1 document")
     _add_debug(parser)
 
@@ -201,7 +208,7 @@ def _add_bench(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--size", action="append", type=_size, metavar="GxD", help="default: the full grid on a GPU")
     parser.add_argument("--backend", action="append", choices=("torch", "triton", "cutedsl"), metavar="B")
     parser.add_argument("--ratio", type=int, default=4)
-    parser.add_argument("--driver", choices=DRIVER_CHOICES, default="auto")
+    parser.add_argument("--driver", choices=DRIVER_CHOICES, default="auto", help=DRIVER_HELP)
     parser.add_argument("--json", metavar="FILE|-", help="write the diagtools.bench/1 document")
     parser.add_argument("--chart", metavar="PNG", help="write a bar chart of GB/s")
     _add_debug(parser)
@@ -213,13 +220,13 @@ def _add_demo(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--notebooks", metavar="DIR", help="the notebooks to run (default: the source checkout's notebooks/)"
     )
-    parser.add_argument("--driver", choices=DRIVER_CHOICES, default="auto")
+    parser.add_argument("--driver", choices=DRIVER_CHOICES, default="auto", help=DRIVER_HELP)
     _add_debug(parser)
 
 
 def _add_run(parser: argparse.ArgumentParser) -> None:
     parser.usage = "diagtools run [--driver D] [--json FILE|-] [--html FILE] [--timeout S] -- COMMAND [ARGS...]"
-    parser.add_argument("--driver", choices=DRIVER_CHOICES, default="auto")
+    parser.add_argument("--driver", choices=DRIVER_CHOICES, default="auto", help=DRIVER_HELP)
     parser.add_argument(
         "--json", metavar="FILE|-", help="write diagtools.run/1 ('-': stdout; the command's stdout then goes to stderr)"
     )

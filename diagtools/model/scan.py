@@ -287,6 +287,10 @@ class ScanResult(Serial):
         """The graph's DOT source: sorted, so it is stable across runs."""
         return str(self.graph(view).source)
 
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        """IPython's plain-text view (saved beside the HTML): the report with relative paths, not the fields."""
+        printer.text(str(present("scan.shareable", self)))
+
     def _repr_html_(self) -> str:
         return str(present("scan.html", self, graph=True))
 

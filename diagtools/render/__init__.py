@@ -18,6 +18,7 @@ _PRESENTATIONS = {
     "scan.text": ("diagtools.render.text", "render_scan"),
     "scan.html": ("diagtools.render.html", "scan_html"),
     "scan.graph": ("diagtools.render.graph", "scan_graph"),
+    "scan.shareable": ("diagtools.render.paths", "shareable"),
     "diff.text": ("diagtools.render.text", "render_diff"),
     "diff.html": ("diagtools.render.html", "diff_html"),
     "diff.graph": ("diagtools.render.graph", "diff_graph"),

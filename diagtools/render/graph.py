@@ -101,7 +101,7 @@ def _label(node: ImportNode, hidden: int, site: str) -> str:
 
 def _site_text(result: ScanResult, name: str) -> str:
     for culprit in result.culprits:
-        site = culprit.initialized_in or culprit.site
+        site = culprit.initialized_in or culprit.line_to_change  # the module's own line, never a library's
         if culprit.module == name and site is not None:
             return _short(site)
     return ""

@@ -140,16 +140,22 @@ def test_compare_before_after_fork_spawn(runner):
     assert comparison.verdict == Verdict.CLEAN
     assert comparison.variant_verdicts() == {"before": Verdict.INITIALIZES_CUDA, "after": Verdict.CLEAN}
     explanation = comparison.explanation()
-    assert explanation[0] == "before/fork failed"
+    assert explanation[0] == "Reproduced: before/fork fails; fixed: after passes fork and spawn"
     assert "before: the parent initialized CUDA before starting the child" in explanation
     assert "after: the parent did not initialize CUDA before starting the child" in explanation
     document = json.loads(json.dumps(comparison.to_json()))
     assert ReplayComparison.from_json(document).to_json() == document
     text = render_comparison(comparison)
     assert "CUDA_ERROR_NOT_INITIALIZED" in text or "cuInit(0) failed" in text
+    assert all(len(line) <= 100 for line in text.splitlines()), text
     html = comparison_html(comparison)
     assert "<table>" in html
     assert "CUDA_ERROR_NOT_INITIALIZED" in html
+    failing = comparison.run("before", "fork")
+    assert "replay_child.py" in failing.child.traceback  # the JSON keeps diagtools' own frames
+    assert "replay_child" not in replay_html(failing)
+    assert "^^^" not in replay_html(failing)
+    assert "CUDA_ERROR_NOT_INITIALIZED" in failing.child.shown_traceback
 
 
 def test_the_calling_process_never_touches_cuda(sim_replay, make_tree):
@@ -196,8 +202,8 @@ def test_cli_replay_and_compare(make_tree):
         "simulated",
     )
     assert done.returncode == 0, done.stderr
-    assert "verdict (after the fix): clean" in done.stdout
-    assert "    before/fork failed\n" in done.stdout
+    assert "  Reproduced: before/fork fails; fixed: after passes fork and spawn\n" in done.stdout
+    assert all(len(line) <= 100 for line in done.stdout.splitlines()), done.stdout
     bad = cli("replay", "x", "--child", "??")
     assert bad.returncode == 2
     assert bad.stderr.startswith("diagtools: error: unknown child action")
