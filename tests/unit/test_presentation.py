@@ -275,7 +275,7 @@ def test_every_view_headlines_the_line_to_change_and_the_library_line_only_as_vi
     from diagtools.render.graph import scan_graph
     from diagtools.render.html import scan_html, scan_status_html
 
-    pytest.importorskip("graphviz")
+    require("graphviz", "notebook")
     assert "leaf.py:4: import libdsl" in scan_graph(scan).source
     assert "cuda.py:163" not in scan_graph(scan).source
     html = scan_html(scan)
