@@ -165,7 +165,7 @@ def test_cli_says_how_the_sweep_ran(zp):
     assert "mode: fresh subkernels" in done.stdout
     assert "fallback: preloading zp.gpu initialized CUDA" in done.stdout
     assert "zp.hang" not in done.stdout
-    assert "through zp.gpu" in done.stdout  # zp.gpu.leaf inherits its parent's initialization
+    assert "(inherited from zp.gpu)" in done.stdout
 
 
 def test_discovery_rules(make_tree):
