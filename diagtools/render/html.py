@@ -89,12 +89,12 @@ def _culprit_html(culprit: Culprit) -> str:
         if culprit.thread_started_at is not None:
             parts.append(_site_html("Started at", culprit.thread_started_at))
     change, initialized = culprit.line_to_change, culprit.initialized_in
-    if change is not None and (culprit.module_site is not None or culprit.first_party is not None):
+    if change is not None:  # always headlined, even when it is only the calling line
         parts.append(_site_html("<b>Line to change</b>", change))
     if initialized is not None:
         parts.append(_site_html("Initialized in", initialized))
     if culprit.site is not None and culprit.site not in (change, initialized):
-        parts.append(_site_html("Via" if len(parts) > 1 else "Site", culprit.site))
+        parts.append(_site_html("Via", culprit.site))
     edges = culprit.import_edges()
     if any(site is not None for _, _, site in edges):
         parts.append("<p>Imports:</p><ul>" + "".join(_edge_html(edge) for edge in edges) + "</ul>")

@@ -344,7 +344,7 @@ def _sweep_where(row: SweepRow, width: int = WIDTH) -> str:
     """The row's last column, in ``width`` characters: the line to change (and the third-party initializer),
     the parent it inherits from, or the error.  Long paths lose folders in the middle, never the file name."""
     if row.culprit is not None and row.inherited_from:
-        return _one_line(f"through {row.inherited_from}")
+        return _one_line(f"(inherited from {row.inherited_from})")
     if row.culprit is not None:
         candidates = _where_candidates(row.culprit)
         return next((text for text in candidates if len(text) <= width), _fit(candidates[-1], width))
