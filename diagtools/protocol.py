@@ -28,7 +28,7 @@ PROGRAM_FILE = "DIAGTOOLS_PROGRAM_FILE"
 CUPROBE = "DIAGTOOLS_CUPROBE"
 SUBKERNEL_MARKER = "DIAGTOOLS_SUBKERNEL"
 DRIVER_KIND = "DIAGTOOLS_DRIVER"
-AGENT_MODULE = "_diagtools_protocol"
+PROTOCOL_MODULE = "_diagtools_protocol"  # the name the agents import this module under
 CUPROBE_MODULE = "_diagtools_cuprobe"
 
 # each program's own settings (newline-separated lists)

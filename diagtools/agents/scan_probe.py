@@ -204,13 +204,25 @@ def _refine_thread(starter):
 # ---- the driver hook and threads --------------------------------------------
 
 
-def _on_cuinit():
-    """Called by the driver during the first cuInit, on the calling thread."""
+def _caller(thread, depth):
+    """The innermost Python frame of the thread that called the driver, and that thread's id.
+
+    The driver calls a hook on the calling thread when that thread holds the GIL,
+    and otherwise from a helper thread while the caller waits inside the driver,
+    its frames unchanged (see driver/simcuda.c).
+    """
+    tid = _thread.get_ident()
+    if thread is None or thread == tid:
+        return sys._getframe(depth + 1), tid
+    return sys._current_frames().get(thread), thread
+
+
+def _on_cuinit(thread=None):
+    """Called by the driver during the first cuInit, with the calling thread's id."""
     if _State.hook_fired:
         return
     _State.hook_fired = True
-    tid = _thread.get_ident()
-    caller = sys._getframe(1)
+    caller, tid = _caller(thread, 1)
     module = _innermost(tid)
     running = _module_code_running(caller)
     if running is not None and running not in _State.stacks.get(tid, ()):
@@ -235,10 +247,17 @@ def _on_cuinit():
 
 
 def _defining_module(frame):
-    """The innermost frame's module among those the target imported, or None."""
+    """The innermost frame's module among those the target imported, or None.
+
+    Standard-library modules are passed over: they never initialize CUDA of their own accord (a
+    ``weakref.finalize`` or ``atexit`` only calls what a module gave it), and whether the target
+    imported one first depends on what the interpreter loaded at start-up, so blaming it would make
+    the verdict depend on the environment (a fresh subkernel and a sweep's zygote child disagreed).
+    """
+    stdlib = sys.stdlib_module_names
     while frame is not None:
         name = frame.f_globals.get("__name__")
-        if isinstance(name, str) and name in _State.imported:
+        if isinstance(name, str) and name in _State.imported and name.partition(".")[0] not in stdlib:
             return name
         frame = frame.f_back
     return None

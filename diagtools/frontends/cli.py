@@ -217,6 +217,9 @@ def _add_bench(parser: argparse.ArgumentParser) -> None:
 def _add_demo(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default="build/report", metavar="DIR", help="where the report goes")
     parser.add_argument("--no-notebooks", action="store_true", help="only scan the specimens")
+    parser.add_argument(
+        "--notebooks", metavar="DIR", help="the notebooks to run (default: the source checkout's notebooks/)"
+    )
     parser.add_argument("--driver", choices=DRIVER_CHOICES, default="auto", help=DRIVER_HELP)
     _add_debug(parser)
 
@@ -496,7 +499,10 @@ def _run_demo(args: argparse.Namespace) -> int:
     from diagtools.frontends.demo import NOTEBOOKS, write_demo_report
 
     _check_directory(args.out, "--out")
-    report = write_demo_report(Path(args.out), driver=args.driver, notebooks=None if args.no_notebooks else NOTEBOOKS)
+    if args.notebooks is not None and not Path(args.notebooks).is_dir():
+        raise UsageError(f"--notebooks {args.notebooks!r} is not a directory")
+    notebooks = None if args.no_notebooks else Path(args.notebooks) if args.notebooks else NOTEBOOKS
+    report = write_demo_report(Path(args.out), driver=args.driver, notebooks=notebooks)
     _print(report.summary)
     print(f"report written to {report.index.resolve()}")
     postmortem = report.index.parent / "postmortem.html"
@@ -540,13 +546,15 @@ def _report_run(result: Any, args: argparse.Namespace) -> None:
 
     text = render_run(result)
     print(paint(text) if use_color(sys.stderr.isatty(), os.environ) else text, file=sys.stderr, flush=True)
-    try:
-        if args.json:
-            _write_json(result.to_json(), args.json)
-        if args.html:
-            Path(args.html).write_text(run_page(result), encoding="utf-8")
-    except OSError as exc:
-        raise UsageError(f"cannot write {exc.filename or 'the report'}: {exc.strerror or exc}") from None
+    for destination, write in (
+        (args.json, lambda: _write_json(result.to_json(), args.json)),
+        (args.html, lambda: Path(args.html).write_text(run_page(result), encoding="utf-8")),
+    ):
+        try:
+            if destination:
+                write()
+        except OSError as exc:
+            raise UsageError(f"cannot write {destination}: {exc.strerror or exc}") from None
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -18,8 +18,10 @@ from diagtools.render.text import render_scan
 from diagtools.specimens import Specimen, all_specimens
 from diagtools.usecases.scan import scan
 
-__all__ = ["DemoReport", "NotebookOutcome", "SpecimenOutcome", "run_notebook", "write_demo_report"]
+__all__ = ["NOTEBOOKS", "DemoReport", "NotebookOutcome", "SpecimenOutcome", "run_notebook", "write_demo_report"]
 
+# The notebooks live in the source repository (notebooks/ beside the package), not in the package:
+# a checkout finds them here; an install from a wheel has none, and the report says so.
 NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
 
 
@@ -72,6 +74,7 @@ class DemoReport:
     index: Path
     outcomes: tuple[SpecimenOutcome, ...]
     notebooks: tuple[NotebookOutcome, ...] = ()
+    notes: tuple[str, ...] = ()
 
     @property
     def as_expected(self) -> bool:
@@ -87,6 +90,7 @@ class DemoReport:
         for notebook in self.notebooks:
             state = f"FAILED: {notebook.error}" if notebook.error else f"executed in {notebook.seconds:.1f} s"
             lines.append(f"  notebook {notebook.name}: {state}")
+        lines.extend(f"  note: {note}" for note in self.notes)
         return "\n".join(lines)
 
 
@@ -194,6 +198,7 @@ def write_demo_report(
     (out / "specimens.json").write_text(json.dumps(scans, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     (out / "specimens.md").write_text(_markdown(outcomes), encoding="utf-8")
     executed: tuple[NotebookOutcome, ...] = ()
+    notes = () if notebooks is None or notebooks.is_dir() else (_no_notebooks(notebooks),)
     if notebooks is not None and notebooks.is_dir():
         # relative to the notebooks' folder, where they run: the exported notebooks hold no machine-local path
         parameters = {"DRIVER": driver, "OUT_DIR": os.path.relpath(out.resolve(), notebooks.resolve())}
@@ -202,4 +207,11 @@ def write_demo_report(
         )
     index = out / "index.html"
     index.write_text(_index_html(outcomes, executed, postmortem=(out / "postmortem.html").exists()), encoding="utf-8")
-    return DemoReport(index, outcomes, executed)
+    return DemoReport(index, outcomes, executed, notes)
+
+
+def _no_notebooks(where: Path) -> str:
+    return (
+        f"no notebooks at {where}: they ship in the source repository's notebooks/ folder, not in an installed"
+        " wheel; pass --notebooks DIR (a checkout's notebooks/) to run them, or --no-notebooks"
+    )

@@ -12,7 +12,7 @@ from typing import Any, ClassVar
 
 from diagtools.model._display import present
 from diagtools.model.common import check_schema
-from diagtools.model.scan import DriverInfo, RunError
+from diagtools.model.scan import DriverInfo, TargetError
 from diagtools.model.serial import Serial, load
 from diagtools.model.verdict import Label, Verdict, combine
 
@@ -217,7 +217,7 @@ class ReplayResult(Serial):
     status: ReplayStatus
     parent: ParentState | None
     child: ChildOutcome | None
-    error: RunError | None = None
+    error: TargetError | None = None
     duration_s: float = 0.0
     started_at: str = ""
 

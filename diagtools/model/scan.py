@@ -23,10 +23,10 @@ __all__ = [
     "Culprit",
     "DriverInfo",
     "ImportNode",
-    "RunError",
     "ScanResult",
     "Site",
     "StartupInfo",
+    "TargetError",
 ]
 
 SCAN_SCHEMA = "diagtools.scan/1"
@@ -192,7 +192,7 @@ class StartupInfo(Serial):
 
 
 @dataclass(frozen=True)
-class RunError(Serial):
+class TargetError(Serial):
     """Why a target did not import cleanly: the exception, exit code, signal or hang."""
 
     _JSON_DEFAULTS: ClassVar[dict[str, Any]] = {"message": ""}
@@ -221,7 +221,7 @@ class ScanResult(Serial):
     modules: tuple[ImportNode, ...] = ()
     culprits: tuple[Culprit, ...] = ()
     startup: StartupInfo = field(default_factory=StartupInfo)
-    error: RunError | None = None
+    error: TargetError | None = None
     torch_cuda_initialized: bool | None = None
     exitcode: int | None = None
     stdout: str = ""

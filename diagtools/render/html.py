@@ -89,7 +89,7 @@ def _culprit_html(culprit: Culprit) -> str:
         if culprit.thread_started_at is not None:
             parts.append(_site_html("Started at", culprit.thread_started_at))
     change, initialized = culprit.line_to_change, culprit.initialized_in
-    if change is not None:  # always headlined, even when it is only the calling line
+    if change is not None:
         parts.append(_site_html("<b>Line to change</b>", change))
     if initialized is not None:
         parts.append(_site_html("Initialized in", initialized))

@@ -340,30 +340,17 @@ def render_guard_failure(result: ScanResult) -> str:
     return "\n".join(lines)
 
 
-def _sweep_where(row: SweepRow, width: int = WIDTH) -> str:
-    """The row's last column, in ``width`` characters: the line to change (and the third-party initializer),
-    the parent it inherits from, or the error.  Long paths lose folders in the middle, never the file name."""
+def _sweep_where(row: SweepRow) -> str:
+    """The row's last column: the line to change (repository-relative), the parent it inherits from, or the error."""
     if row.culprit is not None and row.inherited_from:
-        return _one_line(f"(inherited from {row.inherited_from})")
+        return _one_line(f"(inherited from {row.inherited_from})")  # the README's words
     if row.culprit is not None:
-        candidates = _where_candidates(row.culprit)
-        return next((text for text in candidates if len(text) <= width), _fit(candidates[-1], width))
+        line = row.culprit.line_to_change  # the initializer's own line is in the root causes below
+        site = f" at {display_path(line.file)}:{line.line}" if line else ""
+        return _one_line(f"{row.culprit.module}{site}")
     if row.preloaded:
         return "(preloaded by the zygote)"
     return _one_line(row.error)
-
-
-def _where_candidates(culprit: Culprit) -> list[str]:
-    """The culprit's line to change (and initializer), from the fullest wording to the shortest: file names only."""
-    where = [f"{display_path(s.file)}:{s.line}" if s else "" for s in (culprit.line_to_change, culprit.initialized_in)]
-
-    def words(change: str, init: str, who: str) -> str:
-        return _one_line(who + change + (f" (initialized in {init})" if init else ""))
-
-    module = f"{culprit.module} at " if where[0] else str(culprit.module)
-    texts = [words(*(short_path(w, n) if n and w else w for w in where), module) for n in (None, 48, 36, 28)]
-    texts += [words(*(short_path(w, n) if n and w else w for w in where), "") for n in (None, 36, 28)]
-    return [*texts, words(*(w.rsplit("/", 1)[-1] for w in where), "")]
 
 
 def _fit(cell: str, width: int) -> str:
@@ -424,11 +411,11 @@ def render_sweep(result: SweepResult) -> str:
     table: list[list[str]] = []
     for row in rows:
         cuda = {"initializes-cuda": "YES", "clean": "no"}.get(row.verdict.value, "?")
-        table.append([row.module, cuda, f"{row.import_s:.3f}", str(row.status)])
+        table.append([row.module, cuda, f"{row.import_s:.3f}", str(row.status), _sweep_where(row)])
     header = ["module", "CUDA?", "import s", "status", "line to change / why"]
     used = sum(max(len(header[i]), *(len(r[i]) for r in table)) + 2 for i in range(4)) if table else 0
-    for cells, row in zip(table, rows, strict=True):
-        cells.append(_fit(_sweep_where(row, WIDTH - used), WIDTH - used))
+    for cells in table:
+        cells[4] = _fit(cells[4], WIDTH - used)
     lines = text_table(header, table, right=(2,))
     lines += _cause_lines(result)
     lines.append(_sweep_mode(result))

@@ -20,10 +20,10 @@ from diagtools.model.scan import (
     Culprit,
     DriverInfo,
     ImportNode,
-    RunError,
     ScanResult,
     Site,
     StartupInfo,
+    TargetError,
 )
 from diagtools.model.verdict import ScanStatus
 from diagtools.runner.subkernel import RawRun
@@ -157,14 +157,14 @@ def _format_traceback(frames: Sequence[Sequence[Any]], message: str) -> str:
     return "\n".join(lines)
 
 
-def _import_error(event: dict[str, Any]) -> RunError:
+def _import_error(event: dict[str, Any]) -> TargetError:
     frames = event.get("tb") or []
     file, line = event.get("file"), event.get("line")
     if file is None:
         innermost = pick_site(list(reversed(frames)))
         file, line = (innermost.file, innermost.line) if innermost else (None, None)
     message = capped(f"{event['target']}: {event['msg']}")
-    return RunError("import-error", message, _format_traceback(frames, capped(event["msg"])), file, line)
+    return TargetError("import-error", message, _format_traceback(frames, capped(event["msg"])), file, line)
 
 
 def _signal_name(number: int) -> str:
@@ -174,18 +174,18 @@ def _signal_name(number: int) -> str:
         return f"signal {number}"
 
 
-def subkernel_failure(raw: RawRun) -> tuple[ScanStatus, RunError] | None:
+def subkernel_failure(raw: RawRun) -> tuple[ScanStatus, TargetError] | None:
     """``timeout`` or ``crashed`` with the stack dump's innermost frame; ``None`` otherwise."""
     code = raw.returncode
     if raw.timed_out:
         where = _fault_where(raw.fault_dump)
         message = "the subkernel did not finish in time" + (f"; it was at {where}" if where else "")
-        return ScanStatus.TIMEOUT, RunError("timeout", message, raw.fault_dump, where=where)
+        return ScanStatus.TIMEOUT, TargetError("timeout", message, raw.fault_dump, where=where)
     if code is not None and code < 0:
         name = _signal_name(-code)
         where = _fault_where(raw.fault_dump)
         message = f"the subkernel was killed by {name}" + (f" at {where}" if where else "")
-        return ScanStatus.CRASHED, RunError("crashed", message, raw.fault_dump, signal=-code, where=where)
+        return ScanStatus.CRASHED, TargetError("crashed", message, raw.fault_dump, signal=-code, where=where)
     return None
 
 
@@ -204,7 +204,7 @@ def channel_lost(raw: RawRun, kinds: set[str]) -> bool:
     return raw.returncode == 0 and "hello" not in kinds
 
 
-def _status_and_error(raw: RawRun, events: Sequence[dict[str, Any]]) -> tuple[ScanStatus, RunError | None]:
+def _status_and_error(raw: RawRun, events: Sequence[dict[str, Any]]) -> tuple[ScanStatus, TargetError | None]:
     kinds = {event["e"] for event in events}
     errors = [event for event in events if event["e"] == "error"]
     code = raw.returncode
@@ -212,14 +212,14 @@ def _status_and_error(raw: RawRun, events: Sequence[dict[str, Any]]) -> tuple[Sc
     if failure is not None:
         return failure
     if "done" not in kinds and channel_lost(raw, kinds):
-        return ScanStatus.CHANNEL_LOST, RunError(
+        return ScanStatus.CHANNEL_LOST, TargetError(
             "channel-lost", CHANNEL_LOST_MESSAGE, raw.stderr.text[-4000:], exitcode=code
         )
     if "done" not in kinds:
         exit_events = [event for event in events if event["e"] == "exit"]
         reason = "sys.exit" if exit_events else "os._exit or a closed interpreter"
         message = f"the target ended the subkernel ({reason}) with exit code {code}"
-        return ScanStatus.EXITED, RunError("exited", message, raw.stderr.text[-4000:], exitcode=code)
+        return ScanStatus.EXITED, TargetError("exited", message, raw.stderr.text[-4000:], exitcode=code)
     if errors:
         return ScanStatus.IMPORT_ERROR, _import_error(errors[0])
     return ScanStatus.OK, None

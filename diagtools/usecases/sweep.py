@@ -3,7 +3,7 @@
 Modules are found by walking the package's files, never by importing it
 (:mod:`diagtools.usecases.sweep_discover`).  Each one is imported alone, so
 one culprit cannot hide another: by default in a child forked from a zygote
-that preloaded the heavy shared imports once (:mod:`diagtools.usecases.sweep_zygote`),
+that preloaded the heavy shared imports once (:mod:`diagtools.usecases.sweep_forked`),
 or, with ``fresh=True`` or when preloading is refused, in a fresh subkernel.
 Rows are appended to a JSON Lines journal as they finish
 (:mod:`diagtools.usecases.sweep_journal`); a rerun skips the rows whose files
@@ -32,8 +32,8 @@ from diagtools.runner.subkernel import abort_runs
 from diagtools.usecases.interpreter import validate_python
 from diagtools.usecases.scan import scan, validate_own, validate_paths, validate_targets, validate_timeout
 from diagtools.usecases.sweep_discover import SweptTree, discover_modules, locate_tree
+from diagtools.usecases.sweep_forked import ZygotePass, in_package_deps, zygote_pass
 from diagtools.usecases.sweep_journal import Fingerprints, Journal
-from diagtools.usecases.sweep_zygote import ZygotePass, in_package_deps, zygote_pass
 
 __all__ = ["default_preload", "discover_modules", "sweep"]
 

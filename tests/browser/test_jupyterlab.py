@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import survivors
+from tests.conftest import require, survivors
 
 ROOT = Path(__file__).resolve().parents[2]
 SCREENSHOTS = ROOT / "build" / "browser"
@@ -45,7 +45,7 @@ CHROMIUM_ARGS = [
 NOTEBOOKS = ("00_onboarding", "01_root_cause", "02_fork_replay", "03_kernels_after_fix", "04_postmortem")
 SPECIMEN = ROOT / "diagtools" / "specimens" / "common_ops" / "before"
 
-playwright_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
+playwright_api = require("playwright.sync_api", "dev")
 pytestmark = pytest.mark.skipif(
     CHROMIUM is None, reason="no Chromium: `apt-get install chromium` (make test does, as root)"
 )

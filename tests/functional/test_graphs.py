@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import time
 
 import pytest
@@ -10,8 +9,9 @@ import pytest
 from diagtools.model.diff import diff_scans
 from diagtools.render.graph import scan_graph
 from diagtools.specimens import get
+from tests.conftest import require, require_installed
 
-graphviz = pytest.importorskip("graphviz")
+graphviz = require("graphviz", "notebook")
 
 
 @pytest.fixture
@@ -97,8 +97,7 @@ def test_markup_in_module_names_and_source_lines_is_escaped(sim_scan, make_tree)
 
 
 def test_torch_culprits_view_stays_small_and_fast(sim_scan):
-    if importlib.util.find_spec("torch") is None:  # never import torch here: the test process stays CUDA-free
-        pytest.skip("torch is not installed")
+    require_installed("torch", "kernels")  # never import torch here: the test process stays CUDA-free
     result = sim_scan("torch", timeout=120.0)
     started = time.perf_counter()
     svg = result.graph().pipe(format="svg")

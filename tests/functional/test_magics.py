@@ -9,7 +9,7 @@ import pytest
 
 from diagtools.render.paths import shareable
 from diagtools.usecases.selfcheck import process_cuda_state
-from tests.conftest import MARK
+from tests.conftest import MARK, require
 
 CELL = f"""
 import ctypes
@@ -29,7 +29,7 @@ CELL_LINE = next(number for number, line in enumerate(CELL.splitlines(), start=1
 
 @pytest.fixture(scope="module")
 def shell():
-    interactiveshell = pytest.importorskip("IPython.core.interactiveshell")
+    interactiveshell = require("IPython.core.interactiveshell", "notebook")
     ip = interactiveshell.InteractiveShell.instance()
     ip.run_line_magic("load_ext", "diagtools")
     yield ip

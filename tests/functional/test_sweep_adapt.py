@@ -7,7 +7,7 @@ import pytest
 from diagtools.model.sweep import SweepRow, cuda_source
 from diagtools.usecases.scan import scan
 from diagtools.usecases.sweep import sweep
-from diagtools.usecases.sweep_zygote import ADAPT_MIN_MODULES
+from diagtools.usecases.sweep_forked import ADAPT_MIN_MODULES
 
 CUINIT = "import ctypes\nctypes.CDLL('libcuda.so.1').cuInit(0)\n"
 LEAVES = ADAPT_MIN_MODULES + 10
@@ -72,12 +72,12 @@ def test_no_adapt_keeps_the_preload_as_given(shared_package):
 
 
 def test_nothing_to_learn_costs_no_second_zygote(make_tree, monkeypatch):
-    from diagtools.usecases import sweep_zygote
+    from diagtools.usecases import sweep_forked
 
     root = make_tree({"pl/__init__.py": "", **{f"pl/m{n:03}.py": f"VALUE = {n}\n" for n in range(LEAVES)}})
     started = []
-    real = sweep_zygote.run_zygote
-    monkeypatch.setattr(sweep_zygote, "run_zygote", lambda *a, **k: started.append(1) or real(*a, **k))
+    real = sweep_forked.run_zygote
+    monkeypatch.setattr(sweep_forked, "run_zygote", lambda *a, **k: started.append(1) or real(*a, **k))
     result = sweep("pl", path=[root], driver="simulated", jobs=2, timeout=30)
     assert len(started) == 1
     assert result.preload == ("pl",)
@@ -87,11 +87,11 @@ def test_nothing_to_learn_costs_no_second_zygote(make_tree, monkeypatch):
 
 
 def test_learning_stops_the_first_zygote_and_every_module_gets_one_row(shared_package, monkeypatch):
-    from diagtools.usecases import sweep_zygote
+    from diagtools.usecases import sweep_forked
 
     started = []
-    real = sweep_zygote.run_zygote
-    monkeypatch.setattr(sweep_zygote, "run_zygote", lambda *a, **k: started.append(k["preload"]) or real(*a, **k))
+    real = sweep_forked.run_zygote
+    monkeypatch.setattr(sweep_forked, "run_zygote", lambda *a, **k: started.append(k["preload"]) or real(*a, **k))
     result = sweep("ad", path=[shared_package], driver="simulated", jobs=2, timeout=30)
     assert len(started) == 2
     assert "ad.config" in started[1]

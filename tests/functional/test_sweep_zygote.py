@@ -12,7 +12,7 @@ import pytest
 
 from diagtools.errors import JournalLockedError
 from diagtools.usecases.sweep import discover_modules, sweep
-from tests.conftest import cli
+from tests.conftest import cli, require
 
 CUINIT = "import ctypes\nctypes.CDLL('libcuda.so.1').cuInit(0)\n"
 PACKAGE = {
@@ -263,7 +263,7 @@ def test_the_loser_of_a_race_on_a_new_journal_meets_the_winners_lock(zp, tmp_pat
 
 @pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::ResourceWarning", "ignore::UserWarning")
 def test_dask_distributed_executor(zp):
-    distributed = pytest.importorskip("distributed")
+    distributed = require("distributed", "dev")
     with (
         distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster,
         distributed.Client(cluster) as client,

@@ -17,7 +17,9 @@ import struct
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
+from tests.conftest import require
+
+torch = require("torch", "kernels")
 
 from diagtools.kernels import cutedsl_impl, state_cutedsl  # noqa: E402
 from diagtools.kernels.reference import make_inputs  # noqa: E402

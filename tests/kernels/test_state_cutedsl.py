@@ -20,7 +20,9 @@ from pathlib import Path
 
 import pytest
 
-torch = pytest.importorskip("torch")
+from tests.conftest import require
+
+torch = require("torch", "kernels")
 
 from diagtools.kernels import compress_state_store, cuda_launch, state_cutedsl  # noqa: E402
 from diagtools.kernels.cuda_launch import LoadedKernel, entry_of, launch_kernel  # noqa: E402

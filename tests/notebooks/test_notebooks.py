@@ -9,9 +9,11 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("nbclient")
+from tests.conftest import require
 
-from diagtools.frontends.demo import NOTEBOOKS, run_notebook
+require("nbclient", "notebook")
+
+from diagtools.frontends.demo import NOTEBOOKS, run_notebook  # noqa: E402
 
 NOTEBOOK_FILES = sorted(NOTEBOOKS.glob("*.ipynb"))
 EXPECTED = {

@@ -14,8 +14,10 @@ from urllib.parse import unquote, urlsplit
 
 import pytest
 
-html5lib = pytest.importorskip("html5lib")
-pytest.importorskip("nbclient")
+from tests.conftest import require
+
+html5lib = require("html5lib", "dev")
+require("nbclient", "notebook")
 
 from diagtools.frontends.demo import write_demo_report  # noqa: E402
 

@@ -19,6 +19,7 @@ from diagtools.render.html import comparison_html
 from diagtools.render.ordering import group_modules, is_stdlib, picker_options
 from diagtools.render.paths import display_path, import_roots, shareable
 from diagtools.render.text import paint, render_diff, text_table, use_color
+from tests.conftest import require
 
 ROOT = "/tmp/work/src"
 DRIVER = DriverInfo("simulated", "auto", "/root/.cache/diagtools/simdriver/x/libcuda.so.1")
@@ -232,7 +233,7 @@ def test_stopwatch_names_phases_by_subkernel_call():
 
 
 def test_postmortem_markdown_is_paste_ready(tmp_path):
-    pytest.importorskip("graphviz")
+    require("graphviz", "notebook")
     from diagtools.render.postmortem import postmortem
 
     before = result(BEFORE)

@@ -1,13 +1,13 @@
-"""Widget callbacks, driven without a browser or a kernel."""
+"""Widget callbacks, driven without a browser or a kernel; the panels run real scans and replays in subkernels."""
 
 from __future__ import annotations
 
-import pytest
+from tests.conftest import require
 
-pytest.importorskip("ipywidgets")
+require("ipywidgets", "notebook")
 
-from diagtools.specimens import get
-from diagtools.widgets import BenchPanel, ReplayPanel, ScanPanel
+from diagtools.specimens import get  # noqa: E402
+from diagtools.widgets import BenchPanel, ReplayPanel, ScanPanel  # noqa: E402
 
 
 def test_scan_button_scans_and_module_picker_shows_details():

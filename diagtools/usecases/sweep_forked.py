@@ -22,7 +22,7 @@ from diagtools.driver import DriverSetup, build_probe_extension
 from diagtools.model.scan import ScanResult
 from diagtools.model.sweep import SweepRow
 from diagtools.runner.subkernel import RawRun, SubkernelRequest
-from diagtools.runner.zygote import ZygoteOutcome, run_zygote
+from diagtools.runner.zygote_host import ZygoteOutcome, run_zygote
 from diagtools.usecases.assemble import assemble
 from diagtools.usecases.scan import DEFAULT_SETTLE_S, SCAN_PROBE
 from diagtools.usecases.sweep_discover import SweptTree
