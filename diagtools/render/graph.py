@@ -175,8 +175,9 @@ def scan_graph(
     label = _escape(title) if title is not None else _title(result)
     graph = graphviz.Digraph(
         "imports",
-        graph_attr={"rankdir": "LR", "fontname": "DejaVu Sans", "label": label},
+        graph_attr={"rankdir": "TB", "fontname": "DejaVu Sans", "label": label},  # narrow: fits a notebook cell
         node_attr={"shape": "box", "fontname": "DejaVu Sans", "fontsize": str(BASE_FONT_PX)},
+        edge_attr={"fontname": "DejaVu Sans", "fontsize": str(BASE_FONT_PX)},
     )
     _add_clusters(graph, names, lambda name: _draw_node(name, tree, hidden, result, marks))
     _add_edges(graph, names, tree, marks, lines=_import_lines(result), changes=_changes(result))
