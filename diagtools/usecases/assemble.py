@@ -31,6 +31,8 @@ _HIDDEN_FILES = (
     str(Path(protocol.__file__).resolve()),
 )
 _EVIDENCE_ORDER = {"cuinit": "driver-hook", "refined": "trace", "transition": "state-probe"}
+# A cuInit the simulated driver inferred from a real CUDA runtime's export-table request (simcuda.c)
+INFERRED_EVIDENCE = "driver-hook, inferred from the CUDA runtime's export-table request (no cuInit call was seen)"
 TEXT_LIMIT = 2000  # characters kept of a source line or a message
 FRAME_LIMIT = 200  # frames kept of a stack (the innermost ones)
 
@@ -159,7 +161,7 @@ def _culprit(event: dict[str, Any], tree: _Tree, main_thread: int) -> Culprit:
         stack=tuple(_site(frame) for frame in reversed(visible[:FRAME_LIMIT])),
         phase=event.get("ph", "import"),
         thread=_thread_label(event, main_thread),
-        evidence=_EVIDENCE_ORDER[event["e"]],
+        evidence=INFERRED_EVIDENCE if event.get("inferred") else _EVIDENCE_ORDER[event["e"]],
         module_site=_module_site(stack, tree.file_of(module)),
         thread_started_at=start_site(event.get("started")),
         stack_dropped=max(0, len(visible) - FRAME_LIMIT),
@@ -336,6 +338,7 @@ def assemble(raw: RawRun, targets: Sequence[str], driver: DriverInfo) -> ScanRes
 
 
 _EXPORT_TABLE_REFUSED, _UNMODELLED_CALLED, _INIT_INFERRED = 1, 2, 4
+_KERNEL_LAUNCH_REFUSED = 1  # the simulated runtime's bit for a refused launch (driver/simcudart.c)
 
 
 def simulation_gaps(refusals: object) -> tuple[str, ...]:
@@ -353,7 +356,20 @@ def simulation_gaps(refusals: object) -> tuple[str, ...]:
         gaps.append(f"an unmodelled NVML function was called ({nvml_first}) and answered NVML_ERROR_NOT_SUPPORTED")
     if isinstance(driver, int) and driver & _INIT_INFERRED:
         gaps.append("cuInit was inferred from the runtime's export-table request, not called by name")
+    gaps += _runtime_gaps(refusals.get("runtime"), refusals.get("runtime_first") or "?")
     return tuple(gaps)
+
+
+def _runtime_gaps(runtime: object, first: str) -> list[str]:
+    """The simulated CUDA runtime's refusals: kernel launches (no GPU code runs) and unmodelled calls."""
+    if not isinstance(runtime, int):
+        return []
+    gaps = []
+    if runtime & _KERNEL_LAUNCH_REFUSED:
+        gaps.append(f"a kernel launch was refused: no GPU code runs on the simulated GPU (first refusal: {first})")
+    if runtime & _UNMODELLED_CALLED:
+        gaps.append(f"an unmodelled CUDA runtime function answered cudaErrorNotSupported (first refusal: {first})")
+    return gaps
 
 
 def _alive_threads(events: Sequence[dict[str, Any]]) -> tuple[AliveThread, ...]:
