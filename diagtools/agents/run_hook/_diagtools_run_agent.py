@@ -32,6 +32,10 @@ CUPROBE_FOR_ENV = "DIAGTOOLS_RUN_CUPROBE_FOR"
 NOT_INITIALIZED = 3
 _MAX_FRAMES = 120
 _MAX_REFUSALS = 3
+# simcuda.c's bit for a cuInit made on a real runtime's behalf at its export-table request, and
+# how such a cuInit is reported (the same words as diagtools.usecases.assemble.INFERRED_EVIDENCE)
+_INIT_INFERRED = 4
+_INFERRED_EVIDENCE = "driver-hook, inferred from the CUDA runtime's export-table request (no cuInit call was seen)"
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _HIDDEN = ("<frozen importlib._bootstrap>", "<frozen importlib._bootstrap_external>")
 _STDLIB = os.path.dirname(os.path.abspath(os.__file__))
@@ -253,7 +257,15 @@ class Agent:
         if self.cuinit_seen:
             return
         self.cuinit_seen = True
-        self.emit("cuinit", evidence="driver-hook", **self.describe(sys._getframe(1)))
+        self.emit("cuinit", evidence=self._cuinit_evidence(), **self.describe(sys._getframe(1)))
+
+    def _cuinit_evidence(self):
+        """``driver-hook``, or the inferred form when the simulated driver inferred this cuInit (simcuda.c)."""
+        module = self._cuprobe()
+        found = module.simulation_refusals() if module is not None else None
+        if found and found[0] & _INIT_INFERRED:
+            return _INFERRED_EVIDENCE
+        return "driver-hook"
 
     def on_refused(self, call):
         """Called by the simulated driver when it refuses a call in a poisoned child."""
