@@ -338,7 +338,7 @@ def _simulated_setup(requested: str) -> DriverSetup:
         "TRITON_LIBCUDA_PATH": str(directory),
         "DIAGTOOLS_DRIVER": "simulated",
     }
-    if runtimes:
-        env["LD_PRELOAD"] = ":".join(p for p in (*runtimes, current.get("LD_PRELOAD", "")) if p)
+    # set even when empty: a preload of an older simulated world must not be inherited
+    env["LD_PRELOAD"] = ":".join(p for p in (*runtimes, current.get("LD_PRELOAD", "")) if p)
     info = DriverInfo("simulated", requested, str(directory / "libcuda.so.1"), world.libraries)
     return DriverSetup(info, env, libraries=world.libraries, notes=world.notes)

@@ -120,7 +120,7 @@ def test_a_program_linked_against_the_real_runtime_binds_to_the_simulated_one(tm
     simulated, real = built_runtime()
     program = linked_consumer(tmp_path, real, rpath=False)
     env = dict(os.environ, **resolve_driver("simulated").env)
-    env.pop("LD_PRELOAD")  # found on LD_LIBRARY_PATH alone: the version node must match
+    env["LD_PRELOAD"] = ""  # found on LD_LIBRARY_PATH alone: the version node must match
     status, library = run_consumer(program, env)
     assert status.split()[:2] == ["cudaSuccess", "1"]
     assert Path(library).resolve() == simulated.resolve()
@@ -134,7 +134,7 @@ def test_the_preloaded_runtime_wins_over_the_real_one_an_rpath_names(tmp_path):
     assert status.split()[:2] == ["cudaSuccess", "1"]
     assert Path(library).resolve() == simulated.resolve()
     # without the preload, DT_RPATH wins: the real runtime, which stops at the driver's export tables
-    env.pop("LD_PRELOAD")
+    env["LD_PRELOAD"] = ""
     status, library = run_consumer(program, env)
     assert Path(library).resolve() == real.resolve()
     assert status.split()[0] != "cudaSuccess"
