@@ -148,7 +148,9 @@ def replay_facts(document: dict[str, Any] | None) -> dict[str, Any]:
     child = document.get("child") or {}
     return {
         "status": document.get("status"),
-        "child": {k: child.get(k) for k in ("status", "exitcode", "error", "result") if k in child},
+        "verdict": document.get("verdict"),
+        "reproduced": document.get("reproduced"),
+        "child": {k: child.get(k) for k in ("status", "exitcode", "error_type", "error", "detail")},
     }
 
 
