@@ -84,6 +84,8 @@ def work():
 
 
 if __name__ == "__main__":
+    import sys  # here: something in the import above leaves __main__ without its earlier imports
+
     worker = mp.get_context(sys.argv[1]).Process(target=work)
     worker.start()
     worker.join()
