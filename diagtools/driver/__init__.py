@@ -113,10 +113,10 @@ def _compile(what: str, source: Path | list[Path], output: Path, extra: list[str
     try:
         done = subprocess.run(command, capture_output=True, text=True, check=False)
     except OSError as exc:
-        os.unlink(tmp)
+        Path(tmp).unlink(missing_ok=True)  # the compiler may have removed it already
         raise DriverBuildError(what, shlex.join(command), str(exc)) from None
     if done.returncode != 0:
-        os.unlink(tmp)
+        Path(tmp).unlink(missing_ok=True)  # the compiler may have removed it already
         raise DriverBuildError(what, shlex.join(command), done.stderr or done.stdout)
     os.replace(tmp, output)
     return output
@@ -182,8 +182,8 @@ def build_simulated_world() -> SimulatedWorld:
         simcuda, simnvml, simcudart, world_header, driver_stubs.text, nvml_stubs.text, *runtime_parts, *_compiler()
     )
     directory = cache_dir() / "simdriver" / key
-    libraries = (*SIMULATED_LIBRARIES, *(r.soname for r in runtimes))
-    if not all((directory / name).exists() for name in libraries):
+    settled = [*SIMULATED_LIBRARIES, *(r.soname for r in runtimes)]
+    if not all((directory / name).exists() or (directory / f"{name}.failed").exists() for name in settled):
         directory.mkdir(parents=True, exist_ok=True)
         include = f"-I{_SOURCES}"
         for what, soname, source, stubs, name in (
@@ -197,12 +197,28 @@ def build_simulated_world() -> SimulatedWorld:
             _build_runtime(directory, runtime)
     for alias, target in _ALIASES.items():
         _link_alias(directory, alias, target)
-    world = SimulatedWorld(directory, libraries, (driver_stubs.note, nvml_stubs.note, *runtime_notes))
+    built = tuple(r.soname for r in runtimes if (directory / r.soname).exists())
+    failed = tuple(
+        f"the simulated {r.soname} did not build, so the real runtime is used: {_first_error(directory, r.soname)}"
+        for r in runtimes
+        if r.soname not in built
+    )
+    notes = (driver_stubs.note, nvml_stubs.note, *runtime_notes, *failed)
+    world = SimulatedWorld(directory, (*SIMULATED_LIBRARIES, *built), notes)
     _world_cache[stamp] = world
     return world
 
 
-def _build_runtime(directory: Path, runtime: _generate.GeneratedRuntime) -> Path:
+def _first_error(directory: Path, soname: str) -> str:
+    """The compiler's first error line from a failed runtime build (kept in ``SONAME.failed``)."""
+    try:
+        lines = (directory / f"{soname}.failed").read_text(errors="replace").splitlines()
+    except OSError:
+        return "(no record of the failure)"
+    return next((line for line in lines if "error" in line), lines[0] if lines else "")[:300]
+
+
+def _build_runtime(directory: Path, runtime: _generate.GeneratedRuntime) -> None:
     """Compile one simulated ``libcudart.so.N``: its SONAME, version node and names are the real one's."""
     stem = runtime.soname.replace(".", "_")
     stubs = _write_if_changed(directory / f"{stem}_stubs.c", runtime.stubs)
@@ -217,12 +233,12 @@ def _build_runtime(directory: Path, runtime: _generate.GeneratedRuntime) -> Path
         "-ldl",
         "-lpthread",
     ]
-    return _compile(
-        f"the simulated CUDA runtime {runtime.soname}",
-        [_SOURCES / "simcudart.c", stubs],
-        directory / runtime.soname,
-        extra,
-    )
+    what = f"the simulated CUDA runtime {runtime.soname}"
+    try:
+        _compile(what, [_SOURCES / "simcudart.c", stubs], directory / runtime.soname, extra)
+    except DriverBuildError as exc:
+        # the driver and NVML stand without it (headers of a release simcudart.c does not know)
+        _write_if_changed(directory / f"{runtime.soname}.failed", f"{exc.output}\n{exc}\n")
 
 
 def build_injection_library() -> Path:

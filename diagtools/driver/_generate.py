@@ -273,6 +273,7 @@ def nvml_stubs(simnvml_source: str) -> GeneratedSource:
 
 _RUNTIME_STATUS_DECL = re.compile(r"\bcudaError_t\s+CUDARTAPI\s+(\w+)\s*\(")
 _RUNTIME_VERSION = re.compile(r"^[ \t]*#[ \t]*define[ \t]+CUDART_VERSION[ \t]+(\d+)", re.MULTILINE)
+_RUNTIME_RENAME = re.compile(r"^[ \t]*#[ \t]*define[ \t]+(cuda\w+)[ \t]+(cuda\w+)[ \t]*$", re.MULTILINE)
 _RUNTIME_MODELLED = re.compile(r"^(?!static\b)[A-Za-z_][\w \t*]*?[\s*]((?:__)?cuda\w+)\s*\(", re.MULTILINE)
 
 
@@ -360,12 +361,16 @@ def runtime_stubs(simcudart_source: str) -> tuple[list[GeneratedRuntime], tuple[
             continue
         header = (include / "cuda_runtime_api.h").read_text(errors="replace")
         statused = set(_RUNTIME_STATUS_DECL.findall(header))
+        # the header renames some calls (CUDA 12: cudaGetDeviceProperties -> _v2): a modelled
+        # name then defines the renamed symbol, and the old name (an older layout) gets a stub
+        renamed = dict(_RUNTIME_RENAME.findall(header))
+        modelled_here = (modelled - set(renamed)) | {renamed[name] for name in modelled if name in renamed}
         nodes: dict[str, list[str]] = {}
         for name, node in identity.functions.items():
             nodes.setdefault(node, []).append(name)
         own = identity.versions[0] if identity.versions else ""
         nodes.setdefault(own, []).extend(["diagtools_simcudart_refusals", "diagtools_simcudart_first_refusal"])
-        stubbed = len(set(identity.functions) - modelled)
+        stubbed = len(set(identity.functions) - modelled_here)
         note = (
             f"{identity.soname}: {len(identity.functions)} functions from {real}"
             f" ({len(identity.functions) - stubbed} modelled, {stubbed} answer cudaErrorNotSupported),"
@@ -375,7 +380,7 @@ def runtime_stubs(simcudart_source: str) -> tuple[list[GeneratedRuntime], tuple[
             identity.soname,
             real,
             include,
-            _runtime_source(identity.soname, identity.functions, modelled, statused),
+            _runtime_source(identity.soname, identity.functions, modelled_here, statused),
             _version_script(nodes),
             tuple(sorted(identity.functions)),
             note,

@@ -646,8 +646,8 @@ cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end)
 
 /* ---- driver entry points, through the driver's cuGetProcAddress ---- */
 
-cudaError_t cudaGetDriverEntryPointByVersion(const char *symbol, void **function, unsigned int cuda_version,
-                                             unsigned long long flags, enum cudaDriverEntryPointQueryResult *status)
+static cudaError_t entry_point(const char *symbol, void **function, unsigned int cuda_version,
+                               unsigned long long flags, enum cudaDriverEntryPointQueryResult *status)
 {
     REQUIRE(symbol != NULL && function != NULL, cudaErrorInvalidValue);
     *function = NULL;
@@ -663,8 +663,16 @@ cudaError_t cudaGetDriverEntryPointByVersion(const char *symbol, void **function
 cudaError_t cudaGetDriverEntryPoint(const char *symbol, void **function, unsigned long long flags,
                                     enum cudaDriverEntryPointQueryResult *status)
 {
-    return cudaGetDriverEntryPointByVersion(symbol, function, CUDART_VERSION, flags, status);
+    return entry_point(symbol, function, CUDART_VERSION, flags, status);
 }
+
+#if CUDART_VERSION >= 12050 /* added in CUDA 12.5 */
+cudaError_t cudaGetDriverEntryPointByVersion(const char *symbol, void **function, unsigned int cuda_version,
+                                             unsigned long long flags, enum cudaDriverEntryPointQueryResult *status)
+{
+    return entry_point(symbol, function, cuda_version, flags, status);
+}
+#endif
 
 /* ---- kernels: registration accepted, launches refused ---- */
 

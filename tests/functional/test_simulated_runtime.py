@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from diagtools.driver import _generate, build_simulated_world, resolve_driver
+from diagtools.driver import _elf, _generate, build_simulated_world, resolve_driver
 from diagtools.driver._elf import read_dynamic_identity
 from diagtools.render.text import render_scan
 from tests.conftest import MARK, marked_line
@@ -270,3 +270,42 @@ def test_unmodelled_functions_answer_not_supported_and_modelled_ones_are_not_stu
     # a call the header declares returning cudaError_t answers 801
     assert 'int cudaGraphCreate(void) { return diagtools_simcudart_unmodelled("cudaGraphCreate"); }' in stubs
     assert " cudaMalloc(void)" not in stubs  # modelled by hand, never stubbed
+
+
+def test_a_call_the_header_renames_is_modelled_under_the_new_name_and_the_old_one_stubbed(monkeypatch, tmp_path):
+    """CUDA 12's header maps cudaGetDeviceProperties to _v2 (a newer cudaDeviceProp); the old name stays, refused."""
+    include = tmp_path / "include"
+    include.mkdir()
+    (include / "cuda_runtime_api.h").write_text(
+        "#define CUDART_VERSION 12090\n"
+        "#define cudaGetDeviceProperties cudaGetDeviceProperties_v2\n"
+        "extern cudaError_t CUDARTAPI cudaGetDeviceProperties(struct cudaDeviceProp *prop, int device);\n"
+    )
+    real = tmp_path / "libcudart.so.12"
+    identity = _elf.DynamicIdentity(
+        "libcudart.so.12",
+        ("libcudart.so.12",),
+        {"cudaGetDeviceProperties": "libcudart.so.12", "cudaGetDeviceProperties_v2": "libcudart.so.12"},
+    )
+    monkeypatch.setattr(_generate, "_real_runtimes", lambda: iter([real]))
+    monkeypatch.setattr(_generate, "read_dynamic_identity", lambda path: identity)
+    monkeypatch.setattr(_generate, "_runtime_headers", lambda real, major: include)
+    (runtime,), _ = _generate.runtime_stubs(RUNTIME_SOURCE)
+    assert "int cudaGetDeviceProperties(void)" in runtime.stubs  # the old layout: refused
+    assert "cudaGetDeviceProperties_v2(void)" not in runtime.stubs  # simcudart.c defines it
+    assert "cudaGetDeviceProperties_v2;" in runtime.version_script
+
+
+def test_a_runtime_that_does_not_compile_leaves_the_driver_standing_with_a_note(monkeypatch, tmp_path):
+    _, real = built_runtime()
+    broken = tmp_path / "include"
+    broken.mkdir()
+    (broken / "cuda_runtime_api.h").write_text('#error "a release simcudart.c cannot build"\n')
+    monkeypatch.setenv("DIAGTOOLS_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(_generate, "_real_runtimes", lambda: iter([real]))
+    monkeypatch.setattr(_generate, "_runtime_headers", lambda real, major: broken)
+    world = build_simulated_world()
+    assert world.libraries == ("libcuda.so.1", "libnvidia-ml.so.1")
+    assert any("did not build" in note and "cannot build" in note for note in world.notes), world.notes
+    setup = resolve_driver("simulated")
+    assert setup.env["LD_PRELOAD"] == os.environ.get("LD_PRELOAD", "")
