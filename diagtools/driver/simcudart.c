@@ -112,7 +112,7 @@ static pthread_once_t driver_once = PTHREAD_ONCE_INIT;
 
 static void open_driver(void)
 {
-    void *library = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
+    void *library = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL); /* the driver stays out of the global namespace */
     if (library == NULL)
         return;
     driver.init = (cu_init_fn)dlsym(library, "cuInit");
