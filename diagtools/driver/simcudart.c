@@ -399,9 +399,16 @@ cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp *prop, int device)
 
 /* ---- memory: host memory stands in for device memory ---- */
 
-/* Each block is an anonymous mapping with one header page in front that records its size. */
+/* Each block is an anonymous mapping with one header page in front that records its size,
+ * after a magic word, so a pointer this runtime never handed out is refused, not unmapped. */
 #define BLOCK_HEADER 4096
+#define BLOCK_MAGIC 0xd1a6c0dad1a6c0daull
 static size_t allocated = 0;
+
+struct block_header {
+    unsigned long long magic;
+    size_t total;
+};
 
 static void *map_block(size_t size)
 {
@@ -409,19 +416,36 @@ static void *map_block(size_t size)
     void *base = mmap(NULL, total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (base == MAP_FAILED)
         return NULL;
-    *(size_t *)base = total;
+    ((struct block_header *)base)->magic = BLOCK_MAGIC;
+    ((struct block_header *)base)->total = total;
     __atomic_fetch_add(&allocated, total, __ATOMIC_SEQ_CST);
     return (char *)base + BLOCK_HEADER;
 }
 
-static void unmap_block(void *pointer)
+/* Whether ``pointer`` starts a block this runtime mapped (its header page is readable and marked). */
+static struct block_header *block_of(void *pointer)
+{
+    if (pointer == NULL || ((uintptr_t)pointer & (BLOCK_HEADER - 1)) != 0)
+        return NULL;
+    struct block_header *header = (struct block_header *)((char *)pointer - BLOCK_HEADER);
+    unsigned char resident;
+    if (mincore(header, BLOCK_HEADER, &resident) != 0) /* not mapped at all */
+        return NULL;
+    return header->magic == BLOCK_MAGIC ? header : NULL;
+}
+
+static cudaError_t unmap_block(void *pointer)
 {
     if (pointer == NULL)
-        return;
-    char *base = (char *)pointer - BLOCK_HEADER;
-    size_t total = *(size_t *)base;
+        return cudaSuccess;
+    struct block_header *header = block_of(pointer);
+    if (header == NULL)
+        return fail(cudaErrorInvalidValue);
+    size_t total = header->total;
+    header->magic = 0;
     __atomic_fetch_sub(&allocated, total, __ATOMIC_SEQ_CST);
-    munmap(base, total);
+    munmap(header, total);
+    return cudaSuccess;
 }
 
 static cudaError_t allocate(void **pointer, size_t size)
@@ -463,8 +487,7 @@ cudaError_t cudaMallocManaged(void **pointer, size_t size, unsigned int flags)
 cudaError_t cudaFree(void *pointer)
 {
     REQUIRE_INIT();
-    unmap_block(pointer);
-    return cudaSuccess;
+    return unmap_block(pointer);
 }
 
 cudaError_t cudaFreeAsync(void *pointer, cudaStream_t stream)

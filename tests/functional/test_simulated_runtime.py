@@ -167,6 +167,7 @@ def test_devices_memory_and_copies_are_modelled_and_launches_refused():
         rt.cudaMemcpy(pointer, source, 16, 1)  # host to "device"
         rt.cudaMemcpy(back, pointer, 16, 2)    # and back
         print(back.value.decode(), rt.cudaFree(pointer))
+        print(rt.cudaFree(source), rt.cudaFree(ctypes.c_void_p(4096)))  # never handed out: refused
         print(rt.diagtools_simcudart_refusals())
         launched = rt.cudaLaunchKernel(None, 0, 0, 0, 0, 0, 0, None, 0, None)
         print(launched, rt.cudaGetErrorName(rt.cudaGetLastError()).decode())
@@ -180,6 +181,7 @@ def test_devices_memory_and_copies_are_modelled_and_launches_refused():
         "9 0",
         "0 0 True",
         "simulated 0",
+        "1 1",  # cudaErrorInvalidValue, and nothing unmapped
         "0",  # nothing refused yet
         "801 cudaErrorNotSupported",  # a kernel launch: refused, and the last error says so
         "801 3 cudaLaunchKernel",  # an unmodelled call too: both kinds recorded, the first named
