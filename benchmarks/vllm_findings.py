@@ -3,8 +3,8 @@
 Reads a ``diagtools sweep`` journal (JSON Lines, from ``sweep_vllm.sh``).  A row that
 initialized CUDA is grouped by its root cause: the line that initialized it (the culprit's
 ``module_site``, the line to change in the module whose code was running).  For each group
-the first-party lines are the innermost vLLM frames on the culprit's stack: the line in vLLM
-that led there (an import, a call), which is where a vLLM developer acts.  Also counts the
+the first-party line is where a vLLM developer acts: that line itself when it is in vLLM, else
+the innermost vLLM frame on the culprit's stack (the import or call in vLLM that led there).  Also counts the
 statuses, the import errors by reason, and the rows that failed with error 801 (a call the
 simulation refused).
 
@@ -35,8 +35,11 @@ def short(site: dict[str, Any] | None) -> str:
 
 
 def first_party(culprit: dict[str, Any]) -> dict[str, Any] | None:
-    """The innermost frame in vLLM's own files on the culprit's stack (outermost first)."""
-    for frame in reversed(culprit.get("stack") or []):
+    """The vLLM line to act on: the culprit's own line when it is vLLM's, else the innermost vLLM frame."""
+    own = culprit.get("module_site") or {}
+    if f"{_SITE}vllm/" in str(own.get("file") or ""):
+        return own
+    for frame in reversed(culprit.get("stack") or []):  # outermost first
         if f"{_SITE}vllm/" in str(frame.get("file") or ""):
             return frame
     return None
