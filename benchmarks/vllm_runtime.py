@@ -109,7 +109,7 @@ def overlay(site_vllm: Path, root: Path, relative: str, text: str) -> Path:
     return root
 
 
-def command(args: list[str], *, env: dict[str, str] | None = None, timeout: float = 900) -> dict[str, Any]:
+def command(args: list[str], *, env: dict[str, str] | None = None, timeout: float = 1200) -> dict[str, Any]:
     """Run one command; its exit code, wall time and output."""
     start = time.perf_counter()
     done = subprocess.run(args, capture_output=True, text=True, env=env, timeout=timeout, check=False)
@@ -183,7 +183,9 @@ def run_all(venv: Path, out: Path) -> dict[str, Any]:
         entry: dict[str, Any] = {"module": module, "overlay": str(root)}
         for label, path in (("shipped", []), ("overlay", ["--path", str(root)])):
             report = out / f"scan_{case}_{label}.json"
-            ran = command([*diagtools, "scan", module, *path, "--driver", "simulated", "--json", str(report)])
+            ran = command(
+                [*diagtools, "scan", module, *path, "--driver", "simulated", "--timeout", "600", "--json", str(report)]
+            )
             entry[f"scan_{label}"] = {**ran, "facts": scan_facts(json_of(report))}
         for child in ("cuinit", "torch"):
             for method in ("fork", "spawn"):
@@ -201,6 +203,8 @@ def run_all(venv: Path, out: Path) -> dict[str, Any]:
                         method,
                         "--driver",
                         "simulated",
+                        "--timeout",
+                        "600",  # a busy 2-core machine: the default 60 s is not enough
                         "--json",
                         str(report),
                     ]
@@ -214,7 +218,21 @@ def run_all(venv: Path, out: Path) -> dict[str, Any]:
     for method in ("fork", "spawn"):
         report = out / f"run_{method}.json"
         ran = command(
-            [*diagtools, "run", "--driver", "simulated", "--json", str(report), "--", python, str(app), method], env=env
+            [
+                *diagtools,
+                "run",
+                "--driver",
+                "simulated",
+                "--timeout",
+                "900",
+                "--json",
+                str(report),
+                "--",
+                python,
+                str(app),
+                method,
+            ],
+            env=env,
         )
         document = json_of(report) or {}
         results[f"run_{method}"] = {**ran, "findings": [f.get("kind") for f in document.get("findings", [])]}
