@@ -20,8 +20,10 @@ __all__ = [
     "ReplayComparison",
     "ReplayResult",
     "RunError",
+    "RunInterrupted",
     "RunResult",
     "ScanResult",
+    "SchemaError",
     "Site",
     "StartupInfo",
     "UsageError",
@@ -50,6 +52,7 @@ _LOCATIONS = {
     "StartupInfo": "diagtools.model.scan",
     "DiagtoolsError": "diagtools.errors",
     "UsageError": "diagtools.errors",
+    "SchemaError": "diagtools.errors",
     "render_scan": "diagtools.render.text",
     "scan": "diagtools.usecases.scan",
     "ChildOutcome": "diagtools.model.replay",
@@ -65,12 +68,13 @@ _LOCATIONS = {
     "sweep": "diagtools.usecases.sweep",
     "RunResult": "diagtools.model.run",
     "run": "diagtools.usecases.run",
+    "RunInterrupted": "diagtools.usecases.run",
     "load_ipython_extension": "diagtools.frontends.magics",
 }
 
 if TYPE_CHECKING:
     from diagtools import specimens
-    from diagtools.errors import DiagtoolsError, UsageError
+    from diagtools.errors import DiagtoolsError, SchemaError, UsageError
     from diagtools.frontends.magics import load_ipython_extension
     from diagtools.frontends.progress import notebook_progress
     from diagtools.model.diff import diff_scans
@@ -80,7 +84,7 @@ if TYPE_CHECKING:
     from diagtools.render.postmortem import postmortem
     from diagtools.render.text import render_scan
     from diagtools.usecases.replay import compare_replays, replay_fork
-    from diagtools.usecases.run import run
+    from diagtools.usecases.run import RunInterrupted, run
     from diagtools.usecases.scan import scan
     from diagtools.usecases.selfcheck import process_cuda_state
     from diagtools.usecases.sweep import sweep

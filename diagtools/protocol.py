@@ -52,6 +52,10 @@ SWEEP_PACKAGE = "DIAGTOOLS_SWEEP_PACKAGE"
 SWEEP_JOBS = "DIAGTOOLS_SWEEP_JOBS"
 SWEEP_WORKDIR = "DIAGTOOLS_SWEEP_WORKDIR"
 SWEEP_PROBE = "DIAGTOOLS_SWEEP_PROBE"
+RUN_DIR = "DIAGTOOLS_RUN_DIR"  # diagtools run: where each watched process writes its record file
+RUN_CUPROBE = "DIAGTOOLS_RUN_CUPROBE"  # the driver-state extension, for the interpreter named next
+RUN_CUPROBE_FOR = "DIAGTOOLS_RUN_CUPROBE_FOR"
+RUN_AGENT_MODULE = "_diagtools_run_agent"
 
 # ---- the driver's answers --------------------------------------------------------
 
@@ -61,6 +65,10 @@ NO_DRIVER = -1
 
 # the exit code a program uses when the target closed or replaced its channel: the events are incomplete
 CHANNEL_LOST_EXIT = 213
+# private descriptors live at or above this number, out of the range programs close or dup2 over
+HIGH_FD = 2048
+# a record file whose writer lost its descriptor and could not reopen it: what came after is missing
+LOST_SUFFIX = ".lost.jsonl"
 
 # ---- the events: kind -> fields every event of that kind carries -----------------
 # Every event also has "e" (its kind); most have "t" (perf_counter seconds).
@@ -95,6 +103,16 @@ EVENTS = {
     "forked": ("i", "pid"),
     "present": ("i",),
     "reaped": ("i", "code"),
+    # the run agent (diagtools run, pytest --cuda-watch): one record file per process.  Its first
+    # cuInit is a "cuinit" (the driver's hook) or a "transition" (the driver's state), as in a scan,
+    # with "chain": [[module, file], ...] (the module bodies running, outermost first)
+    "start": ("kind", "stack", "driver_initialized"),
+    "fork-child": ("seq", "child"),
+    "refusal": ("call", "code", "stack"),
+    "raised": ("type", "msg"),
+    "exec": ("argv",),
+    "ended": ("how", "exitcode"),
+    "waited": ("child", "exitcode"),
 }
 
 
@@ -133,51 +151,174 @@ def encode_str(text):
     for char in text:
         escaped = _ESCAPES.get(char)
         if escaped is None:
-            escaped = char if char >= " " and char.isprintable() else f"\\u{ord(char):04x}"
+            escaped = char if char >= " " and char.isprintable() else _escape_code(ord(char))
         out.append(escaped)
     return '"' + "".join(out) + '"'
 
 
-class Channel:
-    """Writes one event per line to the runner's pipe, unbuffered; goes quiet in forked children.
+def _escape_code(code):
+    """``\\uXXXX``; a character beyond the Basic Multilingual Plane as its UTF-16 surrogate pair, as JSON has it."""
+    if code < 0x10000:
+        return f"\\u{code:04x}"
+    code -= 0x10000
+    return f"\\u{0xD800 + (code >> 10):04x}\\u{0xDC00 + (code & 0x3FF):04x}"
 
-    A crash loses nothing already sent.  A write that fails (the target closed
-    the descriptor) is dropped and remembered: :meth:`intact` then says so,
-    and the program exits with :data:`CHANNEL_LOST_EXIT`.
+
+class Channel:
+    """Writes one event per line to a descriptor it owns, unbuffered; goes quiet in forked children.
+
+    A crash loses nothing already sent.  Before every write the descriptor's
+    identity (device and inode, taken when the channel was made) is checked,
+    so an event never lands in a file the program put on that number after
+    closing ours.  A record file (``path`` given) is then reopened; a pipe
+    cannot be, and the channel is lost: :meth:`intact` says so, and a scan
+    program exits with :data:`CHANNEL_LOST_EXIT`.
     """
 
-    def __init__(self, fd):
+    def __init__(self, fd, path=None):
         self.fd = fd
+        self.path = path
         self.pid = posix.getpid()
         self.lock = _thread.allocate_lock()
         self.identity = _identity(fd)
         self.failed = False
+        self.reopened = 0
         posix.register_at_fork(after_in_child=self._after_fork_in_child)
 
     def intact(self):
-        """Whether every event reached the runner: no write failed and the descriptor is still its pipe."""
+        """Whether every event reached the runner: no write failed and the descriptor is still ours."""
         return not self.failed and self.identity is not None and _identity(self.fd) == self.identity
 
     def _after_fork_in_child(self):
         self.lock = _thread.allocate_lock()
 
-    def emit(self, kind, **fields):
-        """Send one event of ``kind``, stamped with the time."""
+    def emit(self, kind, /, **fields):
+        """Send one event of ``kind``, stamped with the time (an event may have a field named ``kind``)."""
         fields["e"] = kind
         fields.setdefault("t", time.perf_counter())
         self.send(encode(fields))
 
     def send(self, line):
         """Send one already encoded event."""
-        if posix.getpid() != self.pid:
+        if posix.getpid() != self.pid or self.failed:
             return
         data = (line + "\n").encode("utf-8", "backslashreplace")
         with self.lock:
+            if not self._owned():
+                self._lose()
+                return
             try:
                 while data:
                     data = data[posix.write(self.fd, data) :]
             except OSError:
-                self.failed = True
+                self._lose()
+
+    def _lose(self):
+        """Stop writing; a record file is renamed ``*.lost.jsonl`` (no descriptor needed) so the host knows."""
+        self.failed = True
+        if self.path is not None and self.path.endswith(".jsonl"):
+            try:
+                posix.rename(self.path, self.path[: -len(".jsonl")] + LOST_SUFFIX)
+            except OSError:
+                pass
+
+    def _owned(self):
+        """Whether ``fd`` is still our file; a record file whose number was taken is reopened elsewhere."""
+        if self.identity is not None and _identity(self.fd) == self.identity:
+            return True
+        if self.path is None:
+            return False
+        try:
+            fd = open_high(self.path, posix.O_WRONLY | posix.O_APPEND)
+        except OSError:
+            return False
+        if _identity(fd) != self.identity:
+            posix.close(fd)
+            return False
+        self.fd, self.reopened = fd, self.reopened + 1  # the old number is the program's now: never closed
+        return True
+
+    def release(self):
+        """Close the descriptor, only if it is still ours (a forked child gives up its parent's file)."""
+        if self.identity is not None and _identity(self.fd) == self.identity:
+            try:
+                posix.close(self.fd)
+            except OSError:
+                pass
+        self.failed = True
+
+
+def open_high(path, flags, mode=0o600):
+    """Open ``path`` close-on-exec and move it to a free descriptor at or above :data:`HIGH_FD`."""
+    with _RoomAbove():
+        fd = posix.open(path, flags | posix.O_CLOEXEC, mode)
+        try:
+            return move_high(fd)
+        except OSError:
+            posix.close(fd)
+            raise
+
+
+class _RoomAbove:
+    """Raise the soft descriptor limit past :data:`HIGH_FD` while inside, where the hard limit allows.
+
+    A descriptor made meanwhile stays valid once the limit is put back, so a
+    program with a low limit (or one that used every number below it) still
+    cannot reach the agent's file.  ``resource`` is taken out of
+    ``sys.modules`` again, so the program's own import of it is still its first.
+    """
+
+    def __enter__(self):
+        self.saved = None
+        if _open_max() > HIGH_FD + 64:
+            return self
+        already_loaded = "resource" in sys.modules
+        try:
+            import resource
+        except ImportError:
+            return self
+        finally:
+            if not already_loaded:
+                sys.modules.pop("resource", None)
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        wanted = HIGH_FD + 64 if hard == resource.RLIM_INFINITY else min(HIGH_FD + 64, hard)
+        if wanted > soft:
+            try:
+                resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+                self.saved = (resource, soft, hard)
+            except (OSError, ValueError):
+                pass
+        return self
+
+    def __exit__(self, *exc_info):
+        if self.saved is not None:
+            resource, soft, hard = self.saved
+            resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def move_high(fd):
+    """``fd`` moved to the lowest free number at or above :data:`HIGH_FD` (close-on-exec); the old one closed.
+
+    Where the descriptor limit is too low, the next free number below it is
+    taken instead, searching down from the limit: still far above what a
+    program opens itself.
+    """
+    limit = _open_max()
+    candidates = range(HIGH_FD, limit) if limit > HIGH_FD + 64 else range(limit - 1, fd, -1)
+    for number in candidates:
+        if number == fd or _identity(number) is not None:
+            continue
+        posix.dup2(fd, number, False)
+        posix.close(fd)
+        return number
+    return fd
+
+
+def _open_max():
+    try:
+        return int(posix.sysconf("SC_OPEN_MAX"))
+    except (OSError, ValueError):
+        return 1024
 
 
 def _identity(fd):
@@ -340,7 +481,22 @@ def _is_frames(value):
     )
 
 
-_TYPED_KINDS = ("hello", "phase", "begin", "end", "thread", "transition", "refined", "cuinit", "error", "exit", "final")
+def _is_str_list(value):
+    return type(value) is list and all(_is_str(item) for item in value)
+
+
+def _is_chain(value):
+    """The run agent's chain: ``[[module, file], ...]`` (a file may be unknown)."""
+    return type(value) is list and all(
+        type(item) is list and len(item) == 2 and _is_str(item[0]) and (item[1] is None or _is_str(item[1]))
+        for item in value
+    )
+
+
+_TYPED_KINDS = (
+    *("hello", "phase", "begin", "end", "thread", "transition", "refined", "cuinit", "error", "exit", "final"),
+    *("start", "fork-child", "refusal", "raised", "exec", "ended", "waited"),
+)
 FIELD_TYPES = {
     "e": _is_str,
     "t": _is_number,
@@ -370,4 +526,22 @@ FIELD_TYPES = {
     "importer": _optional(_is_str),
     "origin": _optional(_is_str),
     "phase": _is_str,
+    "name": _optional(_is_str),
+    "started": _optional(_is_frames),
+    # the run agent's fields
+    "parent": _optional(_is_int),
+    "via": _is_str,
+    "argv": _optional(_is_str_list),
+    "fork_seq": _optional(_is_int),
+    "parent_initialized": _is_bool,
+    "executable": _optional(_is_str),
+    "chain": _is_chain,
+    "context": _optional(_is_str),
+    "kind": _is_str,
+    "seq": _optional(_is_int),
+    "child": _optional(_is_int),
+    "driver_initialized": _is_bool,
+    "call": _is_str,
+    "how": _is_str,
+    "exitcode": _optional(_is_int),
 }

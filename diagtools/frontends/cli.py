@@ -184,7 +184,9 @@ def _add_run(parser: argparse.ArgumentParser) -> None:
         "--json", metavar="FILE|-", help="write diagtools.run/1 ('-': stdout; the command's stdout then goes to stderr)"
     )
     parser.add_argument("--html", metavar="FILE", help="also write the report as an HTML page")
-    parser.add_argument("--timeout", type=float, default=None, metavar="S", help="kill the whole tree after S seconds")
+    parser.add_argument(
+        "--timeout", type=_timeout, default=None, metavar="S", help="kill the whole tree after S seconds"
+    )
     parser.add_argument("argv", nargs=argparse.REMAINDER, metavar="COMMAND", help="the command, after --")
     _add_debug(parser)
 
@@ -401,23 +403,47 @@ def _run_demo(args: argparse.Namespace) -> int:
 
 
 def _run_run(args: argparse.Namespace) -> int:
-    from diagtools.render.run_html import run_page
-    from diagtools.render.run_text import render_run
-    from diagtools.usecases.run import run
+    """``diagtools run``: the files are checked before the command starts and written after the report.
+
+    The exit code is the command's (``128+N`` for signal N, 127 when it could
+    not start); when the CLI itself is interrupted it is 130 (SIGINT), 143
+    (SIGTERM) or 129 (SIGHUP), whatever the command did with the signal.
+    """
+    from diagtools.usecases.run import RunInterrupted, run
 
     command = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
     if not command:
         raise UsageError("no command given: diagtools run [OPTIONS] -- COMMAND [ARGS...]")
+    _check_writable(args.json, "--json")
+    _check_writable(args.html, "--html")
     output = "stderr" if args.json == "-" else "inherit"
-    result = run(command, driver=args.driver, timeout=args.timeout, output=output)
-    if args.json:
-        _write_json(result.to_json(), args.json)
-    if args.html:
-        Path(args.html).write_text(run_page(result), encoding="utf-8")
-    print(render_run(result), file=sys.stderr)
+    try:
+        result = run(command, driver=args.driver, timeout=args.timeout, output=output)
+    except RunInterrupted as stopped:
+        _report_run(stopped.result, args)
+        codes: dict[int, int] = {signal.SIGTERM: EXIT_TERMINATED, signal.SIGHUP: EXIT_HANGUP}
+        return codes.get(stopped.signum, EXIT_INTERRUPTED)
+    _report_run(result, args)
     if result.exitcode is None:
         return 127
     return result.exitcode if result.exitcode >= 0 else 128 - result.exitcode
+
+
+def _report_run(result: Any, args: argparse.Namespace) -> None:
+    """The report on stderr (coloured as a scan's on a terminal), then the files asked for."""
+    from diagtools.render.run_html import run_page
+    from diagtools.render.run_text import render_run
+    from diagtools.render.text import paint, use_color
+
+    text = render_run(result)
+    print(paint(text) if use_color(sys.stderr.isatty(), os.environ) else text, file=sys.stderr, flush=True)
+    try:
+        if args.json:
+            _write_json(result.to_json(), args.json)
+        if args.html:
+            Path(args.html).write_text(run_page(result), encoding="utf-8")
+    except OSError as exc:
+        raise UsageError(f"cannot write {exc.filename or 'the report'}: {exc.strerror or exc}") from None
 
 
 def main(argv: Sequence[str] | None = None) -> int:

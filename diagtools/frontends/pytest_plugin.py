@@ -68,7 +68,17 @@ def pytest_configure(config: pytest.Config) -> None:
         "markers", "cuda_free(*modules, path=(), driver='auto'): the modules must import without initializing CUDA"
     )
     if config.getoption("cuda_watch", default=False):
-        config.pluginmanager.register(CudaWatch(), "diagtools-cuda-watch")
+        config.pluginmanager.register(CudaWatch(_start_up_context(config)), "diagtools-cuda-watch")
+
+
+def _start_up_context(config: pytest.Config) -> str:
+    """What ran before the watch was loaded: pytest's start-up, with its ``conftest.py`` files when it had any."""
+    from diagtools.usecases.run_assemble import CONFTEST_CONTEXT
+
+    conftests = [
+        p for p in config.pluginmanager.get_plugins() if str(getattr(p, "__file__", "")).endswith("conftest.py")
+    ]
+    return CONFTEST_CONTEXT if conftests else "pytest start-up"
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -147,15 +157,15 @@ class CudaWatch:
     with it (``diagtools run --driver simulated -- pytest --cuda-watch``).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, start_up: str = "pytest start-up") -> None:
         import shutil
         import tempfile
 
-        from diagtools.usecases.run import load_agent
+        from diagtools.usecases.run_watch import load_agent
 
         self.pid = os.getpid()
         self.owned: str | None = tempfile.mkdtemp(prefix="diagtools-watch-")
-        self.agent = load_agent(self.owned)
+        self.agent = load_agent(self.owned, context=start_up)
         if self.agent.directory != self.owned:  # already watched by diagtools run: share its records
             shutil.rmtree(self.owned, ignore_errors=True)
             self.owned = None
@@ -180,7 +190,7 @@ class CudaWatch:
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         from diagtools.render.run_text import render_watch
-        from diagtools.usecases.run import watch_result
+        from diagtools.usecases.run_watch import watch_result
 
         result = watch_result(self.agent.directory, self.pid, tuple(sys.argv), self.agent.driver_state())
         terminalreporter.write_sep("=", "diagtools cuda watch")

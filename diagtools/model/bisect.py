@@ -6,9 +6,11 @@ Schema ``diagtools.bisect/1``.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import ClassVar
 
+from diagtools.model._display import present
 from diagtools.model.scan import Culprit
+from diagtools.model.serial import Serial
 
 __all__ = ["BISECT_SCHEMA", "BisectResult", "BisectStep"]
 
@@ -16,20 +18,19 @@ BISECT_SCHEMA = "diagtools.bisect/1"
 
 
 @dataclass(frozen=True)
-class BisectStep:
+class BisectStep(Serial):
     """One commit git bisect asked about, and the verdict."""
 
     commit: str
     verdict: str
     status: str
 
-    def to_json(self) -> dict[str, Any]:
-        return {"commit": self.commit, "verdict": self.verdict, "status": self.status}
-
 
 @dataclass(frozen=True)
-class BisectResult:
+class BisectResult(Serial):
     """The first bad commit (or the candidates when skips hide it) and its culprit."""
+
+    SCHEMA: ClassVar[str] = BISECT_SCHEMA
 
     target: str
     good: str
@@ -41,16 +42,5 @@ class BisectResult:
     steps: tuple[BisectStep, ...]
     candidates: tuple[str, ...] = ()
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "schema": BISECT_SCHEMA,
-            "target": self.target,
-            "good": self.good,
-            "bad": self.bad,
-            "first_bad": self.first_bad,
-            "subject": self.subject,
-            "files": list(self.files),
-            "culprit": self.culprit.to_json() if self.culprit else None,
-            "steps": [step.to_json() for step in self.steps],
-            "candidates": list(self.candidates),
-        }
+    def __str__(self) -> str:
+        return str(present("bisect.text", self))

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from diagtools.model._display import present
+from diagtools.model._display import TextReport, present
 from diagtools.model.scan import ScanResult
 from diagtools.model.verdict import Verdict
 
@@ -15,7 +15,7 @@ DIFF_SCHEMA = "diagtools.diff/1"
 
 
 @dataclass(frozen=True)
-class ScanDiff:
+class ScanDiff(TextReport):
     """Modules and importer edges the fix removed or added, and where the culprit chain broke.
 
     ``broken_edge`` is the first importer -> imported edge of the before

@@ -7,11 +7,12 @@ for a before/after, fork/spawn grid.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from diagtools.model._display import present
 from diagtools.model.common import check_schema
 from diagtools.model.scan import DriverInfo, RunError
+from diagtools.model.serial import Serial, load
 from diagtools.model.verdict import Label, Verdict, combine
 
 __all__ = [
@@ -77,24 +78,21 @@ REPLAY_BROKEN = frozenset(
 
 
 @dataclass(frozen=True)
-class DriverCall:
-    """One driver call the child made and the driver's answer."""
+class DriverCall(Serial):
+    """One driver call the child made and the driver's answer; written as ``[call, code, name]``."""
+
+    _JSON_AS_LIST: ClassVar[bool] = True
 
     call: str
     code: int
     name: str
 
-    def to_json(self) -> list[Any]:
-        return [self.call, self.code, self.name]
-
-    @classmethod
-    def from_json(cls, data: list[Any]) -> DriverCall:
-        return cls(str(data[0]), int(data[1]), str(data[2]))
-
 
 @dataclass(frozen=True)
-class ParentState:
+class ParentState(Serial):
     """What the parent looked like when it started the child."""
+
+    _JSON_DEFAULTS: ClassVar[dict[str, Any]] = {"cuda_initialized": False}
 
     cuda_initialized: bool
     driver_state: int | None = None
@@ -102,28 +100,9 @@ class ParentState:
     threads: tuple[str, ...] = ()
     modules: int = 0
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "cuda_initialized": self.cuda_initialized,
-            "driver_state": self.driver_state,
-            "torch_cuda_initialized": self.torch_cuda_initialized,
-            "threads": list(self.threads),
-            "modules": self.modules,
-        }
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> ParentState:
-        return cls(
-            cuda_initialized=bool(data.get("cuda_initialized")),
-            driver_state=data.get("driver_state"),
-            torch_cuda_initialized=data.get("torch_cuda_initialized"),
-            threads=tuple(data.get("threads", ())),
-            modules=int(data.get("modules", 0)),
-        )
-
 
 @dataclass(frozen=True)
-class ChildOutcome:
+class ChildOutcome(Serial):
     """How the child's CUDA action ended: ``ok``, ``failed``, ``crashed``, ``timeout``,
     ``exited`` (no result) or ``unavailable`` (cannot run on this machine)."""
 
@@ -146,6 +125,9 @@ class ChildOutcome:
     def ok(self) -> bool:
         return self.status == ChildStatus.OK
 
+    def _json_extra(self) -> dict[str, Any]:
+        return {"ok": self.ok}
+
     def summary(self) -> str:
         if self.status == "ok":
             return f"ok ({self.detail})" if self.detail else "ok"
@@ -157,47 +139,18 @@ class ChildOutcome:
             return f"unavailable: {self.detail}"
         return f"{self.status} (exit code {self.exitcode})"
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "status": self.status.value,
-            "ok": self.ok,
-            "exitcode": self.exitcode,
-            "signal": self.signal,
-            "error_type": self.error_type,
-            "error": self.error,
-            "traceback": self.traceback,
-            "stdout": self.stdout,
-            "stderr": self.stderr,
-            "detail": self.detail,
-            "driver_state_at_start": self.driver_state_at_start,
-            "driver_calls": [call.to_json() for call in self.driver_calls],
-        }
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> ChildOutcome:
-        return cls(
-            status=data["status"],
-            exitcode=data.get("exitcode"),
-            signal=data.get("signal"),
-            error_type=data.get("error_type", ""),
-            error=data.get("error", ""),
-            traceback=data.get("traceback", ""),
-            stdout=data.get("stdout", ""),
-            stderr=data.get("stderr", ""),
-            detail=data.get("detail", ""),
-            driver_state_at_start=data.get("driver_state_at_start"),
-            driver_calls=tuple(DriverCall.from_json(call) for call in data.get("driver_calls", ())),
-        )
-
 
 @dataclass(frozen=True)
-class ReplayResult:
+class ReplayResult(Serial):
     """One replay: the setup import, the parent's state, the child's outcome.
 
     ``status``: ``ok`` (the child's action worked), ``failed`` (it failed: the
     bug reproduced), ``unavailable``, ``setup-error`` (the target did not
     import), or ``crashed``/``timeout``/``exited`` for the replay itself.
     """
+
+    SCHEMA: ClassVar[str] = REPLAY_SCHEMA
+    _JSON_DEFAULTS: ClassVar[dict[str, Any]] = {"path": (), "parent": None, "child": None}
 
     target: str
     path: tuple[str, ...]
@@ -234,40 +187,8 @@ class ReplayResult:
             return Verdict.INITIALIZES_CUDA
         return Verdict.CLEAN if self.status == ReplayStatus.OK else Verdict.UNKNOWN
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "schema": REPLAY_SCHEMA,
-            "target": self.target,
-            "path": list(self.path),
-            "child_action": self.child_action,
-            "start_method": self.start_method,
-            "driver": self.driver.to_json(),
-            "status": self.status.value,
-            "verdict": self.verdict.value,
-            "reproduced": self.reproduced,
-            "parent": self.parent.to_json() if self.parent else None,
-            "child": self.child.to_json() if self.child else None,
-            "error": self.error.to_json() if self.error else None,
-            "duration_s": round(self.duration_s, 6),
-            "started_at": self.started_at,
-        }
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> ReplayResult:
-        check_schema(data, REPLAY_SCHEMA)
-        return cls(
-            target=data["target"],
-            path=tuple(data.get("path", ())),
-            child_action=data["child_action"],
-            start_method=data["start_method"],
-            driver=DriverInfo.from_json(data["driver"]),
-            status=data["status"],
-            parent=ParentState.from_json(data["parent"]) if data.get("parent") else None,
-            child=ChildOutcome.from_json(data["child"]) if data.get("child") else None,
-            error=RunError.from_json(data["error"]) if data.get("error") else None,
-            duration_s=float(data.get("duration_s", 0.0)),
-            started_at=data.get("started_at", ""),
-        )
+    def _json_extra(self) -> dict[str, Any]:
+        return {"verdict": self.verdict, "reproduced": self.reproduced}
 
     def _repr_html_(self) -> str:
         return str(present("replay.html", self))
@@ -277,7 +198,23 @@ class ReplayResult:
 
 
 @dataclass(frozen=True)
-class ReplayComparison:
+class _ComparisonRun(Serial):
+    """One run of a comparison document: its variant label and the replay."""
+
+    variant: str
+    replay: ReplayResult
+
+
+@dataclass(frozen=True)
+class _ComparisonDocument(Serial):
+    """The fields a comparison document is read from (the rest is derived again)."""
+
+    target: str
+    runs: tuple[_ComparisonRun, ...]
+
+
+@dataclass(frozen=True)
+class ReplayComparison(Serial):
     """The same replay before and after a fix, under several start methods."""
 
     target: str
@@ -332,7 +269,7 @@ class ReplayComparison:
         return {
             "schema": COMPARISON_SCHEMA,
             "target": self.target,
-            "runs": [{"variant": label, "replay": result.to_json()} for label, result in self.runs],
+            "runs": [_ComparisonRun(label, result).to_json() for label, result in self.runs],
             "verdict": self.verdict.value,
             "variant_verdicts": {variant: verdict.value for variant, verdict in self.variant_verdicts().items()},
             "explanation": list(self.explanation()),
@@ -341,8 +278,8 @@ class ReplayComparison:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> ReplayComparison:
         check_schema(data, COMPARISON_SCHEMA)
-        runs = tuple((run["variant"], ReplayResult.from_json(run["replay"])) for run in data["runs"])
-        return cls(data["target"], runs)
+        document = load(_ComparisonDocument, data, COMPARISON_SCHEMA)
+        return cls(document.target, tuple((run.variant, run.replay) for run in document.runs))
 
     def _repr_html_(self) -> str:
         return str(present("comparison.html", self))

@@ -2,17 +2,19 @@
 
 A :class:`ScanResult` is everything one subkernel run recorded: the import tree
 (:class:`ImportNode`), who initialized CUDA (:class:`Culprit`, with its
-:class:`Site`), and how the run ended.  Each type owns one ``to_json`` /
-``from_json`` pair; the document schema is ``diagtools.scan/1``.
+:class:`Site`), and how the run ended.  JSON goes in and out through the one
+derived mapping of :mod:`diagtools.model.serial`; the document schema is
+``diagtools.scan/1``.  :class:`Culprit` is also what ``diagtools run``
+reports for each process's first cuInit.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, ClassVar
 
 from diagtools.model._display import present
-from diagtools.model.common import check_fields, check_schema
+from diagtools.model.serial import Serial
 from diagtools.model.verdict import ScanStatus, Verdict
 
 __all__ = [
@@ -28,68 +30,11 @@ __all__ = [
 ]
 
 SCAN_SCHEMA = "diagtools.scan/1"
-
-# what from_json requires of a document, field by field ("?": may be absent)
-_OPT_STR = (str, None)
-_OPT_INT = (int, None)
-_SITE = {"file": str, "line": int, "function": str, "source?": str}
-_DOCUMENT = {
-    "targets?": [str],
-    "status": str,
-    "driver": {"kind": frozenset({"real", "simulated", "none"}), "requested?": str, "library?": _OPT_STR},
-    "cuda_initialized": bool,
-    "torch_cuda_initialized?": (bool, None),
-    "startup?": {"cuda_initialized?": bool, "modules?": int, "seconds?": float},
-    "modules?": [
-        {
-            "name": str,
-            "parent?": _OPT_STR,
-            "file?": _OPT_STR,
-            "self_s?": float,
-            "cumulative_s?": float,
-            "initializes_cuda?": bool,
-            "threads_started?": int,
-            "phase?": str,
-            "complete?": bool,
-        }
-    ],
-    "culprits?": [
-        {
-            "module?": _OPT_STR,
-            "chain?": [str],
-            "site?": (_SITE, None),
-            "stack?": [_SITE],
-            "phase?": str,
-            "thread?": str,
-            "evidence?": str,
-            "stack_dropped?": int,
-        }
-    ],
-    "error?": (
-        {
-            "kind": str,
-            "message?": str,
-            "traceback?": str,
-            "file?": _OPT_STR,
-            "line?": _OPT_INT,
-            "exitcode?": _OPT_INT,
-            "signal?": _OPT_INT,
-            "where?": str,
-        },
-        None,
-    ),
-    "exitcode?": _OPT_INT,
-    "stdout?": str,
-    "stderr?": str,
-    "duration_s?": float,
-    "python?": str,
-    "started_at?": str,
-    "skipped_events?": int,
-}
+DRIVER_KINDS = ("real", "simulated", "none")
 
 
 @dataclass(frozen=True)
-class Site:
+class Site(Serial):
     """One Python source location: a stack frame or the line that made a call."""
 
     file: str
@@ -100,20 +45,9 @@ class Site:
     def __str__(self) -> str:
         return f"{self.file}:{self.line} in {self.function}"
 
-    def to_json(self) -> dict[str, Any]:
-        return {"file": self.file, "line": self.line, "function": self.function, "source": self.source}
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Site:
-        return cls(data["file"], int(data["line"]), data["function"], data.get("source", ""))
-
-    @classmethod
-    def optional(cls, data: dict[str, Any] | None) -> Site | None:
-        return cls.from_json(data) if data else None
-
 
 @dataclass(frozen=True)
-class ImportNode:
+class ImportNode(Serial):
     """A module the subkernel imported for the first time, with its importer and cost.
 
     ``parent`` is the module whose code was executing when this one was
@@ -121,6 +55,8 @@ class ImportNode:
     ``initializes_cuda`` is true only for the module whose own top-level code
     was running when the driver went from uninitialized to initialized.
     """
+
+    _JSON_DEFAULTS: ClassVar[dict[str, Any]] = {"parent": None, "file": None, "self_s": 0.0, "cumulative_s": 0.0}
 
     name: str
     parent: str | None
@@ -132,36 +68,9 @@ class ImportNode:
     phase: str = "import"
     complete: bool = True
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "parent": self.parent,
-            "file": self.file,
-            "self_s": round(self.self_s, 6),
-            "cumulative_s": round(self.cumulative_s, 6),
-            "initializes_cuda": self.initializes_cuda,
-            "threads_started": self.threads_started,
-            "phase": self.phase,
-            "complete": self.complete,
-        }
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> ImportNode:
-        return cls(
-            name=data["name"],
-            parent=data.get("parent"),
-            file=data.get("file"),
-            self_s=float(data.get("self_s", 0.0)),
-            cumulative_s=float(data.get("cumulative_s", 0.0)),
-            initializes_cuda=bool(data.get("initializes_cuda", False)),
-            threads_started=int(data.get("threads_started", 0)),
-            phase=data.get("phase", "import"),
-            complete=bool(data.get("complete", True)),
-        )
-
 
 @dataclass(frozen=True)
-class Culprit:
+class Culprit(Serial):
     """Who initialized the CUDA driver, and from where.
 
     ``module`` is the innermost module whose top-level code was executing (for
@@ -176,7 +85,20 @@ class Culprit:
     cuInit), ``trace`` (a line-traced rerun) or ``state-probe`` (the driver's
     state changed between two observations).
     ``stack_dropped`` counts the outermost frames left out of a very deep stack.
+    ``context`` says what the watcher knew was going on (``diagtools run`` and
+    ``pytest --cuda-watch``: a pytest node id, ``pytest start-up: conftest.py``).
+
+    The scan and ``diagtools run`` both build it with
+    :func:`diagtools.usecases.attribution.attribute`: one rule, one type.
     """
+
+    _JSON_DEFAULTS: ClassVar[dict[str, Any]] = {
+        "module": None,
+        "chain": (),
+        "site": None,
+        "stack": (),
+        "phase": "import",
+    }
 
     module: str | None
     chain: tuple[str, ...]
@@ -188,70 +110,37 @@ class Culprit:
     module_site: Site | None = None
     thread_started_at: Site | None = None
     stack_dropped: int = 0
+    context: str | None = None
 
     @property
     def line_to_change(self) -> Site | None:
         """Where to edit: the culprit module's own line, else the calling line."""
         return self.module_site or self.site
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "module": self.module,
-            "chain": list(self.chain),
-            "site": self.site.to_json() if self.site else None,
-            "module_site": self.module_site.to_json() if self.module_site else None,
-            "stack": [frame.to_json() for frame in self.stack],
-            "phase": self.phase,
-            "thread": self.thread,
-            "thread_started_at": self.thread_started_at.to_json() if self.thread_started_at else None,
-            "evidence": self.evidence,
-            "stack_dropped": self.stack_dropped,
-        }
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Culprit:
-        return cls(
-            module=data.get("module"),
-            chain=tuple(data.get("chain", ())),
-            site=Site.optional(data.get("site")),
-            stack=tuple(Site.from_json(frame) for frame in data.get("stack", ())),
-            phase=data.get("phase", "import"),
-            thread=data.get("thread", "MainThread"),
-            evidence=data.get("evidence", "driver-hook"),
-            module_site=Site.optional(data.get("module_site")),
-            thread_started_at=Site.optional(data.get("thread_started_at")),
-            stack_dropped=int(data.get("stack_dropped", 0)),
-        )
-
 
 @dataclass(frozen=True)
-class AliveThread:
+class AliveThread(Serial):
     """A thread the target started that was still running when the scan stopped watching."""
+
+    _JSON_DEFAULTS: ClassVar[dict[str, Any]] = {"name": "", "starter": None, "started_at": None}
 
     name: str
     starter: str | None
     started_at: Site | None
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "starter": self.starter,
-            "started_at": self.started_at.to_json() if self.started_at else None,
-        }
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> AliveThread:
-        return cls(data.get("name", ""), data.get("starter"), Site.optional(data.get("started_at")))
-
 
 @dataclass(frozen=True)
-class DriverInfo:
+class DriverInfo(Serial):
     """Which CUDA driver the subkernel saw: ``real``, ``simulated`` or ``none``."""
 
-    kind: str
-    requested: str
+    kind: str = field(metadata={"choices": DRIVER_KINDS})
+    requested: str = ""  # what the caller asked for (``auto``...); the kind itself when not given
     library: str | None = None
     libraries: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.requested:
+            object.__setattr__(self, "requested", self.kind)
 
     def describe(self) -> str:
         where = f" ({self.library})" if self.library else ""
@@ -264,46 +153,21 @@ class DriverInfo:
         also = f"; also simulated: {', '.join(extra)}" if extra else ""
         return f"{label}{where}{also}"
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "kind": self.kind,
-            "requested": self.requested,
-            "library": self.library,
-            "libraries": list(self.libraries),
-        }
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> DriverInfo:
-        return cls(
-            data["kind"], data.get("requested", data["kind"]), data.get("library"), tuple(data.get("libraries", ()))
-        )
-
 
 @dataclass(frozen=True)
-class StartupInfo:
+class StartupInfo(Serial):
     """What interpreter start-up (``site``, ``.pth`` files, sitecustomize) did."""
 
     cuda_initialized: bool = False
     modules: int = 0
     seconds: float = 0.0
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "cuda_initialized": self.cuda_initialized,
-            "modules": self.modules,
-            "seconds": round(self.seconds, 6),
-        }
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> StartupInfo:
-        return cls(
-            bool(data.get("cuda_initialized", False)), int(data.get("modules", 0)), float(data.get("seconds", 0.0))
-        )
-
 
 @dataclass(frozen=True)
-class RunError:
+class RunError(Serial):
     """Why a target did not import cleanly: the exception, exit code, signal or hang."""
+
+    _JSON_DEFAULTS: ClassVar[dict[str, Any]] = {"message": ""}
 
     kind: str
     message: str
@@ -314,35 +178,13 @@ class RunError:
     signal: int | None = None
     where: str = ""
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "kind": self.kind,
-            "message": self.message,
-            "traceback": self.traceback,
-            "file": self.file,
-            "line": self.line,
-            "exitcode": self.exitcode,
-            "signal": self.signal,
-            "where": self.where,
-        }
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> RunError:
-        return cls(
-            kind=data["kind"],
-            message=data.get("message", ""),
-            traceback=data.get("traceback", ""),
-            file=data.get("file"),
-            line=data.get("line"),
-            exitcode=data.get("exitcode"),
-            signal=data.get("signal"),
-            where=data.get("where", ""),
-        )
-
 
 @dataclass(frozen=True)
-class ScanResult:
+class ScanResult(Serial):
     """Everything one scan recorded, whatever way the subkernel ended."""
+
+    SCHEMA: ClassVar[str] = SCAN_SCHEMA
+    _JSON_DEFAULTS: ClassVar[dict[str, Any]] = {"targets": ()}
 
     targets: tuple[str, ...]
     status: ScanStatus
@@ -406,56 +248,8 @@ class ScanResult:
     def with_culprits(self, culprits: tuple[Culprit, ...]) -> ScanResult:
         return replace(self, culprits=culprits)
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "schema": SCAN_SCHEMA,
-            "targets": list(self.targets),
-            "status": self.status.value,
-            "verdict": self.verdict.value,
-            "doubts": list(self.doubts()),
-            "driver": self.driver.to_json(),
-            "cuda_initialized": self.cuda_initialized,
-            "torch_cuda_initialized": self.torch_cuda_initialized,
-            "startup": self.startup.to_json(),
-            "modules": [node.to_json() for node in self.modules],
-            "culprits": [culprit.to_json() for culprit in self.culprits],
-            "error": self.error.to_json() if self.error else None,
-            "exitcode": self.exitcode,
-            "stdout": self.stdout,
-            "stderr": self.stderr,
-            "duration_s": round(self.duration_s, 6),
-            "python": self.python,
-            "started_at": self.started_at,
-            "threads_alive": [thread.to_json() for thread in self.threads_alive],
-            "simulation_gaps": list(self.simulation_gaps),
-            "skipped_events": self.skipped_events,
-        }
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> ScanResult:
-        check_schema(data, SCAN_SCHEMA)
-        check_fields(data, _DOCUMENT, SCAN_SCHEMA)
-        error = data.get("error")
-        return cls(
-            targets=tuple(data.get("targets", ())),
-            status=ScanStatus(data["status"]),
-            driver=DriverInfo.from_json(data["driver"]),
-            cuda_initialized=bool(data["cuda_initialized"]),
-            modules=tuple(ImportNode.from_json(node) for node in data.get("modules", ())),
-            culprits=tuple(Culprit.from_json(culprit) for culprit in data.get("culprits", ())),
-            startup=StartupInfo.from_json(data.get("startup", {})),
-            error=RunError.from_json(error) if error else None,
-            torch_cuda_initialized=data.get("torch_cuda_initialized"),
-            exitcode=data.get("exitcode"),
-            stdout=data.get("stdout", ""),
-            stderr=data.get("stderr", ""),
-            duration_s=float(data.get("duration_s", 0.0)),
-            python=data.get("python", ""),
-            started_at=data.get("started_at", ""),
-            threads_alive=tuple(AliveThread.from_json(thread) for thread in data.get("threads_alive", ())),
-            simulation_gaps=tuple(data.get("simulation_gaps", ())),
-            skipped_events=int(data.get("skipped_events", 0)),
-        )
+    def _json_extra(self) -> dict[str, Any]:
+        return {"verdict": self.verdict, "doubts": self.doubts()}
 
     def graph(self, view: str = "culprits", *, max_children: int = 12) -> Any:
         """The import tree as a ``graphviz.Digraph`` (needs the ``notebook`` extra)."""

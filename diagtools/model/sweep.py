@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from diagtools.model._display import present
+from diagtools.model._display import TextReport, present
 from diagtools.model.scan import Culprit, ScanResult
 from diagtools.model.verdict import Verdict, combine
 
@@ -156,7 +156,7 @@ class SweepRow:
 
 
 @dataclass(frozen=True)
-class SweepResult:
+class SweepResult(TextReport):
     """All rows of a sweep, sorted by module, and how many came from an earlier run.
 
     ``mode`` is ``zygote`` when a preloading worker forked the children (with

@@ -1,8 +1,10 @@
-"""The three verdicts every result carries, and the statuses a run can end in.
+"""The verdicts every result carries, and the statuses a run can end in.
 
 A verdict never says ``clean`` unless the run could see: an import error, a
 crash, a timeout, an early exit, a lost channel, a child that never ran or a
 library that failed under the simulated driver all give ``unknown``.
+``poisoned-fork`` is what ``diagtools run`` says when it saw a process fork
+after initializing CUDA.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ class Label(str, Enum):
 class Verdict(Label):
     """What a run established about CUDA initialization."""
 
+    POISONED_FORK = "poisoned-fork"
     INITIALIZES_CUDA = "initializes-cuda"
     CLEAN = "clean"
     UNKNOWN = "unknown"
@@ -40,13 +43,15 @@ class ScanStatus(Label):
 
 
 def combine(verdicts: Iterable[Verdict]) -> Verdict:
-    """One verdict for several runs: any initialization wins, then any doubt; ``clean`` only when all are.
+    """One verdict for several runs: a poisoned fork wins, then any initialization, then any doubt;
+    ``clean`` only when all are.
 
     No runs at all is ``unknown``: nothing was seen.
     """
     seen = set(verdicts)
-    if Verdict.INITIALIZES_CUDA in seen:
-        return Verdict.INITIALIZES_CUDA
+    for decisive in (Verdict.POISONED_FORK, Verdict.INITIALIZES_CUDA):
+        if decisive in seen:
+            return decisive
     if not seen or Verdict.UNKNOWN in seen:
         return Verdict.UNKNOWN
     return Verdict.CLEAN

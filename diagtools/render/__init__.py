@@ -25,6 +25,7 @@ _PRESENTATIONS = {
     "replay.html": ("diagtools.render.html", "replay_html"),
     "comparison.text": ("diagtools.render.text", "render_comparison"),
     "sweep.text": ("diagtools.render.text", "render_sweep"),
+    "bisect.text": ("diagtools.render.text", "render_bisect"),
     "comparison.html": ("diagtools.render.html", "comparison_html"),
     "run.text": ("diagtools.render.run_text", "render_run"),
     "run.html": ("diagtools.render.run_html", "run_html"),

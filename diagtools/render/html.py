@@ -35,7 +35,12 @@ _STYLE = (
 )
 
 
-_VERDICT_CLASS = {Verdict.INITIALIZES_CUDA: "bad", Verdict.CLEAN: "good", Verdict.UNKNOWN: "unknown"}
+_VERDICT_CLASS = {
+    Verdict.POISONED_FORK: "bad",
+    Verdict.INITIALIZES_CUDA: "bad",
+    Verdict.CLEAN: "good",
+    Verdict.UNKNOWN: "unknown",
+}
 
 
 def _verdict_badge(verdict: Verdict) -> str:

@@ -7,10 +7,10 @@ import os
 import shlex
 from collections.abc import Sequence
 
-from diagtools.model.run import CudaInit, Finding, RunResult
-from diagtools.model.scan import Site
+from diagtools.model.run import RunResult
+from diagtools.model.scan import Culprit, Site
 from diagtools.render.paths import shorten_paths
-from diagtools.render.run_text import describe_exit, user_site
+from diagtools.render.run_text import FindingGroup, compact_pids, describe_exit, group_findings, user_site
 
 __all__ = ["run_html", "run_page"]
 
@@ -31,19 +31,20 @@ def _stack_cell(stack: Sequence[Site]) -> str:
     return f"<td style='vertical-align:top;font-size:90%'>{rows or '<i>no stack</i>'}</td>"
 
 
-def _cuinit_html(cuinit: CudaInit | None) -> str:
+def _cuinit_html(cuinit: Culprit | None) -> str:
     if cuinit is None:
-        return "<p>CUDA initialized: seen only through the driver's state.</p>"
-    site = cuinit.module_site or cuinit.site
-    where = f" at <code>{_esc(site)}</code>: <code>{_esc(site.source)}</code>" if site else ""
+        return "<p>culprit: seen only through the driver's state.</p>"
+    site = cuinit.line_to_change
+    where = f"; line to change <code>{_esc(site)}</code>: <code>{_esc(site.source)}</code>" if site else ""
     context = f" while <code>{_esc(cuinit.context)}</code>" if cuinit.context else ""
     return (
-        f"<p>CUDA initialized by <b>{_esc(cuinit.module or '?')}</b>{where}{context} "
-        f"(phase {_esc(cuinit.phase)}; chain {_esc(' -> '.join(cuinit.chain) or '-')})</p>"
+        f"<p>culprit: <b>{_esc(cuinit.module or '?')}</b>{where}{context} "
+        f"(chain {_esc(' -> '.join(cuinit.chain) or '-')}; phase {_esc(cuinit.phase)}; {_esc(cuinit.thread)})</p>"
     )
 
 
-def _finding_html(finding: Finding) -> str:
+def _finding_html(group: FindingGroup) -> str:
+    finding, count = group.first, len(group.children)
     if finding.kind != "poisoned-fork":
         return f"<h4>CUDA initialized in pid {finding.pid}</h4>{_cuinit_html(finding.cuinit)}"
     fork_site = user_site(finding.fork_stack)
@@ -51,12 +52,19 @@ def _finding_html(finding: Finding) -> str:
     saw = f"<p>The child: {_esc(finding.child_saw.describe())}</p>" if finding.child_saw else ""
     cuinit_stack = finding.cuinit.stack if finding.cuinit else ()
     return (
-        f"<h4 style='color:#b00020'>Poisoned fork: pid {finding.pid} started child {_esc(finding.child or '?')}"
+        f"<h4 style='color:#b00020'>Poisoned fork{f' x{count}' if count > 1 else ''}: pid {finding.pid} started "
+        f"{_children(group)}"
         f" ({_esc(finding.start_kind or 'fork')}) after initializing CUDA</h4>"
         f"{_cuinit_html(finding.cuinit)}<p>Forked{forked}</p>{saw}"
         "<table style='border-collapse:collapse'><tr><th>cuInit stack</th><th>fork stack</th></tr>"
         f"<tr>{_stack_cell(cuinit_stack)}{_stack_cell(finding.fork_stack)}</tr></table>"
     )
+
+
+def _children(group: FindingGroup) -> str:
+    if len(group.children) > 1:
+        return f"children {_esc(compact_pids(group.children))}"
+    return f"child {_esc(group.first.child or '?')}"
 
 
 def _script_folders(result: RunResult) -> list[str]:
@@ -72,7 +80,7 @@ def run_html(result: RunResult) -> str:
     for home, so the fragment can be pasted into a report.
     """
     color = _COLORS.get(result.verdict, "#555")
-    findings = "".join(_finding_html(finding) for finding in result.findings)
+    findings = "".join(_finding_html(group) for group in group_findings(result.findings))
     notes = "".join(f"<li>{_esc(note)}</li>" for note in result.notes)
     return shorten_paths(_run_fragment(result, color, findings, notes), _script_folders(result))
 

@@ -1,25 +1,52 @@
-"""``diagtools run`` results as plain text: the verdict, then each finding with both stacks side by side."""
+"""``diagtools run`` results as plain text: the verdict, then each finding with both stacks side by side.
+
+The culprit is told in the scan's own words (:func:`diagtools.render.text.culprit_details`);
+identical findings (one cuInit, one fork line, many workers) are one block
+with the count and the children's pids; every field the program controls
+(paths, source lines, argv, messages) is made terminal-safe.
+"""
 
 from __future__ import annotations
 
 import os
 import shlex
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, replace
 
-from diagtools.model.run import CudaInit, Finding, RunResult
-from diagtools.model.scan import Site
+from diagtools.model.run import Finding, RunResult
+from diagtools.model.scan import Culprit, Site
+from diagtools.render.paths import display_path, shorten_paths
+from diagtools.render.text import culprit_details, one_line, terminal_safe
 
-__all__ = ["describe_exit", "render_run", "render_watch", "side_by_side", "user_site"]
+__all__ = [
+    "FindingGroup",
+    "compact_pids",
+    "describe_exit",
+    "group_findings",
+    "render_run",
+    "render_watch",
+    "side_by_side",
+    "user_site",
+]
 
 _STDLIB = os.path.dirname(os.path.abspath(os.__file__))
 _COLUMN = 58
 _FRAMES = 8
+_PIDS_SHOWN = 12
 _VERDICTS = {
-    "poisoned-fork": "POISONED FORK: a process forked after initializing CUDA",
-    "initializes-cuda": "CUDA initialized (no fork after it was seen)",
-    "clean": "clean: no process initialized CUDA",
-    "unknown": "unknown: the run could not see everything (see notes)",
+    "poisoned-fork": "POISONED FORK: a process forked after initializing CUDA (poisoned-fork)",
+    "initializes-cuda": "CUDA initialized, no fork after it was seen (initializes-cuda)",
+    "clean": "no process initialized CUDA (clean)",
+    "unknown": "the run could not see everything, see the notes (unknown)",
 }
+
+
+@dataclass(frozen=True)
+class FindingGroup:
+    """Findings that differ only in the child: one cuInit, one fork line, one outcome, many children."""
+
+    first: Finding
+    children: tuple[int | None, ...]
 
 
 def user_site(stack: Sequence[Site]) -> Site | None:
@@ -38,14 +65,40 @@ def describe_exit(code: int | None) -> str:
     return f"exit code {code}"
 
 
+def compact_pids(pids: Iterable[int | None], limit: int = _PIDS_SHOWN) -> str:
+    """``101-150, 152, 160`` for a list of pids: runs joined, at most ``limit`` pieces, then how many more."""
+    runs: list[list[int]] = []
+    for pid in sorted({pid for pid in pids if pid is not None}):
+        if runs and pid == runs[-1][-1] + 1:
+            runs[-1].append(pid)
+        else:
+            runs.append([pid])
+    pieces = [str(run[0]) if len(run) == 1 else f"{run[0]}-{run[-1]}" for run in runs]
+    shown = ", ".join(pieces[:limit])
+    return shown + (f", … ({len(pieces) - limit} more)" if len(pieces) > limit else "") if shown else "?"
+
+
+def _group_key(finding: Finding) -> tuple[object, ...]:
+    saw = finding.child_saw.describe() if finding.child_saw is not None else None
+    return (finding.kind, finding.pid, finding.start_kind, finding.fork_stack, finding.cuinit, saw, finding.context)
+
+
+def group_findings(findings: Sequence[Finding]) -> list[FindingGroup]:
+    """Identical findings merged, in the order of their first one."""
+    groups: dict[tuple[object, ...], list[Finding]] = {}
+    for finding in findings:
+        groups.setdefault(_group_key(finding), []).append(finding)
+    return [FindingGroup(items[0], tuple(item.child for item in items)) for items in groups.values()]
+
+
 def _short(site: Site) -> str:
     return f"{os.path.basename(site.file)}:{site.line} {site.function}"
 
 
 def side_by_side(left_title: str, left: Sequence[Site], right_title: str, right: Sequence[Site]) -> list[str]:
     """Two stacks (innermost frames, outermost first) in two columns."""
-    left_rows = [_short(frame) for frame in left[-_FRAMES:]]
-    right_rows = [_short(frame) for frame in right[-_FRAMES:]]
+    left_rows = [one_line(_short(frame)) for frame in left[-_FRAMES:]]
+    right_rows = [one_line(_short(frame)) for frame in right[-_FRAMES:]]
     lines = [f"    {left_title:<{_COLUMN}} | {right_title}"]
     for index in range(max(len(left_rows), len(right_rows))):
         a = left_rows[index] if index < len(left_rows) else ""
@@ -54,64 +107,76 @@ def side_by_side(left_title: str, left: Sequence[Site], right_title: str, right:
     return lines
 
 
-def _cuinit_lines(cuinit: CudaInit | None) -> list[str]:
+def _culprit_lines(cuinit: Culprit | None) -> list[str]:
     if cuinit is None:
-        return ["    CUDA initialized: seen only through the driver's state (no stack)"]
-    chain = " -> ".join(cuinit.chain) or "-"
-    lines = [f"    CUDA initialized by: {cuinit.module or '?'}  (phase {cuinit.phase}, {cuinit.thread})"]
-    lines.append(f"      chain: {chain}")
-    if cuinit.context:
-        lines.append(f"      while: {cuinit.context}")
-    for label, site in (("site", cuinit.site), ("module line", cuinit.module_site)):
-        if site is not None:
-            lines.append(f"      {label}: {site}")
-            if site.source:
-                lines.append(f"        {site.line} | {site.source}")
+        return ["    culprit: seen only through the driver's state (no stack)"]
+    return [
+        f"    culprit: {one_line(cuinit.module or '(no module was executing)')}",
+        *culprit_details(cuinit, indent="      "),
+    ]
+
+
+def _site_lines(label: str, site: Site) -> list[str]:
+    lines = [f"    {label} {one_line(site)}"]
+    if site.source:
+        lines.append(f"    {site.line:>5} | {one_line(site.source)}")
     return lines
 
 
-def _finding_lines(number: int, finding: Finding) -> list[str]:
+def _finding_lines(number: int, group: FindingGroup) -> list[str]:
+    finding, count = group.first, len(group.children)
     if finding.kind != "poisoned-fork":
-        return [f"  finding {number}: CUDA initialized in pid {finding.pid}", *_cuinit_lines(finding.cuinit)]
-    lines = [
-        f"  finding {number}: poisoned fork: pid {finding.pid} started child {finding.child or '?'} "
-        f"({finding.start_kind or 'fork'}) after initializing CUDA"
-    ]
-    lines += _cuinit_lines(finding.cuinit)
+        return [f"  finding {number}: CUDA initialized in pid {finding.pid}", *_culprit_lines(finding.cuinit)]
+    how = f"({finding.start_kind or 'fork'})"
+    if count > 1:
+        head = f"poisoned fork x{count}: pid {finding.pid} started children {compact_pids(group.children)} {how}"
+    else:
+        head = f"poisoned fork: pid {finding.pid} started child {finding.child or '?'} {how}"
+    lines = [f"  finding {number}: {head} after initializing CUDA", *_culprit_lines(finding.cuinit)]
     fork_site = user_site(finding.fork_stack)
     if fork_site is not None:
-        lines.append(f"    forked at: {fork_site}")
-        if fork_site.source:
-            lines.append(f"        {fork_site.line} | {fork_site.source}")
+        lines += _site_lines("forked at:", fork_site)
     if finding.context:
-        lines.append(f"      while: {finding.context}")
+        lines.append(f"    while: {one_line(finding.context)}")
     if finding.child_saw is not None:
-        lines.append(f"    the child: {finding.child_saw.describe()}")
+        lines.append(f"    the child{'ren' if count > 1 else ''}: {one_line(finding.child_saw.describe())}")
     cuinit_stack = finding.cuinit.stack if finding.cuinit else ()
     lines += side_by_side("cuInit stack", cuinit_stack, "fork stack", finding.fork_stack)
     return lines
 
 
+def _body(result: RunResult) -> list[str]:
+    lines = []
+    for number, group in enumerate(group_findings(result.findings), start=1):
+        lines += _finding_lines(number, group)
+    return lines
+
+
+def _home_relative(text: str) -> str:
+    return shorten_paths(text, ())
+
+
 def render_run(result: RunResult) -> str:
-    """The report ``diagtools run`` prints on stderr."""
+    """The report ``diagtools run`` prints on stderr; terminal-safe, paths under home shown with ``~``."""
     forked = sum(1 for record in result.processes if record.via == "fork")
+    driver = replace(result.driver, library=display_path(result.driver.library) if result.driver.library else None)
     lines = [
-        f"diagtools run: {shlex.join(result.command)}",
-        f"  driver: {result.driver.describe()}",
+        f"diagtools run: {one_line(shlex.join(result.command))}",
+        f"  driver: {one_line(driver.describe())}",
         f"  command: {describe_exit(result.exitcode)}; {len(result.processes)} Python process(es) watched"
         f" ({forked} forked)",
         f"  verdict: {_VERDICTS.get(result.verdict, result.verdict)}",
+        *_body(result),
+        *(f"  note: {one_line(note)}" for note in result.notes),
     ]
-    for number, finding in enumerate(result.findings, start=1):
-        lines += _finding_lines(number, finding)
-    lines += [f"  note: {note}" for note in result.notes]
-    return "\n".join(lines)
+    return terminal_safe(_home_relative("\n".join(lines)))
 
 
 def render_watch(result: RunResult) -> str:
     """The ``pytest --cuda-watch`` summary: who initialized CUDA during which node, and forks after it."""
-    lines = [f"verdict: {_VERDICTS.get(result.verdict, result.verdict)}"]
-    for number, finding in enumerate(result.findings, start=1):
-        lines += _finding_lines(number, finding)
-    lines += [f"note: {note}" for note in result.notes]
-    return "\n".join(lines)
+    lines = [
+        f"verdict: {_VERDICTS.get(result.verdict, result.verdict)}",
+        *_body(result),
+        *(f"note: {one_line(note)}" for note in result.notes),
+    ]
+    return terminal_safe(_home_relative("\n".join(lines)))

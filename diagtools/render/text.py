@@ -23,6 +23,8 @@ from diagtools.render.ordering import ModuleGroups, group_modules
 from diagtools.render.paths import display_path
 
 __all__ = [
+    "culprit_details",
+    "one_line",
     "paint",
     "render_bisect",
     "render_comparison",
@@ -53,7 +55,7 @@ def terminal_safe(text: str) -> str:
     return _CONTROLS.sub(_escape, text)
 
 
-def _one_line(text: object) -> str:
+def one_line(text: object) -> str:
     """A single-line field (a name, a path, a source line): line breaks are escaped too."""
     return _CONTROLS_AND_BREAKS.sub(_escape, str(text))
 
@@ -64,6 +66,9 @@ def _safe(render: Callable[_P, str]) -> Callable[_P, str]:
         return terminal_safe(render(*args, **kwargs))
 
     return wrapper
+
+
+_one_line = one_line
 
 
 @_safe
@@ -121,31 +126,45 @@ def _cuda_lines(result: ScanResult) -> list[str]:
     return lines
 
 
-def _site_lines(label: str, site: Site) -> list[str]:
-    lines = [f"    {label} {_one_line(site)}"]
+def _site_lines(label: str, site: Site, indent: str = "    ") -> list[str]:
+    lines = [f"{indent}{label} {_one_line(site)}"]
     if site.source:
-        lines.append(f"    {site.line:>5} | {_one_line(site.source)}")
+        lines.append(f"{indent}{site.line:>5} | {_one_line(site.source)}")
     return lines
 
 
 def _culprit_lines(culprit: Culprit, *, stack: bool) -> list[str]:
-    lines = [f"  culprit: {_one_line(culprit.module or '(no module was executing)')}"]
+    return [
+        f"  culprit: {_one_line(culprit.module or '(no module was executing)')}",
+        *culprit_details(culprit, stack=stack),
+    ]
+
+
+def culprit_details(culprit: Culprit, *, stack: bool = False, indent: str = "    ") -> list[str]:
+    """A culprit's chain, thread, line to change, calling line, context and evidence: the words every report uses.
+
+    The calling line (``via``) is shown only when it is not the line to change.
+    """
+    lines = []
     if culprit.chain:
-        lines.append(f"    chain: {' -> '.join(map(_one_line, culprit.chain))}")
+        lines.append(f"{indent}chain: {' -> '.join(map(_one_line, culprit.chain))}")
     if culprit.phase == "thread":
-        lines.append(f"    thread: {_one_line(culprit.thread)}")
+        lines.append(f"{indent}thread: {_one_line(culprit.thread)}")
         if culprit.thread_started_at is not None:
-            lines += _site_lines("started at:", culprit.thread_started_at)
-    if culprit.module_site is not None:
-        lines += _site_lines("line to change:", culprit.module_site)
-    if culprit.site is not None and culprit.site != culprit.module_site:
-        lines += _site_lines("via:" if culprit.module_site else "site:", culprit.site)
-    lines.append(f"    evidence: {culprit.evidence}")
+            lines += _site_lines("started at:", culprit.thread_started_at, indent)
+    target = culprit.line_to_change
+    if target is not None:
+        lines += _site_lines("line to change:", target, indent)
+    if culprit.site is not None and culprit.site != target:
+        lines += _site_lines("via:", culprit.site, indent)
+    if culprit.context:
+        lines.append(f"{indent}while: {_one_line(culprit.context)}")
+    lines.append(f"{indent}evidence: {culprit.evidence} (phase {culprit.phase})")
     if stack and culprit.stack:
-        lines.append("    stack (outermost first):")
+        lines.append(f"{indent}stack (outermost first):")
         if culprit.stack_dropped:
-            lines.append(f"      [... {culprit.stack_dropped} outer frames dropped]")
-        lines += [f"      {_one_line(frame)}" for frame in culprit.stack]
+            lines.append(f"{indent}  [... {culprit.stack_dropped} outer frames dropped]")
+        lines += [f"{indent}  {_one_line(frame)}" for frame in culprit.stack]
     return lines
 
 
@@ -358,7 +377,7 @@ _PAINT = (
     (
         _RED,
         r"CUDA initialized: YES|(?<!not )(?<!no longer )initializes CUDA|initializes-cuda|CUDA initialized(?!:)"
-        r"|\bUNEXPECTED\b|\bYES\b",
+        r"|\bUNEXPECTED\b|\bYES\b|poisoned-fork|poisoned fork",
     ),
     (
         _GREEN,

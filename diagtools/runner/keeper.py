@@ -23,12 +23,17 @@ Options (each takes a descriptor number):
 ``--channel FD``, ``--dump FD``  the result channel and the fault dump, moved
                    to high numbers in the target and named there by
                    ``DIAGTOOLS_CHANNEL_FD`` and ``DIAGTOOLS_DUMP_FD``.
+``--census MS``    (not a descriptor) every MS milliseconds while the target
+                   runs, note each descendant that is a Python interpreter,
+                   so the host can name one its agent never heard from.
 
 The status and lifeline descriptors are never inherited by the target.
 
 Protocol on the status descriptor (one line each): ``pid N`` once the target
 runs, or ``error ERRNO MESSAGE`` when it could not be started (its exit code
-is then 127); ``exit CODE`` (``-N`` for signal N) once the tree is gone.
+is then 127); with ``--census``, ``python PID HEX`` (the command line's
+NUL-separated words, in hexadecimal) for each Python descendant seen alive in two polls in a row;
+``exit CODE`` (``-N`` for signal N) once the tree is gone.
 Standard library only; nothing of diagtools is imported.
 """
 
@@ -43,6 +48,7 @@ import time
 PR_SET_CHILD_SUBREAPER = 36
 HIGH_FD = 2048  # the channel and dump descriptors move here, out of the range targets tend to close
 SWEEP_LIMIT_S = 30.0
+NUL = b"\0"
 
 
 class StopRequest(Exception):  # noqa: N818 - a request, not an error
@@ -182,16 +188,57 @@ def _kill(kill, target):
         kill(target, signal.SIGKILL)
 
 
-def wait_for(pid, lifeline):
+class Census:
+    """The Python interpreters among the descendants, polled while the target runs."""
+
+    def __init__(self, interval_ms):
+        self.interval = interval_ms / 1000.0 if interval_ms else None
+        self.sightings = {}  # pid -> (how many polls in a row saw it as Python, its argv)
+
+    def poll(self):
+        if self.interval is None:
+            return
+        for pid in descendants():
+            argv = _python_argv(pid)
+            if argv is not None:
+                count, _ = self.sightings.get(pid, (0, argv))
+                self.sightings[pid] = (count + 1, argv)
+
+    def report(self, status):
+        for pid, (count, argv) in sorted(self.sightings.items()):
+            if count >= 2:
+                words = NUL.join(argv)[:600].hex()
+                with contextlib.suppress(OSError):
+                    os.write(status, f"python {pid} {words}\n".encode())
+
+
+def _python_argv(pid):
+    """The command line of ``pid`` when its executable is a Python interpreter, else None."""
+    try:
+        name = os.path.basename(os.readlink(f"/proc/{pid}/exe"))
+        with open(f"/proc/{pid}/cmdline", "rb") as handle:
+            cmdline = handle.read()
+    except OSError:
+        return None
+    version = name[len("python") :]
+    if not name.startswith("python") or (version and not version.replace(".", "").isdigit()):
+        return None
+    return cmdline.rstrip(b"\0").split(b"\0")
+
+
+def wait_for(pid, lifeline, census=None):
     """Wait until the subkernel exits or the runner asks (or dies); True when asked to kill."""
+    census = census or Census(0)
     try:
         pidfd = os.pidfd_open(pid)
     except (AttributeError, OSError):  # before Linux 5.3: poll the child instead
         pidfd = None
     try:
         while True:
+            census.poll()
             watched = [lifeline] if pidfd is None else [lifeline, pidfd]
-            ready, _, _ = select.select(watched, [], [], 1.0 if pidfd is not None else 0.02)
+            wait = 1.0 if pidfd is not None else 0.02
+            ready, _, _ = select.select(watched, [], [], min(wait, census.interval or wait))
             if lifeline in ready:
                 data = os.read(lifeline, 64)
                 if not data or b"k" in data:
@@ -208,7 +255,7 @@ def _exited(pid):
     return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
 
 
-OPTIONS = ("--status", "--lifeline", "--out", "--channel", "--dump")
+OPTIONS = ("--status", "--lifeline", "--out", "--channel", "--dump", "--census")
 
 
 def parse(argv):
@@ -224,6 +271,7 @@ def parse(argv):
 def main(argv):
     options, command = parse(argv)
     status, lifeline = options.pop("status", 1), options.pop("lifeline", 0)
+    census = Census(options.pop("census", 0))
     for fd in (status, lifeline):
         os.set_inheritable(fd, False)  # the target must not hold the keeper's own pipes
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
@@ -236,7 +284,7 @@ def main(argv):
         for fd in options.values():
             os.close(fd)
         os.write(status, f"pid {pid}\n".encode() if failed is None else f"error {failed}\n".encode())
-        if failed is None and wait_for(pid, lifeline):
+        if failed is None and wait_for(pid, lifeline, census):
             _kill(os.kill, pid)
     except StopRequest:
         if pid is not None:
@@ -246,6 +294,7 @@ def main(argv):
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         clean = sweep(statuses)
     code = os.waitstatus_to_exitcode(statuses[pid]) if pid in statuses else 127
+    census.report(status)
     with contextlib.suppress(OSError):
         os.write(status, f"exit {code}\n".encode() if clean else f"exit {code} leftover\n".encode())
 

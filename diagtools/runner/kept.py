@@ -39,9 +39,17 @@ def keeper_command(
     out: int | None = None,
     channel: int | None = None,
     dump: int | None = None,
+    census_ms: int | None = None,
 ) -> list[str]:
     """The keeper's command line: run ``command`` under it, with these descriptors (see the keeper's options)."""
-    options = {"status": status, "lifeline": lifeline, "out": out, "channel": channel, "dump": dump}
+    options = {
+        "status": status,
+        "lifeline": lifeline,
+        "out": out,
+        "channel": channel,
+        "dump": dump,
+        "census": census_ms,
+    }
     words = [word for name, fd in options.items() if fd is not None for word in (f"--{name}", str(fd))]
     return [_executable(python), "-I", "-S", str(KEEPER), *words, "--", *command]
 
@@ -63,6 +71,7 @@ class Kept:
         self.error: str | None = None
         self.exitcode: int | None = None
         self.leftover = False
+        self.pythons: dict[int, tuple[str, ...]] = {}  # with a census: the Python descendants the keeper saw
         self._status: int | None = status
         self._lifeline: int | None = lifeline
         self._said = b""
@@ -96,7 +105,10 @@ class Kept:
             self.kill()
         os.close(self._lifeline)  # even if this process dies now, the closed lifeline makes the keeper sweep
         self._lifeline = None
-        if not self.wait(KEEPER_WAIT_S):
+        stop = time.monotonic() + KEEPER_WAIT_S
+        while not self.wait(0) and time.monotonic() < stop:
+            self._read(timeout=0.05)  # its last lines (a census can be long) must not fill the pipe it waits on
+        if not self.wait(0):
             self.keeper.kill()
             self.keeper.wait()
         self._read(timeout=_END_WAIT_S)
@@ -110,25 +122,37 @@ class Kept:
         stop = time.monotonic() + timeout
         while self._status is not None:
             ready, _, _ = select.select([self._status], [], [], max(0.0, stop - time.monotonic()))
-            data = os.read(self._status, 4096) if ready else b""
+            data = os.read(self._status, 65536) if ready else b""
+            self._said += data
+            self._parse(final=bool(ready) and not data)
             if not data:  # the end of the pipe, or nothing within the time
                 return
-            self._said += data
-            self._parse()
             if until_pid and (self.pid is not None or self.error is not None):
                 return
 
-    def _parse(self) -> None:
-        for line in self._said.decode("ascii", "replace").splitlines():
-            word, _, rest = line.partition(" ")
-            if word == "pid":
-                self.pid = int(rest)
-            elif word == "error":
-                errno, _, message = rest.partition(" ")
-                self.error = message or f"errno {errno}"
-            elif word == "exit":
-                code, _, tail = rest.partition(" ")
-                self.exitcode, self.leftover = (None if self.error else int(code)), tail == "leftover"
+    def _parse(self, *, final: bool = False) -> None:
+        """Take every complete line said so far (and, at the end of the pipe, what is left)."""
+        complete, _, rest = self._said.rpartition(b"\n")
+        if final:
+            complete, rest = self._said, b""
+        self._said = rest
+        for line in complete.decode("ascii", "replace").split("\n"):
+            self._line(line)
+
+    def _line(self, line: str) -> None:
+        word, _, rest = line.partition(" ")
+        if word == "pid":
+            self.pid = int(rest)
+        elif word == "error":
+            errno, _, message = rest.partition(" ")
+            self.error = message or f"errno {errno}"
+        elif word == "python":
+            pid, _, words = rest.partition(" ")
+            with contextlib.suppress(ValueError):
+                self.pythons[int(pid)] = tuple(bytes.fromhex(words).decode("utf-8", "replace").split("\0"))
+        elif word == "exit":
+            code, _, tail = rest.partition(" ")
+            self.exitcode, self.leftover = (None if self.error else int(code)), tail == "leftover"
 
 
 def start_kept(
@@ -143,18 +167,22 @@ def start_kept(
     dump: int | None = None,
     python: str = sys.executable,
     popen: Callable[..., subprocess.Popen[bytes]] = subprocess.Popen,
+    census_ms: int | None = None,
 ) -> Kept:
     """Start ``command`` under a keeper, with these streams (``None``: this process's), and wait until it runs.
 
     ``channel`` and ``dump`` are handed to the command as the subkernel's are
     (moved high, named in its environment); the caller keeps its own copies.
+    ``census_ms`` has the keeper note the Python descendants it sees (:attr:`Kept.pythons`).
     Raises what ``popen`` raises; once it returns, the caller must call
     :meth:`Kept.release`.  A command that could not be executed gives a
     handle with ``error`` set (its tree is already gone).
     """
     status_r, status_w = os.pipe()
     life_r, life_w = os.pipe()
-    argv = keeper_command(python, command, status=status_w, lifeline=life_r, channel=channel, dump=dump)
+    argv = keeper_command(
+        python, command, status=status_w, lifeline=life_r, channel=channel, dump=dump, census_ms=census_ms
+    )
     passed = tuple(fd for fd in (status_w, life_r, channel, dump) if fd is not None)
     try:
         keeper = popen(

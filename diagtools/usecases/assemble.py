@@ -7,64 +7,30 @@ a process.
 
 from __future__ import annotations
 
-import linecache
 import re
 import signal
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-from diagtools import agents, protocol
+from diagtools import protocol
 from diagtools.model.common import iso_time
-from diagtools.model.scan import AliveThread, Culprit, DriverInfo, ImportNode, RunError, ScanResult, Site, StartupInfo
+from diagtools.model.scan import AliveThread, Culprit, DriverInfo, ImportNode, RunError, ScanResult, StartupInfo
 from diagtools.model.verdict import ScanStatus
 from diagtools.runner.subkernel import RawRun
-
-__all__ = ["assemble", "pick_site", "source_line", "start_site", "subkernel_failure"]
-
-_HIDDEN_FILES = (
-    "<frozen importlib._bootstrap>",
-    "<frozen importlib._bootstrap_external>",
-    str(agents.program("scan_probe")),
-    str(agents.program("sweep_zygote")),
-    str(Path(protocol.__file__).resolve()),
+from diagtools.usecases.attribution import (
+    FRAME_LIMIT,
+    attribute,
+    best_event,
+    capped,
+    frame_site,
+    pick_site,
+    source_line,
+    start_site,
+    visible,
 )
-_EVIDENCE_ORDER = {"cuinit": "driver-hook", "refined": "trace", "transition": "state-probe"}
-# A cuInit the simulated driver inferred from a real CUDA runtime's export-table request (simcuda.c)
-INFERRED_EVIDENCE = "driver-hook, inferred from the CUDA runtime's export-table request (no cuInit call was seen)"
-TEXT_LIMIT = 2000  # characters kept of a source line or a message
-FRAME_LIMIT = 200  # frames kept of a stack (the innermost ones)
 
-
-def capped(text: str, limit: int = TEXT_LIMIT) -> str:
-    """``text`` cut at ``limit`` characters, saying how many bytes it had in all."""
-    if len(text) <= limit:
-        return text
-    return text[:limit] + f"… [truncated: {len(text.encode('utf-8', 'backslashreplace'))} bytes]"
-
-
-def source_line(file: str, line: int) -> str:
-    """The stripped text of ``file:line`` (capped), or "" when the source is unavailable."""
-    try:
-        return capped(linecache.getline(file, line).strip()) if line > 0 else ""
-    except (OSError, ValueError, UnicodeError, MemoryError):
-        return ""
-
-
-def _site(frame: Sequence[Any]) -> Site:
-    file, line, function = str(frame[0]), int(frame[1] or 0), str(frame[2])
-    return Site(file, line, function, source_line(file, line))
-
-
-def _visible(frames: Iterable[Sequence[Any]]) -> list[Sequence[Any]]:
-    return [frame for frame in frames if frame[0] not in _HIDDEN_FILES and frame[0] != "<string>"]
-
-
-def pick_site(stack_innermost_first: Sequence[Sequence[Any]]) -> Site | None:
-    """The innermost frame that belongs to the user's code, not to importlib or the probe."""
-    visible = _visible(stack_innermost_first)
-    return _site(visible[0]) if visible else None
+__all__ = ["assemble", "capped", "pick_site", "source_line", "start_site", "subkernel_failure"]
 
 
 @dataclass
@@ -147,61 +113,6 @@ class _Tree:
         return child.thread == parent.thread and parent.begin <= child.begin <= parent_end
 
 
-def _culprit(event: dict[str, Any], tree: _Tree, main_thread: int) -> Culprit:
-    stack = event.get("stack") or []
-    module = event.get("m")
-    chain = tree.chain(module)
-    if module is not None and module not in tree.nodes:
-        chain = (*tree.chain(event.get("importer")), module)  # executed without an import the tracer saw
-    visible = _visible(stack)
-    return Culprit(
-        module=module,
-        chain=chain,
-        site=pick_site(stack),
-        stack=tuple(_site(frame) for frame in reversed(visible[:FRAME_LIMIT])),
-        phase=event.get("ph", "import"),
-        thread=_thread_label(event, main_thread),
-        evidence=INFERRED_EVIDENCE if event.get("inferred") else _EVIDENCE_ORDER[event["e"]],
-        module_site=_module_site(stack, tree.file_of(module)),
-        thread_started_at=start_site(event.get("started")),
-        stack_dropped=max(0, len(visible) - FRAME_LIMIT),
-    )
-
-
-def _thread_label(event: dict[str, Any], main_thread: int) -> str:
-    if event.get("th") == main_thread:
-        return "MainThread"
-    name = event.get("name")
-    started_by = f"thread started by {event.get('origin') or 'start-up'}"
-    return f"{name} ({started_by})" if isinstance(name, str) and name else started_by
-
-
-def _module_site(stack: Sequence[Sequence[Any]], module_file: str | None) -> Site | None:
-    """The innermost frame in the culprit module's own source: the line to change."""
-    if module_file is None:
-        return None
-    mine = [frame for frame in _visible(stack) if frame[0] == module_file]
-    return _site(mine[0]) if mine else None
-
-
-_THREAD_MACHINERY = ("/threading.py",)
-
-
-def start_site(stack: Sequence[Sequence[Any]] | None) -> Site | None:
-    """The line that started a thread: the innermost frame outside ``threading`` itself."""
-    frames = [frame for frame in _visible(stack or []) if not str(frame[0]).endswith(_THREAD_MACHINERY)]
-    return _site(frames[0]) if frames else None
-
-
-def _best_culprit_event(events: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
-    """The most precise account of the first cuInit: hook, then trace, then state."""
-    for kind in _EVIDENCE_ORDER:
-        for event in events:
-            if event["e"] == kind:
-                return event
-    return None
-
-
 _FAULT_FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<function>\S+)', re.MULTILINE)
 
 
@@ -209,18 +120,18 @@ def _fault_where(dump: str) -> str:
     """The innermost user frame of the first thread in a faulthandler dump."""
     current = dump.split("Current thread", 1)[-1] if "Current thread" in dump else dump
     for match in _FAULT_FRAME.finditer(current):
-        if match["file"] not in _HIDDEN_FILES:
+        if visible([(match["file"],)]):
             return f"{match['file']}:{match['line']} in {match['function']}"
     return ""
 
 
 def _format_traceback(frames: Sequence[Sequence[Any]], message: str) -> str:
     lines = ["Traceback (most recent call last):"]
-    visible = _visible(frames)
-    if len(visible) > FRAME_LIMIT:
-        lines.append(f"  [... {len(visible) - FRAME_LIMIT} outer frames dropped]")
-    for frame in visible[-FRAME_LIMIT:]:
-        site = _site(frame)
+    shown = visible(frames)
+    if len(shown) > FRAME_LIMIT:
+        lines.append(f"  [... {len(shown) - FRAME_LIMIT} outer frames dropped]")
+    for frame in shown[-FRAME_LIMIT:]:
+        site = frame_site(frame)
         lines.append(f'  File "{site.file}", line {site.line}, in {site.function}')
         if site.source:
             lines.append(f"    {site.source}")
@@ -310,8 +221,8 @@ def assemble(raw: RawRun, targets: Sequence[str], driver: DriverInfo) -> ScanRes
             tree.end(event)
         elif event["e"] == "thread":
             tree.thread_started(event.get("by"))
-    culprit_event = _best_culprit_event(events)
-    culprits = (_culprit(culprit_event, tree, main_thread),) if culprit_event else ()
+    culprit_event = best_event(events)
+    culprits = (attribute(culprit_event, tree, main_thread),) if culprit_event else ()
     status, error = _status_and_error(raw, events)
     final = next((event for event in events if event["e"] == "final"), None)
     cuda_initialized = bool(final["initialized"]) if final else bool(culprits)
@@ -342,7 +253,7 @@ _KERNEL_LAUNCH_REFUSED = 1  # the simulated runtime's bit for a refused launch (
 
 
 def simulation_gaps(refusals: object) -> tuple[str, ...]:
-    """Where the simulated driver or NVML could not play along, in words (see ``driver/simcuda.c``)."""
+    """Where the simulated driver, NVML or runtime could not play along, in words (``driver/sim*.c``)."""
     if not isinstance(refusals, dict):
         return ()
     driver, nvml = refusals.get("driver"), refusals.get("nvml")

@@ -44,6 +44,7 @@ def test_cuda_watch_names_the_cell_line_and_the_poisoned_fork(shell, capsys):
     assert finding.cuinit.module_site.line == CELL_LINE
     assert any(frame.source == "worker.start()" for frame in finding.fork_stack)
     assert "Poisoned fork" in result._repr_html_()
+    assert shell.display_formatter.format(result)[0]["text/plain"].startswith("diagtools run:")
     assert process_cuda_state().clean
 
 
@@ -51,12 +52,15 @@ def test_cuda_scan_renders_a_scan(shell, make_tree):
     root = make_tree({"early.py": "import ctypes\nctypes.CDLL('libcuda.so.1').cuInit(0)\n"})
     result = shell.run_line_magic("cuda_scan", f"early --path {root} --driver simulated")
     assert result.culprit.module == "early"
+    plain = shell.display_formatter.format(result)[0]["text/plain"]
+    assert plain == str(result)  # the text report, not an 18,000-character dataclass repr
+    assert plain.startswith("diagtools scan early")
     assert process_cuda_state().clean
 
 
 def test_bad_driver_is_reported_not_raised(shell, capsys):
     assert shell.run_cell_magic("cuda_watch", "--timeout -1", "print(1)") is None
-    assert "diagtools: error: --timeout must be positive" in capsys.readouterr().err
+    assert "diagtools: error: --timeout must be finite, positive" in capsys.readouterr().err
 
 
 def test_import_diagtools_does_not_import_ipython():

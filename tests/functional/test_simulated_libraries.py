@@ -17,7 +17,7 @@ import pytest
 
 from diagtools.driver import resolve_driver
 from diagtools.render.text import render_scan
-from diagtools.usecases.assemble import INFERRED_EVIDENCE
+from diagtools.usecases.attribution import INFERRED_EVIDENCE
 from tests.conftest import MARK, marked_line
 
 

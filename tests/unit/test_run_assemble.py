@@ -9,7 +9,8 @@ from diagtools.model.run import RunResult
 from diagtools.model.scan import DriverInfo
 from diagtools.render.run_html import run_html
 from diagtools.render.run_text import render_run
-from diagtools.usecases.run import RunRecords, _Outcome, assemble_run, looks_like_python
+from diagtools.runner.watch import RunRecords
+from diagtools.usecases.run_assemble import RunOutcome, assemble_run, looks_like_python
 
 DRIVER = DriverInfo("simulated", "simulated", "/x/libcuda.so.1")
 APP = ["python", "app.py"]
@@ -18,19 +19,18 @@ FORK_STACK = [["/lib/popen_fork.py", 66, "_launch"], ["/src/app.py", 9, "<module
 
 
 def hello(pid, parent, via="exec", **extra):
-    return {"e": "hello", "pid": pid, "parent": parent, "via": via, "argv": APP, "t": float(pid), **extra}
+    return {"e": "hello", "pid": pid, "parent": parent, "via": via, "argv": APP, "python": "3.11", "main_thread": 1,
+            "t": float(pid), **extra}  # fmt: skip
 
 
 def cuinit():
     return {
         "e": "cuinit",
-        "module": "registry",
-        "chain": ["__main__", "registry"],
-        "site": CUINIT_STACK[0],
-        "module_site": CUINIT_STACK[0],
+        "m": "registry",
+        "chain": [["__main__", "/src/app.py"], ["registry", "/src/registry.py"]],
         "stack": CUINIT_STACK,
-        "phase": "import",
-        "thread": "MainThread",
+        "th": 1,
+        "ph": "import",
         "t": 1.0,
     }
 
@@ -41,15 +41,15 @@ def fork(seq, initialized=True):
 
 
 def assemble(*files, pid=10, command=APP, notes=()):
-    return assemble_run(RunRecords(tuple(map(tuple, files))), command, DRIVER, _Outcome(pid, 0, notes=notes))
+    return assemble_run(RunRecords(tuple(map(tuple, files))), command, DRIVER, RunOutcome(pid, 0, notes=notes))
 
 
 def test_fork_after_cuinit_is_a_poisoned_fork_with_the_childs_refusal():
     parent = [hello(10, 1), cuinit(), fork(1)]
     child = [
         hello(11, 10, "fork", fork_seq=1),
-        {"e": "refused", "call": "cuInit", "code": 3, "stack": [["/src/app.py", 5, "work"]], "t": 3.0},
-        {"e": "exit", "code": 1, "t": 4.0},
+        {"e": "refusal", "call": "cuInit", "code": 3, "stack": [["/src/app.py", 5, "work"]], "t": 3.0},
+        {"e": "ended", "how": "os._exit", "exitcode": 1, "t": 4.0},
     ]
     result = assemble(parent, child)
     assert result.verdict == "poisoned-fork"
@@ -61,14 +61,17 @@ def test_fork_after_cuinit_is_a_poisoned_fork_with_the_childs_refusal():
     assert finding.child_saw.exitcode == 1
     assert finding.child_saw.refused[0].describe() == "cuInit at /src/app.py:5 answered CUDA_ERROR_NOT_INITIALIZED (3)"
     assert "app.py:9 <module>" in render_run(result)
-    assert RunResult.from_json(result.to_json()).to_json() == result.to_json()
+    assert RunResult.from_json(result.to_json()) == result
 
 
 def test_fork_before_cuinit_or_followed_by_exec_is_not_poisoned():
     before = assemble([hello(10, 1), fork(1, initialized=False), cuinit()], [hello(11, 10, "fork", fork_seq=1)])
     assert before.verdict == "initializes-cuda"
     assert [f.kind for f in before.findings] == ["cuda-initialized"]
-    execed = assemble([hello(10, 1), cuinit(), fork(1)], [hello(11, 10, "fork", fork_seq=1), {"e": "exec", "t": 3}])
+    execed = assemble(
+        [hello(10, 1), cuinit(), fork(1)],
+        [hello(11, 10, "fork", fork_seq=1), {"e": "exec", "argv": ["/bin/true"], "t": 3}],
+    )
     assert execed.verdict == "initializes-cuda"
 
 
@@ -83,11 +86,14 @@ def test_a_python_child_that_never_reported_makes_the_verdict_unknown():
 
 
 def test_torn_and_foreign_lines_are_dropped(tmp_path):
-    from diagtools.usecases.run import read_records
+    from diagtools.runner.watch import read_records
 
-    (tmp_path / "10-1.jsonl").write_bytes(b'{"e":"hello","pid":10,"parent":1}\nnot json\n{"e":"cuinit","mod')
+    good = b'{"e":"hello","pid":10,"parent":1,"python":"3.11"}\n'
+    forged = b'{"e":"hello","pid":"10","python":"3.11"}\n{"e":"start","kind":"fork"}\n'
+    (tmp_path / "10-1.jsonl").write_bytes(good + b"not json\n" + forged + b'{"e":"cuinit","mod')
     records = read_records(tmp_path)
-    assert records.files == (({"e": "hello", "pid": 10, "parent": 1},),)
+    assert records.files == (({"e": "hello", "pid": 10, "parent": 1, "python": "3.11"},),)
+    assert records.skipped == 4
 
 
 def test_schema_is_checked_and_html_is_escaped():
@@ -97,3 +103,26 @@ def test_schema_is_checked_and_html_is_escaped():
     assert "&lt;b&gt;.py" in run_html(result)
     assert looks_like_python(["/usr/bin/python3.11"])
     assert not looks_like_python(["bash"])
+
+
+def test_the_watch_summary_and_the_report_are_terminal_safe():
+    from diagtools.render.run_text import render_watch
+
+    evil = [["/src/\x1b[2Jevil\u202e.py", 3, "f\x07"], ["/src/app.py", 2, "<module>"]]
+    event = {**cuinit(), "stack": evil, "context": "tests/test_x.py::test_\x1b]0;t\x07"}
+    result = assemble([hello(10, 1), event, fork(1)], [hello(11, 10, "fork", fork_seq=1)], command=["a\x1b[31m"])
+    for text in (render_watch(result), render_run(result)):
+        assert not any(raw in text for raw in ("\x1b", "\x07", "\u202e")), text
+        assert "\\x1b" in text
+
+
+def test_identical_findings_are_grouped_with_compact_pids():
+    from diagtools.render.run_text import compact_pids
+
+    parent = [hello(10, 1), cuinit(), *(fork(seq) for seq in range(1, 7))]
+    pids = (101, 102, 103, 105, 106, 109)
+    children = [[hello(pid, 10, "fork", fork_seq=seq)] for seq, pid in enumerate(pids, start=1)]
+    text = render_run(assemble(parent, *children))
+    assert "poisoned fork x6: pid 10 started children 101-103, 105-106, 109 (fork)" in text
+    assert text.count("finding") == 1
+    assert compact_pids(range(1, 40, 2), limit=3) == "1, 3, 5, … (17 more)"

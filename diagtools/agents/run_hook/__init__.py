@@ -8,6 +8,8 @@ Python process of its tree imports the ``sitecustomize`` here, which loads
 
 from pathlib import Path
 
+from diagtools.protocol import RUN_AGENT_MODULE
+
 HOOK_DIR = Path(__file__).resolve().parent
-AGENT_FILE = HOOK_DIR / "_diagtools_run_agent.py"
-AGENT_MODULE = "_diagtools_run_agent"
+AGENT_MODULE = RUN_AGENT_MODULE
+AGENT_FILE = HOOK_DIR / f"{AGENT_MODULE}.py"

@@ -7,16 +7,16 @@ started interpreter already has (plus the small C module ``_posixsubprocess``),
 so it does not change what the program imports.  It never reads attributes of
 the program's modules: whatever it learns comes from stack frames.
 
-Each process appends to its own JSON Lines file in the directory named by
-``DIAGTOOLS_RUN_DIR``, one ``os.write`` per event and no buffering, so a crash
-loses nothing already written.  Events (``e``):
-
-* ``hello``: the process (pid, parent, argv, ``via`` exec or fork);
-* ``cuinit``: the first ``cuInit`` in this process, with its stack;
-* ``start``: a fork, a forkserver fork, a spawn or a subprocess, with its stack
-  and whether the driver was initialized in this process at that moment;
-* ``refused``: in a forked child, a driver call the driver refused;
-* ``exec``, ``exception``, ``exit``: how a forked child ended.
+It speaks the protocol of :mod:`diagtools.protocol` (registered as
+``_diagtools_protocol``): its settings are the ``RUN_*`` names there, each
+process writes its own record file in the ``RUN_DIR`` directory through a
+:class:`Channel` (a descriptor far above the program's, checked before every
+write, reopened rather than ever written to once the program reuses its
+number), and its events are the protocol's: ``hello``; ``cuinit`` or
+``transition`` for the first cuInit (with ``chain``, the module bodies
+running, so the host attributes it by the scan's rule); ``start`` and
+``fork-child`` for process starts; in a forked child ``refusal``, ``raised``,
+``exec`` and ``ended``; ``waited`` for a child's exit status seen by its parent.
 """
 
 import _thread
@@ -26,23 +26,15 @@ import time
 
 import _diagtools_protocol as protocol  # registered by sitecustomize.py beside this file
 
-DIR_ENV = "DIAGTOOLS_RUN_DIR"
-CUPROBE_ENV = "DIAGTOOLS_RUN_CUPROBE"
-CUPROBE_FOR_ENV = "DIAGTOOLS_RUN_CUPROBE_FOR"
-NOT_INITIALIZED = 3
 _MAX_FRAMES = 120
 _MAX_REFUSALS = 3
-# simcuda.c's bit for a cuInit made on a real runtime's behalf at its export-table request, and
-# how such a cuInit is reported (the same words as diagtools.usecases.assemble.INFERRED_EVIDENCE)
-_INIT_INFERRED = 4
-_INFERRED_EVIDENCE = "driver-hook, inferred from the CUDA runtime's export-table request (no cuInit call was seen)"
+_INIT_INFERRED = 4  # simcuda.c: cuInit made on a real runtime's behalf at its export-table request
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _HIDDEN = ("<frozen importlib._bootstrap>", "<frozen importlib._bootstrap_external>")
 _STDLIB = os.path.dirname(os.path.abspath(os.__file__))
-
-
-_encode = protocol.encode
-_encode_str = protocol.encode_str
+_MP_FORKSERVER = ("/multiprocessing/forkserver.py",)
+_MP_SPAWN = ("/multiprocessing/popen_spawn_posix.py", "/multiprocessing/spawn.py")
+_MP_HELPERS = ("/multiprocessing/resource_tracker.py", "/multiprocessing/forkserver.py")
 
 
 # ---- stacks ----------------------------------------------------------------------
@@ -72,37 +64,50 @@ def _module_name(frame):
     return name if isinstance(name, str) else None
 
 
+def _has_source(filename):
+    return not filename.startswith("<")
+
+
 def _is_user_file(filename):
-    return not filename.startswith(_STDLIB) and not filename.startswith("<frozen")
+    return _has_source(filename) and not filename.startswith(_STDLIB)
 
 
-def _attribution(frames):
-    """Who was running: the innermost module body on the stack, its chain and its own line."""
-    bodies = [f for f in frames if f.f_code.co_name == "<module>"]
+def _chain(frames):
+    """The module bodies running, outermost first, as ``[name, file]``; and the culprit module.
+
+    The culprit is the innermost module body with a source file.  When only a
+    ``-c`` program's body runs (the forkserver's ``<string>``, ``python -c``),
+    it is the module of the innermost frame in the user's own files, which
+    then closes the chain.
+    """
     chain = []
-    for body in reversed(bodies):
-        name = _module_name(body)
-        if name is not None and (not chain or chain[-1] != name):
-            chain.append(name)
-    anchor = bodies[0] if bodies else next((f for f in frames if _is_user_file(f.f_code.co_filename)), None)
-    if anchor is None:
-        anchor = frames[0] if frames else None
-    if anchor is None:
-        return None, chain, None
-    own_file = anchor.f_code.co_filename
-    module_site = next(f for f in frames if f.f_code.co_filename == own_file)
-    return _module_name(anchor), chain, _row(module_site)
+    for frame in reversed(frames):
+        if frame.f_code.co_name == "<module>":
+            name = _module_name(frame)
+            if name is not None and (not chain or chain[-1][0] != name):
+                chain.append([name, frame.f_code.co_filename])
+    sourced = [entry for entry in chain if _has_source(entry[1])]
+    if sourced:
+        return chain, sourced[-1][0]
+    user = next((frame for frame in frames if _is_user_file(frame.f_code.co_filename)), None)
+    if user is None:
+        return chain, chain[-1][0] if chain else None
+    name = _module_name(user)
+    return [*chain, [name, user.f_code.co_filename]], name
 
 
 def _start_kind(frames, default):
-    """``spawn`` or ``forkserver`` when multiprocessing's own code makes the start."""
+    """What a start is: a ``fork``, a ``forkserver`` fork, a multiprocessing ``spawn``, or a ``subprocess``.
+
+    Only forks copy the process; ``default`` says which mechanism made it
+    (``fork`` from the at-fork handlers, ``subprocess`` from fork-and-exec).
+    """
     files = [frame.f_code.co_filename.replace(os.sep, "/") for frame in frames]
-    ours = [name for name in files if "/multiprocessing/" in name]
-    if any(name.endswith(("/forkserver.py", "/popen_forkserver.py")) for name in ours):
-        return "forkserver"
-    if ours and default == "subprocess":
-        return "spawn"
-    return default
+    if default == "fork":
+        return "forkserver" if any(name.endswith(_MP_FORKSERVER) for name in files) else "fork"
+    if any(name.endswith(_MP_HELPERS) for name in files):  # the resource tracker, the forkserver itself
+        return "subprocess"
+    return "spawn" if any(name.endswith(_MP_SPAWN) for name in files) else "subprocess"
 
 
 def _argv_text(argv):
@@ -129,12 +134,11 @@ def _own_argv():
     return [os.fsdecode(part) for part in data.split(b"\0")[:-1]]
 
 
-def _thread_name(tid, main_thread):
-    if tid == main_thread:
-        return "MainThread"
-    threading = sys.modules.get("threading")
-    thread = getattr(threading, "_active", {}).get(tid) if threading is not None else None
-    return getattr(thread, "name", None) or f"thread {tid}"
+def _thread_name(function):
+    """The ``threading.Thread`` name behind a low-level start, when there is one."""
+    owner = getattr(function, "__self__", None)
+    name = getattr(owner, "_name", None) if owner is not None else None
+    return name if isinstance(name, str) else None
 
 
 # ---- the agent ---------------------------------------------------------------------
@@ -147,13 +151,14 @@ class Agent:
         self.directory = directory
         self.cuprobe_path = cuprobe_path
         self.cuprobe = None
+        self.channel = None
         self.pid = os.getpid()
         self.parent = os.getppid()
         self.main_thread = _thread.get_ident()
-        self.fd = -1
         self.seq = 0
         self.pending = {}
         self.quiet_threads = set()
+        self.threads = {}  # thread id -> (starter module, its chain, the start stack, the thread's name)
         self.cuinit_seen = False
         self.refusals = 0
         self.probing = False
@@ -161,30 +166,23 @@ class Agent:
         self.context = None
         self.child_watch = False
 
-    # -- the private channel --
+    # -- the private record file --
 
     def open(self):
+        """Start this process's record file, at a descriptor far above the program's."""
         if not self.directory:
             return
-        name = f"{self.pid}-{time.monotonic_ns()}.jsonl"
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_CLOEXEC
+        path = os.path.join(self.directory, f"{self.pid}-{time.monotonic_ns()}.jsonl")
         try:
-            self.fd = os.open(os.path.join(self.directory, name), flags, 0o600)
+            fd = protocol.open_high(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND)
         except OSError:
-            self.fd = -1
-
-    def emit(self, event, **fields):
-        """Write one event; unbuffered, so a crash loses nothing already sent."""
-        if self.fd < 0 or os.getpid() != self.pid:
             return
-        fields["e"] = event
-        fields["t"] = time.time()
-        data = (_encode(fields) + "\n").encode("utf-8", "backslashreplace")
-        try:
-            while data:
-                data = data[os.write(self.fd, data) :]
-        except OSError:
-            pass
+        self.channel = protocol.Channel(fd, path)
+
+    def emit(self, event, /, **fields):
+        """Write one event; unbuffered, so a crash loses nothing already sent."""
+        if self.channel is not None and os.getpid() == self.pid:
+            self.channel.emit(event, t=time.time(), **fields)
 
     def hello(self, via, **extra):
         self.emit(
@@ -227,17 +225,22 @@ class Agent:
     # -- what was running --
 
     def describe(self, frame):
+        """The protocol's first-cuInit fields: the module, chain, stack, thread and phase."""
         tid = _thread.get_ident()
         frames = _visible_frames(frame)
-        module, chain, module_site = _attribution(frames)
+        chain, module = _chain(frames)
+        started = self.threads.get(tid) if tid != self.main_thread else None
+        if started is not None:  # a thread: blamed on the module that started it, as in a scan
+            module, chain = started[0], started[1]
         return {
-            "module": module,
+            "m": module,
             "chain": chain,
-            "site": _row(frames[0]) if frames else None,
-            "module_site": module_site,
             "stack": [_row(f) for f in frames],
-            "phase": self._phase(tid, chain),
-            "thread": _thread_name(tid, self.main_thread),
+            "th": tid,
+            "ph": self._phase(tid, chain),
+            "origin": started[0] if started else None,
+            "name": started[3] if started else None,
+            "started": started[2] if started else None,
             "context": self.context,
         }
 
@@ -248,7 +251,7 @@ class Agent:
             return "startup"
         if sys.is_finalizing():
             return "shutdown"
-        return "import" if any(name != "__main__" for name in chain) else "main"
+        return "import" if any(name not in ("__main__", "__mp_main__") for name, _ in chain) else "main"
 
     # -- driver hooks --
 
@@ -257,15 +260,13 @@ class Agent:
         if self.cuinit_seen:
             return
         self.cuinit_seen = True
-        self.emit("cuinit", evidence=self._cuinit_evidence(), **self.describe(sys._getframe(1)))
+        self.emit("cuinit", inferred=self._init_inferred(), **self.describe(sys._getframe(1)))
 
-    def _cuinit_evidence(self):
-        """``driver-hook``, or the inferred form when the simulated driver inferred this cuInit (simcuda.c)."""
+    def _init_inferred(self):
+        """True when the simulated driver inferred this cuInit from a real runtime's export-table request."""
         module = self._cuprobe()
         found = module.simulation_refusals() if module is not None else None
-        if found and found[0] & _INIT_INFERRED:
-            return _INFERRED_EVIDENCE
-        return "driver-hook"
+        return bool(found and found[0] & _INIT_INFERRED)
 
     def on_refused(self, call):
         """Called by the simulated driver when it refuses a call in a poisoned child."""
@@ -273,24 +274,35 @@ class Agent:
             return
         self.refusals += 1
         frames = _visible_frames(sys._getframe(1))
-        self.emit("refused", call=str(call), code=NOT_INITIALIZED, stack=[_row(f) for f in frames])
+        self.emit("refusal", call=str(call), code=protocol.CUDA_ERROR_NOT_INITIALIZED, stack=[_row(f) for f in frames])
 
     def check_state(self, phase="startup"):
         """Record an initialization that happened where no hook could see it."""
         if not self.cuinit_seen and self.driver_state() == 0:
             self.cuinit_seen = True
-            self.emit(
-                "cuinit",
-                evidence="state-probe",
-                module=None,
-                chain=[],
-                site=None,
-                module_site=None,
-                stack=[],
-                phase=phase,
-                thread="MainThread",
-                context=self.context,
-            )
+            tid = _thread.get_ident()
+            self.emit("transition", m=None, chain=[], th=tid, ph=phase, at="check", context=self.context)
+
+    # -- threads --
+
+    def thread_started(self, function, caller):
+        """Wrap a thread's function so that a cuInit in it is blamed on the module that started it."""
+        frames = _visible_frames(caller)
+        chain, module = _chain(frames)
+        started = self.threads.get(_thread.get_ident())
+        if started is not None:  # a thread started by a thread: the first starter keeps the blame
+            module, chain = started[0], started[1]
+        record = (module, chain, [_row(f) for f in frames], _thread_name(function))
+
+        def run(*args, **kwargs):
+            tid = _thread.get_ident()
+            self.threads[tid] = record
+            try:
+                return function(*args, **kwargs)
+            finally:
+                self.threads.pop(tid, None)
+
+        return run
 
     # -- fork --
 
@@ -316,18 +328,24 @@ class Agent:
     def after_fork_parent(self):
         self.pending.pop(_thread.get_ident(), None)
 
+    def forked(self, seq, child):
+        """In the parent, after ``os.fork``: which pid the numbered fork made."""
+        if seq is not None and isinstance(child, int) and child > 0:
+            self.emit("fork-child", seq=seq, child=child)
+
     def after_fork_child(self):
         tid = _thread.get_ident()
         if tid in self.quiet_threads:  # a subprocess about to exec: not a fork of the program
-            self.fd = -1
+            self.channel = None
             return
         seq, parent_initialized = self.pending.pop(tid, (None, False))
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
+        if self.channel is not None:
+            self.channel.release()  # the parent's file: closed here only while the number is still ours
+            self.channel = None
         self.parent, self.pid, self.main_thread = self.pid, os.getpid(), tid
         self.seq, self.pending, self.quiet_threads = 0, {}, set()
         self.cuinit_seen, self.refusals = False, 0
+        self.threads = {}
         self.open()
         self.hello("fork", fork_seq=seq, parent_initialized=parent_initialized)
         _watch_child(self)
@@ -356,6 +374,11 @@ class Agent:
         )
         return pid
 
+    def waited(self, pid, status):
+        """A child's exit status, as its parent collected it (``-N``: killed by signal N)."""
+        if pid > 0 and (os.WIFEXITED(status) or os.WIFSIGNALED(status)):
+            self.emit("waited", child=pid, exitcode=os.waitstatus_to_exitcode(status))
+
     def startup_done(self):
         self.startup = False
 
@@ -364,17 +387,22 @@ _AGENT = None
 
 
 def _watch_child(agent):
-    """In a forked child: record an exec, an uncaught exception and the exit code."""
+    """In a forked child: record an exec, an uncaught exception and how it ended."""
     if agent.child_watch:
         return
     agent.child_watch = True
-    real_exit = os._exit
+    real_exit, real_sys_exit = os._exit, sys.exit
 
     def _exit(code):
-        _AGENT.emit("exit", code=code)
+        _AGENT.emit("ended", how="os._exit", exitcode=code if isinstance(code, int) else None)
         real_exit(code)
 
-    os._exit = _exit
+    def sys_exit(code=None):
+        number = 0 if code is None else code if isinstance(code, int) else 1
+        _AGENT.emit("ended", how="sys.exit", exitcode=number)
+        real_sys_exit(code)
+
+    os._exit, sys.exit = _exit, sys_exit
     for name in ("execv", "execve"):
         original = getattr(os, name)
 
@@ -390,13 +418,14 @@ def _watch_child(agent):
             text = str(value)
         except Exception:
             text = "<unprintable>"
-        _AGENT.emit("exception", type=kind.__qualname__, message=text)
+        _AGENT.emit("raised", type=kind.__qualname__, msg=text)
+        _AGENT.emit("ended", how="exception", exitcode=1)
         previous_hook(kind, value, tb)
 
     sys.excepthook = excepthook
     import atexit  # a builtin module: nothing new is imported
 
-    atexit.register(lambda: _AGENT.emit("exit", code=None))
+    atexit.register(lambda: _AGENT.emit("ended", how="exit", exitcode=None))
 
 
 def _hook_process_starts():
@@ -419,10 +448,62 @@ def _hook_process_starts():
             return _AGENT.started("subprocess", frames, argv, lambda: _original(path, argv, *args, **kwargs))
 
         setattr(os, name, traced_spawn)
+    _hook_fork_and_wait()
 
 
-def install(directory, cuprobe_path=None):
-    """Start recording in this process (once; a second call returns the same agent)."""
+def _hook_fork_and_wait():
+    """``os.fork`` tells the parent its child's pid; ``os.waitpid`` and ``os.wait`` its exit status."""
+    real_fork, real_waitpid, real_wait = os.fork, os.waitpid, os.wait
+
+    def fork():
+        agent = _AGENT
+        seq_before = agent.seq
+        pid = real_fork()
+        if pid and agent.seq != seq_before:
+            agent.forked(agent.seq, pid)
+        return pid
+
+    def waitpid(pid, options):
+        result = real_waitpid(pid, options)
+        _AGENT.waited(*result)
+        return result
+
+    def wait():
+        result = real_wait()
+        _AGENT.waited(*result)
+        return result
+
+    os.fork, os.waitpid, os.wait = fork, waitpid, wait
+
+
+def _hook_threads():
+    """Every new thread remembers which module started it (``threading`` uses ``_thread`` underneath)."""
+    original = _thread.start_new_thread
+
+    def start_new_thread(function, args, kwargs=None):
+        return original(_AGENT.thread_started(function, sys._getframe(1)), args, kwargs or {})
+
+    _thread.start_new_thread = start_new_thread
+    joinable = getattr(_thread, "start_joinable_thread", None)
+    if joinable is not None:
+
+        def start_joinable_thread(function, *args, **kwargs):
+            return joinable(_AGENT.thread_started(function, sys._getframe(1)), *args, **kwargs)
+
+        _thread.start_joinable_thread = start_joinable_thread
+    threading = sys.modules.get("threading")  # already imported at start-up: it holds the old functions
+    if threading is not None:
+        if getattr(threading, "_start_new_thread", None) is original:
+            threading._start_new_thread = start_new_thread
+        if joinable is not None and getattr(threading, "_start_joinable_thread", None) is joinable:
+            threading._start_joinable_thread = _thread.start_joinable_thread
+
+
+def install(directory, cuprobe_path=None, context=None):
+    """Start recording in this process (once; a second call returns the same agent).
+
+    ``context`` names what ran before (pytest's start-up): a cuInit already done is attributed to it.
+    """
     global _AGENT
     existing = getattr(sys, "_diagtools_run_agent", None)
     if existing is not None:
@@ -438,11 +519,15 @@ def install(directory, cuprobe_path=None):
         before=agent.before_fork, after_in_parent=agent.after_fork_parent, after_in_child=agent.after_fork_child
     )
     _hook_process_starts()
+    _hook_threads()
+    agent.context = context
     agent.check_state("startup")
+    agent.context = None
     return agent
 
 
 def install_from_environment():
     """``install`` with the settings ``diagtools run`` put in the environment."""
-    cuprobe = os.environ.get(CUPROBE_ENV) if os.environ.get(CUPROBE_FOR_ENV) == sys.version else None
-    return install(os.environ.get(DIR_ENV) or None, cuprobe)
+    env = os.environ
+    cuprobe = env.get(protocol.RUN_CUPROBE) if env.get(protocol.RUN_CUPROBE_FOR) == sys.version else None
+    return install(env.get(protocol.RUN_DIR) or None, cuprobe)

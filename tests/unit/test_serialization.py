@@ -1,0 +1,313 @@
+"""The protocol's JSON encoder and every result's ``from_json``, fed arbitrary Unicode and documents.
+
+Properties: any text the agents encode comes back identical through ``json``;
+any document handed to a reader either reads or raises ``SchemaError`` naming
+the field (never ``KeyError``, ``TypeError`` or a silent wrong value); every
+result survives ``from_json(to_json())`` unchanged.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import string
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from diagtools import protocol
+from diagtools.errors import SchemaError
+from diagtools.model.bisect import BisectResult, BisectStep
+from diagtools.model.replay import ChildOutcome, DriverCall, ParentState, ReplayComparison, ReplayResult
+from diagtools.model.run import ChildSaw, DriverRefusal, Finding, ProcessRecord, ProcessStart, RunResult
+from diagtools.model.scan import Culprit, DriverInfo, ImportNode, RunError, ScanResult, Site, StartupInfo
+
+ANY_CHARACTER = st.characters(exclude_categories=())  # surrogates and controls included
+TEXT = st.text(ANY_CHARACTER, max_size=40)
+FINITE = st.floats(allow_nan=False, allow_infinity=False, width=64)
+JSON_SCALARS = st.none() | st.booleans() | st.integers(-(2**63), 2**63) | FINITE | TEXT
+JSON = st.recursive(
+    JSON_SCALARS, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(TEXT, inner, max_size=4), max_leaves=20
+)
+FAST = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+# ---- the encoder ---------------------------------------------------------------------------
+
+
+@FAST
+@given(TEXT)
+def test_any_text_round_trips_through_the_encoder(text):
+    assert json.loads(protocol.encode_str(text)) == text
+
+
+def test_an_astral_non_printable_character_round_trips():
+    assert json.loads(protocol.encode_str("\U000e0067")) == "\U000e0067"
+    assert protocol.encode_str("\U000e0067") == '"\\udb40\\udc67"'
+
+
+@FAST
+@given(JSON)
+def test_any_document_round_trips_through_the_encoder(document):
+    assert json.loads(protocol.encode(document)) == document
+
+
+@FAST
+@given(st.binary(max_size=300))
+def test_the_reader_never_fails_on_arbitrary_bytes(data):
+    decoded = protocol.decode_events(data)
+    assert all(event["e"] in protocol.EVENTS for event in decoded.events)
+
+
+# ---- valid results -------------------------------------------------------------------------
+
+NAMES = st.text(string.ascii_letters + "._<>", min_size=1, max_size=12)
+SITES = st.builds(Site, TEXT, st.integers(0, 10_000), NAMES, TEXT)
+STACKS = st.lists(SITES, max_size=3).map(tuple)
+CULPRITS = st.builds(
+    Culprit,
+    module=st.none() | NAMES,
+    chain=st.lists(NAMES, max_size=3).map(tuple),
+    site=st.none() | SITES,
+    stack=STACKS,
+    phase=st.sampled_from(["startup", "import", "main", "thread", "shutdown"]),
+    thread=TEXT,
+    evidence=st.sampled_from(["driver-hook", "trace", "state-probe"]),
+    module_site=st.none() | SITES,
+    thread_started_at=st.none() | SITES,
+    stack_dropped=st.integers(0, 5),
+    context=st.none() | TEXT,
+)
+DRIVERS = st.builds(
+    DriverInfo, st.sampled_from(["real", "simulated", "none"]), NAMES, st.none() | TEXT, st.lists(TEXT).map(tuple)
+)
+PIDS = st.integers(1, 2**22)
+SAWS = st.builds(
+    ChildSaw,
+    st.lists(st.builds(DriverRefusal, NAMES, st.integers(0, 999), st.none() | SITES, STACKS), max_size=2).map(tuple),
+    st.none() | TEXT,
+    st.none() | st.integers(-64, 255),
+    st.booleans(),
+)
+STARTS = st.builds(
+    ProcessStart,
+    st.sampled_from(["fork", "forkserver", "spawn", "subprocess"]),
+    st.none() | PIDS,
+    STACKS,
+    st.booleans(),
+    st.none() | st.lists(TEXT, max_size=3).map(tuple),
+    st.none() | TEXT,
+)
+RECORDS = st.builds(
+    ProcessRecord,
+    PIDS,
+    st.none() | PIDS,
+    st.lists(TEXT, max_size=3).map(tuple),
+    st.none() | CULPRITS,
+    st.lists(STARTS, max_size=2).map(tuple),
+    st.sampled_from(["exec", "fork"]),
+    st.none() | SAWS,
+)
+FINDINGS = st.builds(
+    Finding,
+    st.sampled_from(["poisoned-fork", "cuda-initialized"]),
+    PIDS,
+    st.none() | PIDS,
+    STACKS,
+    st.none() | CULPRITS,
+    st.none() | st.sampled_from(["fork", "forkserver"]),
+    st.none() | SAWS,
+    st.none() | TEXT,
+)
+RUNS = st.builds(
+    RunResult,
+    st.lists(TEXT, min_size=1, max_size=3).map(tuple),
+    st.none() | st.integers(-64, 255),
+    DRIVERS,
+    st.lists(RECORDS, max_size=2).map(tuple),
+    st.lists(FINDINGS, max_size=2).map(tuple),
+    st.sampled_from(["poisoned-fork", "initializes-cuda", "clean", "unknown"]),
+    st.lists(TEXT, max_size=2).map(tuple),
+    st.booleans(),
+    st.floats(0, 1e6),
+    st.none() | TEXT,
+    st.none() | TEXT,
+)
+SCANS = st.builds(
+    ScanResult,
+    targets=st.lists(NAMES, max_size=2).map(tuple),
+    status=st.sampled_from(["ok", "import-error", "crashed", "timeout", "exited", "channel-lost"]),
+    driver=DRIVERS,
+    cuda_initialized=st.booleans(),
+    modules=st.lists(
+        st.builds(ImportNode, NAMES, st.none() | NAMES, st.none() | TEXT, st.floats(0, 10), st.floats(0, 10)),
+        max_size=2,
+    ).map(tuple),
+    culprits=st.lists(CULPRITS, max_size=1).map(tuple),
+    startup=st.builds(StartupInfo, st.booleans(), st.integers(0, 99), st.floats(0, 10)),
+    error=st.none() | st.builds(RunError, NAMES, TEXT, TEXT, st.none() | TEXT, st.none() | st.integers(0, 99)),
+    stdout=TEXT,
+)
+REPLAYS = st.builds(
+    ReplayResult,
+    NAMES,
+    st.lists(TEXT, max_size=2).map(tuple),
+    st.sampled_from(["cuinit", "ctypes", "torch"]),
+    st.sampled_from(["fork", "spawn", "forkserver"]),
+    DRIVERS,
+    st.sampled_from(["ok", "failed", "setup-error", "channel-lost"]),
+    st.none() | st.builds(ParentState, st.booleans(), st.none() | st.integers(-1, 3)),
+    st.none()
+    | st.builds(
+        ChildOutcome,
+        st.sampled_from(["ok", "failed", "crashed"]),
+        st.none() | st.integers(-9, 9),
+        driver_calls=st.lists(st.builds(DriverCall, NAMES, st.integers(0, 999), NAMES), max_size=2).map(tuple),
+    ),
+)
+BISECTS = st.builds(
+    BisectResult,
+    NAMES,
+    NAMES,
+    NAMES,
+    st.none() | NAMES,
+    TEXT,
+    st.lists(TEXT, max_size=2).map(tuple),
+    st.none() | CULPRITS,
+    st.lists(st.builds(BisectStep, NAMES, NAMES, NAMES), max_size=2).map(tuple),
+)
+
+RESULTS: list[tuple[type[Any], Any]] = [
+    (RunResult, RUNS),
+    (ScanResult, SCANS),
+    (ReplayResult, REPLAYS),
+    (BisectResult, BISECTS),
+]
+
+
+@pytest.mark.parametrize(("kind", "strategy"), RESULTS, ids=[kind.__name__ for kind, _ in RESULTS])
+def test_every_result_round_trips(kind, strategy):
+    @FAST
+    @given(strategy)
+    def check(result):
+        document = json.loads(json.dumps(result.to_json()))
+        assert kind.from_json(document) == result
+
+    check()
+
+
+def test_a_comparison_round_trips():
+    @FAST
+    @given(st.lists(st.tuples(st.sampled_from(["before", "after"]), REPLAYS), max_size=3).map(tuple))
+    def check(runs):
+        comparison = ReplayComparison("pkg", runs)
+        assert ReplayComparison.from_json(json.loads(json.dumps(comparison.to_json()))) == comparison
+
+    check()
+
+
+# ---- arbitrary documents ---------------------------------------------------------------------
+
+READERS = [RunResult, ScanResult, ReplayResult, ReplayComparison, BisectResult, Culprit, ProcessRecord, Finding]
+
+
+@pytest.mark.parametrize("kind", READERS, ids=[kind.__name__ for kind in READERS])
+def test_an_arbitrary_document_reads_or_raises_schema_error(kind):
+    schema = getattr(kind, "SCHEMA", "") or getattr(kind, "_SCHEMA_NAME", "")
+
+    @FAST
+    @given(JSON, st.booleans())
+    def check(document, stamped):
+        if stamped and isinstance(document, dict) and schema:
+            document = {**document, "schema": schema}
+        with contextlib.suppress(SchemaError):
+            kind.from_json(document)
+
+    check()
+
+
+def _schema_error(kind: Any, document: Any) -> SchemaError | None:
+    """The error reading ``document`` raised, or None when it read."""
+    try:
+        kind.from_json(document)
+    except SchemaError as error:
+        return error
+    return None
+
+
+def _paths(value: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    paths = [prefix] if prefix else []
+    if isinstance(value, dict):
+        for key, item in value.items():
+            paths += _paths(item, (*prefix, key))
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            paths += _paths(item, (*prefix, index))
+    return paths
+
+
+def _replaced(document: Any, path: tuple[Any, ...], new: Any) -> Any:
+    if not path:
+        return new
+    copy = json.loads(json.dumps(document))
+    target = copy
+    for step in path[:-1]:
+        target = target[step]
+    target[path[-1]] = new
+    return copy
+
+
+@pytest.mark.parametrize(("kind", "strategy"), RESULTS, ids=[kind.__name__ for kind, _ in RESULTS])
+def test_a_corrupted_field_reads_or_is_named(kind, strategy):
+    @FAST
+    @given(strategy, st.data(), JSON)
+    def check(result, data, new):
+        document = json.loads(json.dumps(result.to_json()))
+        path = data.draw(st.sampled_from([p for p in _paths(document) if p != ("schema",)]))
+        corrupted = _replaced(document, path, new)
+        error = _schema_error(kind, corrupted)
+        if error is not None:
+            assert error.field, error
+            assert str(error.field).split(".")[0].split("[")[0] == path[0], (error.field, path)
+
+    check()
+
+
+def test_a_bad_run_document_names_the_field():
+    document = json.loads(json.dumps(RunResult(("x",), 0, DriverInfo("none"), (), (), "clean").to_json()))
+    document["processes"] = [{"pid": "10", "parent": None, "argv": [], "cuinit": None}]
+    with pytest.raises(SchemaError, match=r"processes\[0\]\.pid"):
+        RunResult.from_json(document)
+    del document["processes"]
+    document["verdict"] = "maybe"
+    with pytest.raises(SchemaError, match="verdict"):
+        RunResult.from_json(document)
+    with pytest.raises(SchemaError, match="replay"):
+        ReplayResult.from_json({"schema": "diagtools.replay/1", "target": 5})
+    with pytest.raises(SchemaError, match="target"):
+        ReplayResult.from_json({"schema": "diagtools.replay/1", "target": 5})
+    with pytest.raises(SchemaError, match="first_bad"):
+        BisectResult.from_json({"schema": "diagtools.bisect/1", "target": "t", "good": "a", "bad": "b", "first_bad": 3})
+
+
+# ---- presentation in IPython -----------------------------------------------------------------
+
+
+def test_results_print_as_their_text_report_in_ipython():
+    from IPython.lib.pretty import pretty
+
+    run = RunResult(("python", "app.py"), 0, DriverInfo("none"), (), (), "clean")
+    assert pretty(run) == str(run)
+    assert pretty(run).startswith("diagtools run: python app.py")
+    scan = ScanResult(("pkg",), "ok", DriverInfo("simulated"), False)
+    assert pretty(scan) == str(scan)
+    assert pretty(scan).startswith("diagtools scan pkg")
+    bisect = BisectResult("pkg", "a" * 40, "b" * 40, None, "", (), None, (), ("c" * 40,))
+    assert pretty(bisect).startswith("diagtools bisect pkg")
+    from diagtools.model.diff import ScanDiff
+    from diagtools.model.sweep import SweepResult
+
+    for kind in (ScanDiff, SweepResult):
+        assert "_repr_pretty_" in vars(kind)
