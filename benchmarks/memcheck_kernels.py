@@ -2,7 +2,8 @@
 
 Run by ``gpu_check.sh`` under the sanitizer (filtered to the CuTe DSL kernels), so any
 out-of-bounds or misaligned global or shared access of either kernel is reported with its
-address.  Each case is also checked against the float64 reference; one line per case, and a
+address.  Each case is also checked against the float64 reference, every stored byte of the state
+kernels against the reference quantizer; one line per case, and a
 non-zero exit when any case fails.  Sizes are small: every memory access is instrumented.
 """
 
@@ -15,7 +16,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 import torch
-from kernels.tolerances import assert_matches_reference, assert_state_store_matches_reference
+from kernels.tolerances import (
+    GPU_STORED_VALUE_ERROR,
+    assert_matches_reference,
+    assert_state_bytes_match_reference,
+    assert_state_store_matches_reference,
+    with_edge_tiles,
+)
 
 from diagtools.kernels import compress_norm_rope_store, compress_state_store
 from diagtools.kernels.reference import make_inputs
@@ -42,10 +49,11 @@ def main() -> int:
 
 
 def _state(ratio, requests):
-    inputs = make_state_inputs(ratio, requests, padding=0.25, device="cuda")
+    inputs = with_edge_tiles(make_state_inputs(ratio, requests, padding=0.25, device="cuda"))
     compress_state_store(*inputs.args(), ratio=ratio, backend="cutedsl")
     torch.cuda.synchronize()
     assert_state_store_matches_reference(inputs)
+    assert_state_bytes_match_reference(inputs, GPU_STORED_VALUE_ERROR)
 
 
 def _simplified(groups, head_dim):

@@ -19,13 +19,13 @@ __all__ = [
     "ParentState",
     "ReplayComparison",
     "ReplayResult",
-    "RunError",
     "RunInterrupted",
     "RunResult",
     "ScanResult",
     "SchemaError",
     "Site",
     "StartupInfo",
+    "TargetError",
     "UsageError",
     "compare_replays",
     "diff_scans",
@@ -46,7 +46,7 @@ _LOCATIONS = {
     "Culprit": "diagtools.model.scan",
     "DriverInfo": "diagtools.model.scan",
     "ImportNode": "diagtools.model.scan",
-    "RunError": "diagtools.model.scan",
+    "TargetError": "diagtools.model.scan",
     "ScanResult": "diagtools.model.scan",
     "Site": "diagtools.model.scan",
     "StartupInfo": "diagtools.model.scan",
@@ -80,7 +80,7 @@ if TYPE_CHECKING:
     from diagtools.model.diff import diff_scans
     from diagtools.model.replay import ChildOutcome, ParentState, ReplayComparison, ReplayResult
     from diagtools.model.run import RunResult
-    from diagtools.model.scan import Culprit, DriverInfo, ImportNode, RunError, ScanResult, Site, StartupInfo
+    from diagtools.model.scan import Culprit, DriverInfo, ImportNode, ScanResult, Site, StartupInfo, TargetError
     from diagtools.render.postmortem import postmortem
     from diagtools.render.text import render_scan
     from diagtools.usecases.replay import compare_replays, replay_fork

@@ -14,6 +14,7 @@ __all__ = [
     "JournalLockedError",
     "MissingExtraError",
     "SchemaError",
+    "SweepInterrupted",
     "UsageError",
 ]
 
@@ -104,3 +105,23 @@ class JournalLockedError(DiagtoolsError):
 
     def __str__(self) -> str:
         return f"{self.path} is in use by another sweep; wait for it to finish or choose another --json"
+
+
+class SweepInterrupted(KeyboardInterrupt):
+    """Raised by a sweep stopped by Ctrl-C (or SIGTERM/SIGHUP, ``signum``), carrying what it had.
+
+    A ``KeyboardInterrupt``, so code that stops on an interrupt still stops;
+    ``result`` is the partial ``SweepResult`` (its ``interrupted`` counts the
+    modules left unscanned), so the caller can show the summary of what was done.
+    """
+
+    def __init__(self, result: object, signum: int | None = None) -> None:
+        super().__init__(result, signum)
+        self.result = result
+        self.signum = signum
+
+    def __reduce__(self):
+        return (self.__class__, (self.result, self.signum))
+
+    def __str__(self) -> str:
+        return f"sweep interrupted; {getattr(self.result, 'interrupted', '?')} modules were not scanned"

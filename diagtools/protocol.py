@@ -28,7 +28,7 @@ PROGRAM_FILE = "DIAGTOOLS_PROGRAM_FILE"
 CUPROBE = "DIAGTOOLS_CUPROBE"
 SUBKERNEL_MARKER = "DIAGTOOLS_SUBKERNEL"
 DRIVER_KIND = "DIAGTOOLS_DRIVER"
-AGENT_MODULE = "_diagtools_protocol"
+PROTOCOL_MODULE = "_diagtools_protocol"  # the name the agents import this module under
 CUPROBE_MODULE = "_diagtools_cuprobe"
 
 # each program's own settings (newline-separated lists)
@@ -481,6 +481,11 @@ def _is_frames(value):
     )
 
 
+def _is_frame(value):
+    """One frame, ``[file, line, function]``: the import line of a ``begin`` event."""
+    return _is_frames([value])
+
+
 def _is_str_list(value):
     return type(value) is list and all(_is_str(item) for item in value)
 
@@ -503,6 +508,7 @@ FIELD_TYPES = {
     "n": _is_str,
     "p": _optional(_is_str),
     "f": _optional(_is_str),
+    "l": _optional(_is_frame),
     "th": _is_int,
     "ph": _is_str,
     "ok": _is_bool,

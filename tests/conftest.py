@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import os
 import subprocess
 import sys
 import textwrap
 from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -19,6 +22,42 @@ from diagtools.runner.subkernel import RawRun, SubkernelRequest, run_subkernel
 pytest_plugins = ["pytester"]
 MARK = "# <- here"
 DIAGTOOLS = str(Path(sys.executable).with_name("diagtools"))
+
+
+# The extras `make test` installed for this run (DIAGTOOLS_TEST_EXTRAS, comma-separated; the main venv
+# has them all, the per-interpreter core venvs none).  Under CI a module of one of them that is
+# missing fails the run instead of skipping: a broken install must not pass as a row of skips.
+_ALL_EXTRAS = "notebook,cuda,kernels,dev"
+INSTALLED_EXTRAS = frozenset(filter(None, os.environ.get("DIAGTOOLS_TEST_EXTRAS", _ALL_EXTRAS).split(",")))
+UNDER_CI = os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
+
+
+def _missing(module: str, extra: str, reason: str | None) -> None:
+    if UNDER_CI and extra in INSTALLED_EXTRAS:
+        pytest.fail(
+            f"{module} is missing, yet `make test` installed diagtools[{extra}] for this run: the install is broken",
+            pytrace=False,
+        )
+    pytest.skip(reason or f"{module} is not installed (pip install 'diagtools[{extra}]')", allow_module_level=True)
+
+
+def require(module: str, extra: str, reason: str | None = None) -> ModuleType:
+    """Import ``module`` for a test, or skip with the reason; under CI a module `make test` installed must import."""
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        _missing(module, extra, reason)
+        raise  # unreachable: _missing always raises
+
+
+def require_installed(module: str, extra: str, reason: str | None = None) -> None:
+    """As ``require``, without importing ``module`` (torch stays out of the test process, which stays CUDA-free)."""
+    try:
+        found = importlib.util.find_spec(module) is not None
+    except ImportError:
+        found = False
+    if not found:
+        _missing(module, extra, reason)
 
 
 def cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:

@@ -1,9 +1,18 @@
 """Agents: the programs that run inside subkernels and their children, never in the caller's process.
 
 Standard library only (an import-linter contract and a ``python -S`` test
-enforce it), so they cannot disturb the import tree they measure.  The
-runner executes ``scan_probe`` and ``replay_parent`` as main programs;
-``replay_child`` is imported by the replay's child process.
+enforce it), so they cannot disturb the import tree they measure.  There are
+five:
+
+- ``scan_probe``: the scan's subkernel program (main program);
+- ``sweep_zygote``: the sweep's preloading worker, which forks one child per
+  module (main program);
+- ``replay_parent``: the replay's subkernel program (main program);
+- ``replay_child``: imported by the replay's forked or spawned child;
+- ``run_hook``: the ``sitecustomize.py`` (and its ``_diagtools_run_agent``)
+  that ``diagtools run`` puts first on every watched interpreter's path.
+
+:func:`program` gives the file of the main programs.
 """
 
 from __future__ import annotations
@@ -16,5 +25,5 @@ AGENTS_DIR = Path(__file__).resolve().parent
 
 
 def program(name: str) -> Path:
-    """The file of the agent program ``name`` (``scan_probe``, ``replay_parent``)."""
+    """The file of the agent program ``name`` (``scan_probe``, ``sweep_zygote``, ``replay_parent``)."""
     return AGENTS_DIR / f"{name}.py"

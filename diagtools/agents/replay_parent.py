@@ -35,6 +35,20 @@ def _import_setup(target, extra_path):
     return True
 
 
+def _find_own_package():
+    """Make ``diagtools.agents.replay_child`` importable under another interpreter (``--python``).
+
+    The child side must be an importable module (spawn imports it by name);
+    an environment without diagtools gets this copy's root at the end of
+    ``sys.path``, after the setup import, so the target's own tree is unchanged.
+    """
+    import importlib.util
+
+    if importlib.util.find_spec("diagtools") is None:
+        program = os.path.realpath(_ENV.get(protocol.PROGRAM_FILE, ""))
+        sys.path.append(os.path.dirname(os.path.dirname(os.path.dirname(program))))
+
+
 def _parent_state():
     import threading
 
@@ -134,6 +148,7 @@ def main():
         _emit("done")
         protocol.exit_if_channel_lost(_channel)
         return
+    _find_own_package()
     _emit("parent", **_parent_state())
     from diagtools.agents.replay_child import run_child
 

@@ -94,6 +94,23 @@ def _check_state(tid, module, event, phase=None):
 # ---- the import tracer -------------------------------------------------------
 
 _original_load = _bootstrap._load_unlocked
+_IMPORT_MACHINERY = ("<frozen importlib._bootstrap>", "<frozen importlib._bootstrap_external>")
+_IMPORTLIB_INIT = "/importlib/__init__.py"
+
+
+def _import_line(frame):
+    """``[file, line, function]`` of the statement that started this import, as JSON text, or ``null``.
+
+    The innermost frame outside the import system (and ``importlib.import_module``):
+    the ``import`` line of the importing module, or the call that imported by name.
+    """
+    while frame is not None:
+        code = frame.f_code
+        file = code.co_filename
+        if file not in _IMPORT_MACHINERY and not file.endswith(_IMPORTLIB_INIT):
+            return f"[{_encode_str(file)},{frame.f_lineno or 0},{_encode_str(code.co_name)}]"
+        frame = frame.f_back
+    return "null"
 
 
 def _traced_load(spec):
@@ -106,7 +123,7 @@ def _traced_load(spec):
     # The hot path: one hand-built line per event instead of a dict walk.
     _channel.send(
         f'{{"e":"begin","n":{_encode_str(name)},"p":{_encode(parent)},"f":{_encode(origin)},'
-        f'"th":{tid},"ph":"{_phase_of(tid)}","t":{_clock()!r}}}'
+        f'"l":{_import_line(sys._getframe(1))},"th":{tid},"ph":"{_phase_of(tid)}","t":{_clock()!r}}}'
     )
     stack.append(name)
     if _State.phase != "startup":
@@ -196,13 +213,25 @@ def _init_inferred():
     return bool(found and found[0] & _INIT_INFERRED)
 
 
-def _on_cuinit():
-    """Called by the driver during the first cuInit, on the calling thread."""
+def _caller(thread, depth):
+    """The innermost Python frame of the thread that called the driver, and that thread's id.
+
+    The driver calls a hook on the calling thread when that thread holds the GIL,
+    and otherwise from a helper thread while the caller waits inside the driver,
+    its frames unchanged (see driver/simcuda.c).
+    """
+    tid = _thread.get_ident()
+    if thread is None or thread == tid:
+        return sys._getframe(depth + 1), tid
+    return sys._current_frames().get(thread), thread
+
+
+def _on_cuinit(thread=None):
+    """Called by the driver during the first cuInit, with the calling thread's id."""
     if _State.hook_fired:
         return
     _State.hook_fired = True
-    tid = _thread.get_ident()
-    caller = sys._getframe(1)
+    caller, tid = _caller(thread, 1)
     module = _innermost(tid)
     running = _module_code_running(caller)
     if running is not None and running not in _State.stacks.get(tid, ()):
@@ -228,10 +257,17 @@ def _on_cuinit():
 
 
 def _defining_module(frame):
-    """The innermost frame's module among those the target imported, or None."""
+    """The innermost frame's module among those the target imported, or None.
+
+    Standard-library modules are passed over: they never initialize CUDA of their own accord (a
+    ``weakref.finalize`` or ``atexit`` only calls what a module gave it), and whether the target
+    imported one first depends on what the interpreter loaded at start-up, so blaming it would make
+    the verdict depend on the environment (a fresh subkernel and a sweep's zygote child disagreed).
+    """
+    stdlib = sys.stdlib_module_names
     while frame is not None:
         name = frame.f_globals.get("__name__")
-        if isinstance(name, str) and name in _State.imported:
+        if isinstance(name, str) and name in _State.imported and name.partition(".")[0] not in stdlib:
             return name
         frame = frame.f_back
     return None
@@ -289,6 +325,7 @@ def _install():
     _thread.start_new_thread = _traced_start_new_thread
     if hasattr(_thread, "start_joinable_thread"):
         _install_joinable()
+    _install_in_loaded_threading()
 
 
 def _install_joinable():
@@ -298,6 +335,18 @@ def _install_joinable():
         return original(_traced_thread(function, sys._getframe(1)), *args, **kwargs)
 
     _thread.start_joinable_thread = start_joinable_thread
+
+
+def _install_in_loaded_threading():
+    """``threading`` copies the start functions when it loads; one loaded before the probe (the sweep
+    zygote preloads it with torch) still holds the untraced ones, so it gets the traced ones too."""
+    threading = sys.modules.get("threading")
+    if threading is None:
+        return
+    names = {"_start_new_thread": "start_new_thread", "_start_joinable_thread": "start_joinable_thread"}
+    for copy, name in names.items():
+        if copy in vars(threading) and hasattr(_thread, name):
+            setattr(threading, copy, getattr(_thread, name))
 
 
 # ---- errors ------------------------------------------------------------------

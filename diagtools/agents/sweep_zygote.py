@@ -76,13 +76,24 @@ def _problem_after(what):
     return ""
 
 
-def _preload(names):
-    """Import ``names`` in order, checking after each; the reason to refuse, or ``""``."""
+def _preload(items, modules):
+    """Import the preload in order, checking after each; ``(reason to refuse or "", child or None)``.
+
+    An item ``NAME<TAB>INDEX`` is a module whose own row is still to scan: a
+    child forked just before the zygote imports it scans it (with everything
+    before it preloaded), so its row is a child's row, never a preloaded one.
+    In that child this returns ``("", (index, module))``.
+    """
     problem = _problem_after("start-up")
     if problem:
         _channel.emit("refused", reason=problem, item=None)
-        return problem
-    for name in names:
+        return problem, None
+    for item in items:
+        name, _, index = item.partition("\t")
+        if index and name not in sys.modules:
+            child = _scan_before_preloading(int(index), modules[int(index)])
+            if child is not None:
+                return "", child
         started = _clock()
         try:
             __import__(name)
@@ -92,9 +103,25 @@ def _preload(names):
             problem = _problem_after(f"preloading {name}")
         if problem:
             _channel.emit("refused", reason=problem, item=name)
-            return problem
+            return problem, None
         _channel.emit("preloaded", n=name, s=_clock() - started)
-    return ""
+    return "", None
+
+
+_served = set()  # indices whose child ran during the preload
+
+
+def _scan_before_preloading(index, module):
+    """Fork the child that scans ``module`` and wait for it; ``(index, module)`` in the child, else None."""
+    _flush_stdio()
+    pid = posix.fork()
+    if pid == 0:
+        return index, module
+    _served.add(index)
+    _channel.emit("forked", i=index, pid=pid, m=module)
+    _, status = posix.waitpid(pid, 0)  # this child only: the preload's own subprocesses are not ours to reap
+    _channel.emit("reaped", i=index, pid=pid, code=posix.waitstatus_to_exitcode(status))
+    return None
 
 
 def _inside(package):
@@ -132,6 +159,8 @@ def _serve(modules, jobs):
     """Fork one child per module, ``jobs`` at a time; returns ``(index, module)`` in a child, else None."""
     running = {}
     for index, module in enumerate(modules):
+        if index in _served:
+            continue
         if module in sys.modules:
             _channel.emit("present", i=index)  # preloaded: its row says so, no child needed
             continue
@@ -245,11 +274,14 @@ def main():
     if _ENV.get(protocol.SCAN_NO_SITE) != "1":
         __import__("site").main()
     sys.path[0:0] = _lines(protocol.SCAN_PATH)
-    if _preload(_lines(protocol.SWEEP_PRELOAD)):
-        return None
-    _channel.emit("ready", count=len(sys.modules), inside=_inside(_ENV.get(protocol.SWEEP_PACKAGE, "")))
     with open(_ENV[protocol.SWEEP_MODULES_FILE], encoding="utf-8") as handle:
         modules = handle.read().split()
+    problem, child = _preload(_lines(protocol.SWEEP_PRELOAD), modules)
+    if child is not None:
+        return (probe, *child)
+    if problem:
+        return None
+    _channel.emit("ready", count=len(sys.modules), inside=_inside(_ENV.get(protocol.SWEEP_PACKAGE, "")))
     __import__("gc").freeze()  # the preloaded objects stay out of the children's collections
     child = _serve(modules, max(1, int(_ENV.get(protocol.SWEEP_JOBS, "1"))))
     if child is None:

@@ -30,6 +30,7 @@ __all__ = ["GPU_SIZES", "BenchReport", "compare"]
 PROGRAM = Path(__file__).resolve().parent / "program.py"
 GPU_SIZES = tuple((groups, head_dim) for head_dim in (512, 128) for groups in (64, 4096, 65536, 262144))
 CPU_SIZES = ((64, 512), (64, 128))
+CPU_NOTE = "Measured on a CPU: times are not meaningful (torch reference vs Triton interpreter; not GPU timings)"
 COLUMNS = ["size", "backend", "median_ms", "spread", "GB/s", "copy_fraction", "max_rel_error", "note"]
 
 
@@ -45,6 +46,11 @@ class BenchReport:
     @property
     def timing_meaningful(self) -> bool:
         return bool(self.meta.get("timing_meaningful"))
+
+    @property
+    def note(self) -> str:
+        """What every table and chart of these times must say: empty on a GPU, the CPU disclaimer elsewhere."""
+        return "" if self.timing_meaningful else CPU_NOTE
 
     def faster_by_size(self) -> dict[str, str]:
         """For each size, the backend with the lowest time (torch excluded), or ``"tie"`` when the gap
@@ -68,7 +74,7 @@ class BenchReport:
         return faster
 
     def to_json(self) -> dict[str, Any]:
-        note = "" if self.timing_meaningful else "measured on a CPU: times are not meaningful"
+        note = self.note
         return {
             "schema": "diagtools.bench/1",
             "meta": self.meta,
@@ -83,19 +89,24 @@ class BenchReport:
         """A text table with the columns in :data:`COLUMNS`."""
         from diagtools.render.text import text_table
 
-        return "\n".join(text_table(COLUMNS, [[row.get(c) for c in COLUMNS] for row in self.rows]))
+        lines = text_table(COLUMNS, [[row.get(c) for c in COLUMNS] for row in self.rows])
+        return "\n".join([self.note, *lines] if self.note else lines)
+
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        """IPython's plain-text view: the table (with its CPU note), not the dataclass fields."""
+        printer.text(self.table())
 
     def _repr_html_(self) -> str:
         from diagtools.render.html import bench_table_html
 
-        return bench_table_html(list(self.rows), COLUMNS)
+        return bench_table_html(list(self.rows), COLUMNS, caption=self.note)
 
     def chart(self, path: str | os.PathLike[str]) -> Path:
         """A bar chart of GB/s per size and backend, written as PNG."""
         from diagtools.render.chart import bandwidth_chart_png
 
         target = Path(path)
-        target.write_bytes(bandwidth_chart_png(self.rows))
+        target.write_bytes(bandwidth_chart_png(self.rows, note=self.note))
         return target
 
 

@@ -15,8 +15,9 @@ process reads those declarations once (tens of milliseconds), then only
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
-import importlib.machinery
+import json
 import os
 import shlex
 import subprocess
@@ -76,6 +77,7 @@ class SimulatedWorld:
 
 
 _world_cache: dict[tuple[object, ...], SimulatedWorld] = {}
+_ABI3_FLOOR = "3.10"  # cuprobe.c's Py_LIMITED_API
 
 
 def cache_dir() -> Path:
@@ -167,8 +169,9 @@ def build_simulated_world() -> SimulatedWorld:
     driver and opens it again finds the init state it left, as with the real one.
     """
     stamp = _input_stamp()
-    cached = _world_cache.get(stamp)
+    cached = _world_cache.get(stamp) or _recorded_world(stamp)
     if cached is not None and all((cached.directory / name).exists() for name in (*cached.libraries, *_ALIASES)):
+        _world_cache[stamp] = cached
         return cached
     simcuda = (_SOURCES / "simcuda.c").read_text()
     simnvml = (_SOURCES / "simnvml.c").read_text()
@@ -206,6 +209,7 @@ def build_simulated_world() -> SimulatedWorld:
     notes = (driver_stubs.note, nvml_stubs.note, *runtime_notes, *failed)
     world = SimulatedWorld(directory, (*SIMULATED_LIBRARIES, *built), notes)
     _world_cache[stamp] = world
+    _record_world(stamp, world)
     return world
 
 
@@ -241,6 +245,33 @@ def _build_runtime(directory: Path, runtime: _generate.GeneratedRuntime) -> None
         _write_if_changed(directory / f"{runtime.soname}.failed", f"{exc.output}\n{exc}\n")
 
 
+def _stamp_file(stamp: tuple[object, ...]) -> Path:
+    return cache_dir() / "simdriver" / "by-stamp" / _build_key(repr(stamp))
+
+
+def _recorded_world(stamp: tuple[object, ...]) -> SimulatedWorld | None:
+    """The world an earlier process built from inputs with this stamp (same files, sizes, times, compiler).
+
+    Reading one small file instead of generating the stubs again is most of
+    the driver's share of a scan's fixed cost.
+    """
+    try:
+        record = json.loads(_stamp_file(stamp).read_text(encoding="utf-8"))
+        directory = cache_dir() / "simdriver" / str(record["key"])
+        libraries = tuple(map(str, record.get("libraries", SIMULATED_LIBRARIES)))
+        return SimulatedWorld(directory, libraries, tuple(map(str, record["notes"])))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _record_world(stamp: tuple[object, ...], world: SimulatedWorld) -> None:
+    with contextlib.suppress(OSError):
+        path = _stamp_file(stamp)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        record = {"key": world.directory.name, "libraries": list(world.libraries), "notes": list(world.notes)}
+        _write_if_changed(path, json.dumps(record))
+
+
 def build_injection_library() -> Path:
     """A ``CUDA_INJECTION64_PATH`` library that reports a real cuInit to the probe."""
     source = _SOURCES / "simcuda.c"
@@ -250,11 +281,14 @@ def build_injection_library() -> Path:
 
 
 def build_probe_extension() -> Path:
-    """The compiled ``_diagtools_cuprobe`` extension for the running interpreter."""
+    """The compiled ``_diagtools_cuprobe`` extension, built once for every supported interpreter.
+
+    It uses only the stable ABI of CPython 3.10 (``Py_LIMITED_API``), so the
+    key names no interpreter: a scan with ``--python`` loads the same file.
+    """
     source = _SOURCES / "cuprobe.c"
-    suffix = importlib.machinery.EXTENSION_SUFFIXES[0]
-    key = _build_key(source.read_bytes(), *_compiler(), sys.version, sys.prefix, suffix)
-    library = cache_dir() / "cuprobe" / key / f"_diagtools_cuprobe{suffix}"
+    key = _build_key(source.read_bytes(), *_compiler(), "abi3", _ABI3_FLOOR)
+    library = cache_dir() / "cuprobe" / key / "_diagtools_cuprobe.abi3.so"
     if library.exists():
         return library
     import sysconfig  # only needed to compile: finding the headers costs a few ms

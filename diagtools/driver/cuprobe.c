@@ -7,8 +7,14 @@
  * import tree being measured stays exactly the target's.  It also asks the
  * kernel to kill the subkernel if the process that started it dies, and asks
  * the simulated driver and NVML what they refused (simulation_refusals).
+ *
+ * The driver library is opened RTLD_LOCAL, so its symbols never join the
+ * global namespace of the process being measured; calls that only read state
+ * use RTLD_NOLOAD and never load it.
  */
 #define PY_SSIZE_T_CLEAN
+/* The stable ABI of 3.10: one build serves every supported interpreter (scan --python). */
+#define Py_LIMITED_API 0x030A0000
 #include <Python.h>
 #include <dlfcn.h>
 #include <signal.h>
@@ -26,7 +32,7 @@ static void load_driver(void)
     if (load_attempted)
         return;
     load_attempted = 1;
-    libcuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
+    libcuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
     if (libcuda != NULL)
         device_get_count = (device_get_count_fn)dlsym(libcuda, "cuDeviceGetCount");
 }
@@ -68,18 +74,21 @@ static PyObject *text_or_none(const char *text)
 
 /*
  * What the simulated libraries refused so far: (driver bitmask, first refused
- * driver call, NVML bitmask, first refused NVML call), or None when the loaded
- * driver is not the simulated one.  NVML is only asked if something loaded it.
+ * driver call, NVML bitmask, first refused NVML call), or None when no driver
+ * is loaded or it is not the simulated one.  Neither library is loaded to ask.
  */
 static PyObject *simulation_refusals(PyObject *self, PyObject *args)
 {
     (void)self;
     (void)args;
-    load_driver();
-    if (libcuda == NULL)
+    void *driver = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+    if (driver == NULL)
         Py_RETURN_NONE;
-    refusals_fn driver_refusals = (refusals_fn)dlsym(libcuda, "diagtools_sim_refusals");
-    first_refusal_fn driver_first = (first_refusal_fn)dlsym(libcuda, "diagtools_sim_first_refusal");
+    refusals_fn driver_refusals = (refusals_fn)dlsym(driver, "diagtools_sim_refusals");
+    first_refusal_fn driver_first = (first_refusal_fn)dlsym(driver, "diagtools_sim_first_refusal");
+    unsigned int driver_mask = driver_refusals != NULL ? driver_refusals() : 0;
+    const char *driver_text = driver_first != NULL ? driver_first() : NULL;
+    dlclose(driver);
     if (driver_refusals == NULL || driver_first == NULL)
         Py_RETURN_NONE;
     unsigned int nvml_mask = 0;
@@ -94,14 +103,14 @@ static PyObject *simulation_refusals(PyObject *self, PyObject *args)
         }
         dlclose(nvml);
     }
-    PyObject *first = text_or_none(driver_first());
+    PyObject *first = text_or_none(driver_text);
     PyObject *second = text_or_none(nvml_first);
     if (first == NULL || second == NULL) {
         Py_XDECREF(first);
         Py_XDECREF(second);
         return NULL;
     }
-    return Py_BuildValue("(ININ)", driver_refusals(), first, nvml_mask, second);
+    return Py_BuildValue("(ININ)", driver_mask, first, nvml_mask, second);
 }
 
 /*

@@ -24,16 +24,31 @@
  * The same hook is called from InitializeInjection, the entry point the real
  * driver calls in a library named by CUDA_INJECTION64_PATH.
  *
+ * The driver never waits on the GIL without a bound: a caller that holds it
+ * gets the hook on its own thread at once; any other caller has a helper
+ * thread take the GIL and call the hook with the caller's thread id (its
+ * frames stay put while it waits in the driver), for at most
+ * DIAGTOOLS_SIMCUDA_HOOK_WAIT_MS (2000 ms).  A thread that holds the GIL while
+ * it waits on the driver therefore cannot deadlock with one inside it; the
+ * hook is then skipped and the scan's state probe sees the initialization.
+ *
+ * Thread safety follows the real driver: init and reference counts are
+ * atomic, and each thread has its own context stack (cuCtxSetCurrent,
+ * cuCtxPushCurrent and cuCtxPopCurrent act on the calling thread only).
+ *
  * DIAGTOOLS_SIMCUDA_TRACE=1 prints every entry-point lookup and refusal to
  * stderr, to see what a library asks of the driver.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <errno.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "simworld.h"
@@ -45,6 +60,7 @@ typedef void *CUcontext;
 enum {
     CUDA_SUCCESS = 0,
     CUDA_ERROR_INVALID_VALUE = 1,
+    CUDA_ERROR_OUT_OF_MEMORY = 2,
     CUDA_ERROR_NOT_INITIALIZED = 3,
     CUDA_ERROR_INVALID_DEVICE = 101,
     CUDA_ERROR_INVALID_CONTEXT = 201,
@@ -52,99 +68,225 @@ enum {
     CUDA_ERROR_NOT_SUPPORTED = 801,
 };
 
-/* ---- Python hook: report the first cuInit to an interested interpreter ---- */
+/* ---- Python hooks: report driver events to an interested interpreter ---- */
 
-typedef int (*gil_ensure_fn)(void);
-typedef void (*gil_release_fn)(int);
-typedef void *(*sys_getobject_fn)(const char *);
-typedef void *(*call_object_fn)(void *, void *);
-typedef void (*decref_fn)(void *);
-typedef void (*err_clear_fn)(void);
-typedef int (*is_initialized_fn)(void);
+#define CUINIT_HOOK "_diagtools_on_cuinit"
+#define REFUSED_HOOK "_diagtools_on_cuda_refused"
 
-static void notify_python(const char *event)
+/* The CPython C API the hooks use, resolved once per process (absent outside an interpreter). */
+struct python_api {
+    int (*is_initialized)(void);
+    int (*gil_check)(void);
+    int (*gil_ensure)(void);
+    void (*gil_release)(int);
+    void *(*sys_getobject)(const char *);
+    void *(*call_function)(void *, const char *, ...);
+    void (*decref)(void *);
+    void (*err_clear)(void);
+};
+
+static struct python_api python;
+static int python_found = 0;
+static pthread_once_t python_once = PTHREAD_ONCE_INIT;
+
+static void *python_symbol(const char *name, int *missing)
 {
-    if (getenv("DIAGTOOLS_SIMCUDA_NO_HOOK") != NULL && strcmp(event, "cuInit") == 0)
+    void *symbol = dlsym(RTLD_DEFAULT, name);
+    *missing |= symbol == NULL;
+    return symbol;
+}
+
+static void resolve_python(void)
+{
+    int missing = 0;
+    python.is_initialized = (int (*)(void))python_symbol("Py_IsInitialized", &missing);
+    python.gil_check = (int (*)(void))python_symbol("PyGILState_Check", &missing);
+    python.gil_ensure = (int (*)(void))python_symbol("PyGILState_Ensure", &missing);
+    python.gil_release = (void (*)(int))python_symbol("PyGILState_Release", &missing);
+    python.sys_getobject = (void *(*)(const char *))python_symbol("PySys_GetObject", &missing);
+    python.call_function = (void *(*)(void *, const char *, ...))python_symbol("PyObject_CallFunction", &missing);
+    python.decref = (void (*)(void *))python_symbol("Py_DecRef", &missing);
+    python.err_clear = (void (*)(void))python_symbol("PyErr_Clear", &missing);
+    python_found = !missing;
+}
+
+/* Whether this process is a running interpreter whose C API the hooks can call. */
+static int python_running(void)
+{
+    pthread_once(&python_once, resolve_python);
+    return python_found && python.is_initialized();
+}
+
+/* Call sys.<name>(thread) or sys.<name>(what, thread); the calling thread holds the GIL. */
+static void call_hook(const char *name, const char *what, unsigned long thread)
+{
+    void *hook = python.sys_getobject(name);
+    if (hook == NULL)
         return;
-    is_initialized_fn is_initialized = (is_initialized_fn)dlsym(RTLD_DEFAULT, "Py_IsInitialized");
-    gil_ensure_fn gil_ensure = (gil_ensure_fn)dlsym(RTLD_DEFAULT, "PyGILState_Ensure");
-    gil_release_fn gil_release = (gil_release_fn)dlsym(RTLD_DEFAULT, "PyGILState_Release");
-    sys_getobject_fn sys_getobject = (sys_getobject_fn)dlsym(RTLD_DEFAULT, "PySys_GetObject");
-    call_object_fn call_object = (call_object_fn)dlsym(RTLD_DEFAULT, "PyObject_CallObject");
-    decref_fn decref = (decref_fn)dlsym(RTLD_DEFAULT, "Py_DecRef");
-    err_clear_fn err_clear = (err_clear_fn)dlsym(RTLD_DEFAULT, "PyErr_Clear");
-    if (!is_initialized || !gil_ensure || !gil_release || !sys_getobject || !call_object ||
-        !decref || !err_clear || !is_initialized())
+    void *result = what == NULL ? python.call_function(hook, "k", thread)
+                                : python.call_function(hook, "sk", what, thread);
+    if (result != NULL)
+        python.decref(result);
+    else
+        python.err_clear();
+}
+
+/* One hook call handed to a helper thread; the helper and the waiting caller each own a reference. */
+struct hook_call {
+    const char *name;
+    const char *what;
+    unsigned long thread;
+    pthread_mutex_t lock;
+    pthread_cond_t changed;
+    enum { HOOK_WAITING, HOOK_CALLING, HOOK_DONE, HOOK_ABANDONED } state;
+    int owners;
+};
+
+static void release_call(struct hook_call *call)
+{
+    if (__atomic_sub_fetch(&call->owners, 1, __ATOMIC_ACQ_REL) != 0)
         return;
-    int state = gil_ensure();
-    void *hook = sys_getobject("_diagtools_on_cuinit");
-    if (hook != NULL) {
-        void *result = call_object(hook, NULL);
-        if (result != NULL)
-            decref(result);
-        else
-            err_clear();
+    pthread_cond_destroy(&call->changed);
+    pthread_mutex_destroy(&call->lock);
+    free(call);
+}
+
+static void set_state(struct hook_call *call, int state)
+{
+    pthread_mutex_lock(&call->lock);
+    if (call->state != HOOK_ABANDONED)
+        call->state = state;
+    pthread_cond_broadcast(&call->changed);
+    pthread_mutex_unlock(&call->lock);
+}
+
+/* The helper: take the GIL, then call the hook unless the caller stopped waiting meanwhile. */
+static void *hook_helper(void *arg)
+{
+    struct hook_call *call = arg;
+    int gil = python.gil_ensure();
+    set_state(call, HOOK_CALLING);
+    pthread_mutex_lock(&call->lock);
+    int abandoned = call->state == HOOK_ABANDONED;
+    pthread_mutex_unlock(&call->lock);
+    if (!abandoned)
+        call_hook(call->name, call->what, call->thread);
+    python.gil_release(gil);
+    set_state(call, HOOK_DONE);
+    release_call(call);
+    return NULL;
+}
+
+static long hook_wait_ms(void)
+{
+    const char *value = getenv("DIAGTOOLS_SIMCUDA_HOOK_WAIT_MS");
+    return value != NULL && value[0] != '\0' ? atol(value) : 2000;
+}
+
+/* Wait for the helper: a bounded wait for the GIL, then as long as the hook runs. */
+static void wait_for_helper(struct hook_call *call)
+{
+    struct timespec deadline;
+    clock_gettime(CLOCK_MONOTONIC, &deadline);
+    long wait = hook_wait_ms();
+    deadline.tv_sec += wait / 1000;
+    deadline.tv_nsec += (wait % 1000) * 1000000L;
+    if (deadline.tv_nsec >= 1000000000L) {
+        deadline.tv_sec += 1;
+        deadline.tv_nsec -= 1000000000L;
     }
-    gil_release(state);
+    pthread_mutex_lock(&call->lock);
+    while (call->state == HOOK_WAITING) {
+        if (pthread_cond_timedwait(&call->changed, &call->lock, &deadline) == ETIMEDOUT &&
+            call->state == HOOK_WAITING) {
+            call->state = HOOK_ABANDONED;
+            if (sim_tracing())
+                fprintf(stderr, "diagtools simcuda: %s skipped: the GIL was not free within %ld ms\n",
+                        call->name, wait);
+        }
+    }
+    while (call->state == HOOK_CALLING)
+        pthread_cond_wait(&call->changed, &call->lock);
+    pthread_mutex_unlock(&call->lock);
+}
+
+/* Hand the hook call to a helper thread and wait for it, bounded; see the file's comment. */
+static void call_hook_through_helper(const char *name, const char *what, unsigned long thread)
+{
+    struct hook_call *call = calloc(1, sizeof(*call));
+    if (call == NULL)
+        return;
+    *call = (struct hook_call){.name = name, .what = what, .thread = thread, .state = HOOK_WAITING, .owners = 2};
+    pthread_condattr_t attributes;
+    pthread_condattr_init(&attributes);
+    pthread_condattr_setclock(&attributes, CLOCK_MONOTONIC);
+    pthread_cond_init(&call->changed, &attributes);
+    pthread_condattr_destroy(&attributes);
+    pthread_mutex_init(&call->lock, NULL);
+    pthread_attr_t detached;
+    pthread_attr_init(&detached);
+    pthread_attr_setdetachstate(&detached, PTHREAD_CREATE_DETACHED);
+    pthread_t helper;
+    int started = pthread_create(&helper, &detached, hook_helper, call) == 0;
+    pthread_attr_destroy(&detached);
+    if (!started) {
+        call->owners = 1;
+        release_call(call);
+        return;
+    }
+    wait_for_helper(call);
+    release_call(call);
+}
+
+/*
+ * Tell an interested interpreter about a driver event on the calling thread:
+ * sys._diagtools_on_cuinit(thread) for the first cuInit, or
+ * sys._diagtools_on_cuda_refused(call, thread) for a call refused in a child
+ * forked after its parent's cuInit.
+ */
+static void notify_python(const char *name, const char *what)
+{
+    if (!python_running())
+        return;
+    unsigned long thread = (unsigned long)pthread_self();
+    if (python.gil_check()) {
+        call_hook(name, what, thread);
+        return;
+    }
+    call_hook_through_helper(name, what, thread);
 }
 
 int InitializeInjection(void)
 {
-    notify_python("injection");
+    notify_python(CUINIT_HOOK, NULL);
     return 1;
 }
 
 #ifndef DIAGTOOLS_INJECTION_ONLY
 
-static pid_t init_pid = 0;          /* process that called cuInit, 0 if none */
-static int primary_refcount = 0;
-static int sim_context_token = 0;   /* address used as the primary context */
-static CUcontext current_context = NULL;
-static unsigned int primary_flags = 0;
-
-static int tracing(void)
-{
-    static int state = -1;
-    if (state < 0) {
-        const char *value = getenv("DIAGTOOLS_SIMCUDA_TRACE");
-        state = value != NULL && value[0] != '\0' && strcmp(value, "0") != 0;
-    }
-    return state;
-}
-
-/* In a process forked after its parent's cuInit, tell an interested interpreter which
- * call the driver refused (sys._diagtools_on_cuda_refused(name)), so the child's
- * failing line can be shown beside the fork that caused it. */
-typedef void *(*call_function_fn)(void *, const char *, ...);
-
-static void notify_refusal(const char *call)
-{
-    is_initialized_fn is_initialized = (is_initialized_fn)dlsym(RTLD_DEFAULT, "Py_IsInitialized");
-    gil_ensure_fn gil_ensure = (gil_ensure_fn)dlsym(RTLD_DEFAULT, "PyGILState_Ensure");
-    gil_release_fn gil_release = (gil_release_fn)dlsym(RTLD_DEFAULT, "PyGILState_Release");
-    sys_getobject_fn sys_getobject = (sys_getobject_fn)dlsym(RTLD_DEFAULT, "PySys_GetObject");
-    call_function_fn call_function = (call_function_fn)dlsym(RTLD_DEFAULT, "PyObject_CallFunction");
-    decref_fn decref = (decref_fn)dlsym(RTLD_DEFAULT, "Py_DecRef");
-    err_clear_fn err_clear = (err_clear_fn)dlsym(RTLD_DEFAULT, "PyErr_Clear");
-    if (!is_initialized || !gil_ensure || !gil_release || !sys_getobject || !call_function ||
-        !decref || !err_clear || !is_initialized())
-        return;
-    int state = gil_ensure();
-    void *hook = sys_getobject("_diagtools_on_cuda_refused");
-    if (hook != NULL) {
-        void *result = call_function(hook, "s", call);
-        if (result != NULL)
-            decref(result);
-        else
-            err_clear();
-    }
-    gil_release(state);
-}
-
 /* ---- init and fork semantics ---- */
 
-static int initialized_here(void) { return init_pid != 0 && init_pid == getpid(); }
-static int poisoned_by_fork(void) { return init_pid != 0 && init_pid != getpid(); }
+static pid_t init_pid = 0; /* process that called cuInit, 0 if none; atomic */
+
+static pid_t initialized_by(void) { return __atomic_load_n(&init_pid, __ATOMIC_ACQUIRE); }
+static int initialized_here(void) { return initialized_by() != 0 && initialized_by() == getpid(); }
+static int poisoned_by_fork(void) { return initialized_by() != 0 && initialized_by() != getpid(); }
+
+/* Mark the driver initialized by this process: true for the one caller, of all threads, that did it. */
+static int claim_init(void)
+{
+    pid_t expected = 0;
+    return __atomic_compare_exchange_n(&init_pid, &expected, getpid(), 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
+}
+
+static void notify_refusal(const char *call) { notify_python(REFUSED_HOOK, call); }
+
+/* The first cuInit of the process, unless DIAGTOOLS_SIMCUDA_NO_HOOK asks for silence. */
+static void notify_cuinit(void)
+{
+    if (getenv("DIAGTOOLS_SIMCUDA_NO_HOOK") == NULL)
+        notify_python(CUINIT_HOOK, NULL);
+}
 
 #define REQUIRE_INIT()                         \
     do {                                       \
@@ -163,10 +305,8 @@ CUresult cuInit(unsigned int flags)
         notify_refusal("cuInit");
         return CUDA_ERROR_NOT_INITIALIZED;
     }
-    if (init_pid == 0) {
-        init_pid = getpid();
-        notify_python("cuInit");
-    }
+    if (claim_init())
+        notify_cuinit();
     return CUDA_SUCCESS;
 }
 
@@ -184,18 +324,11 @@ CUresult cuDriverGetVersion(int *version)
 #define DIAGTOOLS_SIM_REFUSED_ENTRY_POINT 2u
 #define DIAGTOOLS_SIM_INIT_FOR_RUNTIME 4u
 
-static unsigned int refusals = 0;
-static const char *first_refusal = NULL;
+static struct sim_refusals refusals;
 static char export_table_refusal[64];
+static int export_table_named = 0; /* 0, 1 while one thread writes the name, 2 once written */
 
-static void record_refusal(unsigned int kind, const char *what)
-{
-    const char *expected = NULL;
-    __atomic_fetch_or(&refusals, kind, __ATOMIC_SEQ_CST);
-    __atomic_compare_exchange_n(&first_refusal, &expected, what, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
-    if (tracing())
-        fprintf(stderr, "diagtools simcuda: refused %s\n", what);
-}
+static void record_refusal(unsigned int kind, const char *what) { sim_refuse(&refusals, kind, what, "simcuda"); }
 
 /*
  * What this process ran into at the edge of the simulation, as a bitmask:
@@ -203,10 +336,10 @@ static void record_refusal(unsigned int kind, const char *what)
  * 4 the driver was initialized on the runtime's behalf at an export-table
  * request (see cuGetExportTable) rather than by a cuInit call.
  */
-unsigned int diagtools_sim_refusals(void) { return __atomic_load_n(&refusals, __ATOMIC_SEQ_CST); }
+unsigned int diagtools_sim_refusals(void) { return sim_refusal_mask(&refusals); }
 
 /* The first refused call ("cuMemCreate", "cuGetExportTable"), or NULL. */
-const char *diagtools_sim_first_refusal(void) { return __atomic_load_n(&first_refusal, __ATOMIC_SEQ_CST); }
+const char *diagtools_sim_first_refusal(void) { return sim_first_refusal(&refusals); }
 
 /* Every generated stub lands here: a clean, documented refusal. */
 CUresult diagtools_sim_unmodelled(const char *name)
@@ -219,6 +352,22 @@ CUresult diagtools_sim_unmodelled(const char *name)
     }
     record_refusal(DIAGTOOLS_SIM_REFUSED_ENTRY_POINT, name);
     return CUDA_ERROR_NOT_SUPPORTED;
+}
+
+/* "cuGetExportTable(<id in hex>)" for the first table asked, written once by one thread;
+ * a thread that finds another one writing it gets the plain name. */
+static const char *export_table_name(const void *id)
+{
+    int expected = 0;
+    if (!__atomic_compare_exchange_n(&export_table_named, &expected, 1, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+        return expected == 2 ? export_table_refusal : "cuGetExportTable";
+    const unsigned char *bytes = (const unsigned char *)id;
+    int at = snprintf(export_table_refusal, sizeof(export_table_refusal), "cuGetExportTable(");
+    for (int i = 0; i < 16 && at < (int)sizeof(export_table_refusal) - 3; i++)
+        at += snprintf(export_table_refusal + at, sizeof(export_table_refusal) - (size_t)at, "%02x", bytes[i]);
+    snprintf(export_table_refusal + at, sizeof(export_table_refusal) - (size_t)at, ")");
+    __atomic_store_n(&export_table_named, 2, __ATOMIC_RELEASE);
+    return export_table_refusal;
 }
 
 /*
@@ -238,18 +387,10 @@ CUresult cuGetExportTable(const void **table, const void *id)
         return CUDA_ERROR_INVALID_VALUE;
     if (poisoned_by_fork())
         return CUDA_ERROR_NOT_INITIALIZED;
-    if (export_table_refusal[0] == '\0') {
-        const unsigned char *bytes = (const unsigned char *)id;
-        int at = snprintf(export_table_refusal, sizeof(export_table_refusal), "cuGetExportTable(");
-        for (int i = 0; i < 16 && at < (int)sizeof(export_table_refusal) - 3; i++)
-            at += snprintf(export_table_refusal + at, sizeof(export_table_refusal) - (size_t)at, "%02x", bytes[i]);
-        snprintf(export_table_refusal + at, sizeof(export_table_refusal) - (size_t)at, ")");
-    }
-    record_refusal(DIAGTOOLS_SIM_REFUSED_EXPORT_TABLE, export_table_refusal);
-    if (init_pid == 0) {
-        init_pid = getpid();
-        __atomic_fetch_or(&refusals, DIAGTOOLS_SIM_INIT_FOR_RUNTIME, __ATOMIC_SEQ_CST);
-        notify_python("cuInit");
+    record_refusal(DIAGTOOLS_SIM_REFUSED_EXPORT_TABLE, export_table_name(id));
+    if (claim_init()) {
+        __atomic_fetch_or(&refusals.mask, DIAGTOOLS_SIM_INIT_FOR_RUNTIME, __ATOMIC_SEQ_CST);
+        notify_cuinit();
     }
     return CUDA_ERROR_NOT_SUPPORTED;
 }
@@ -554,9 +695,66 @@ CUresult cuDeviceCanAccessPeer(int *can_access, CUdevice dev, CUdevice peer)
     return CUDA_SUCCESS;
 }
 
-/* ---- primary context and current context ---- */
+/* ---- contexts: the primary one, created ones, and each thread's stack ---- */
 
-static CUcontext primary_context(void) { return (CUcontext)&sim_context_token; }
+#define MAX_CREATED_CONTEXTS 64
+#define CONTEXT_STACK_DEPTH 64
+
+/* A context made by cuCtxCreate; its address is the CUcontext handle. */
+struct sim_context {
+    int live; /* atomic: 1 from cuCtxCreate to cuCtxDestroy */
+    unsigned int flags;
+};
+
+static int primary_token = 0; /* its address is the primary context's handle */
+static int primary_refcount = 0;      /* atomic */
+static unsigned int primary_flags = 0; /* atomic */
+static struct sim_context created[MAX_CREATED_CONTEXTS];
+
+/* The calling thread's context stack: as with the real driver, "current" is per thread. */
+static __thread CUcontext context_stack[CONTEXT_STACK_DEPTH];
+static __thread int context_depth = 0;
+
+static CUcontext primary_context(void) { return (CUcontext)&primary_token; }
+
+/* The live created context behind a handle, or NULL. */
+static struct sim_context *created_context(CUcontext ctx)
+{
+    uintptr_t offset = (uintptr_t)ctx - (uintptr_t)created;
+    if ((uintptr_t)ctx < (uintptr_t)created || offset >= sizeof(created) || offset % sizeof(created[0]) != 0)
+        return NULL;
+    struct sim_context *context = &created[offset / sizeof(created[0])];
+    return __atomic_load_n(&context->live, __ATOMIC_ACQUIRE) ? context : NULL;
+}
+
+static int valid_context(CUcontext ctx) { return ctx == primary_context() || created_context(ctx) != NULL; }
+
+static CUcontext current_context(void) { return context_depth > 0 ? context_stack[context_depth - 1] : NULL; }
+
+static unsigned int context_flags(CUcontext ctx)
+{
+    struct sim_context *context = created_context(ctx);
+    return context != NULL ? __atomic_load_n(&context->flags, __ATOMIC_RELAXED)
+                           : __atomic_load_n(&primary_flags, __ATOMIC_RELAXED);
+}
+
+static CUresult push_context(CUcontext ctx)
+{
+    if (context_depth == CONTEXT_STACK_DEPTH)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    context_stack[context_depth++] = ctx;
+    return CUDA_SUCCESS;
+}
+
+/* Take ctx off the calling thread's stack wherever it is (a destroyed or reset context). */
+static void forget_context(CUcontext ctx)
+{
+    int kept = 0;
+    for (int i = 0; i < context_depth; i++)
+        if (context_stack[i] != ctx)
+            context_stack[kept++] = context_stack[i];
+    context_depth = kept;
+}
 
 CUresult cuDevicePrimaryCtxRetain(CUcontext *ctx, CUdevice dev)
 {
@@ -564,7 +762,7 @@ CUresult cuDevicePrimaryCtxRetain(CUcontext *ctx, CUdevice dev)
     if (ctx == NULL)
         return CUDA_ERROR_INVALID_VALUE;
     REQUIRE_DEVICE(dev);
-    primary_refcount++;
+    __atomic_add_fetch(&primary_refcount, 1, __ATOMIC_ACQ_REL);
     *ctx = primary_context();
     return CUDA_SUCCESS;
 }
@@ -573,9 +771,12 @@ CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
 {
     REQUIRE_INIT();
     REQUIRE_DEVICE(dev);
-    if (primary_refcount == 0)
-        return CUDA_ERROR_INVALID_CONTEXT;
-    primary_refcount--;
+    int count = __atomic_load_n(&primary_refcount, __ATOMIC_ACQUIRE);
+    do {
+        if (count == 0)
+            return CUDA_ERROR_INVALID_CONTEXT;
+    } while (!__atomic_compare_exchange_n(&primary_refcount, &count, count - 1, 0, __ATOMIC_ACQ_REL,
+                                          __ATOMIC_ACQUIRE));
     return CUDA_SUCCESS;
 }
 
@@ -587,8 +788,8 @@ CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int *flags, int *acti
     if (flags == NULL || active == NULL)
         return CUDA_ERROR_INVALID_VALUE;
     REQUIRE_DEVICE(dev);
-    *flags = primary_flags;
-    *active = primary_refcount > 0;
+    *flags = __atomic_load_n(&primary_flags, __ATOMIC_RELAXED);
+    *active = __atomic_load_n(&primary_refcount, __ATOMIC_ACQUIRE) > 0;
     return CUDA_SUCCESS;
 }
 
@@ -596,7 +797,7 @@ CUresult cuDevicePrimaryCtxSetFlags_v2(CUdevice dev, unsigned int flags)
 {
     REQUIRE_INIT();
     REQUIRE_DEVICE(dev);
-    primary_flags = flags;
+    __atomic_store_n(&primary_flags, flags, __ATOMIC_RELAXED);
     return CUDA_SUCCESS;
 }
 
@@ -606,50 +807,99 @@ CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
 {
     REQUIRE_INIT();
     REQUIRE_DEVICE(dev);
-    primary_refcount = 0;
-    if (current_context == primary_context())
-        current_context = NULL;
+    __atomic_store_n(&primary_refcount, 0, __ATOMIC_RELEASE);
+    forget_context(primary_context());
     return CUDA_SUCCESS;
 }
 
 CUresult cuDevicePrimaryCtxReset(CUdevice dev) { return cuDevicePrimaryCtxReset_v2(dev); }
+
+/* A new context with its flags, made current on the calling thread (pushed), as cuCtxCreate does. */
+CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev)
+{
+    REQUIRE_INIT();
+    if (pctx == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    REQUIRE_DEVICE(dev);
+    if (context_depth == CONTEXT_STACK_DEPTH)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    for (int i = 0; i < MAX_CREATED_CONTEXTS; i++) {
+        int expected = 0;
+        if (__atomic_compare_exchange_n(&created[i].live, &expected, 1, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
+            __atomic_store_n(&created[i].flags, flags, __ATOMIC_RELAXED);
+            *pctx = (CUcontext)&created[i];
+            return push_context(*pctx);
+        }
+    }
+    return CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+CUresult cuCtxCreate(CUcontext *pctx, unsigned int flags, CUdevice dev) { return cuCtxCreate_v2(pctx, flags, dev); }
+
+/* CUDA 13's cuCtxCreate: execution-affinity and CIG parameters are not modelled, so only NULL is accepted. */
+CUresult cuCtxCreate_v4(CUcontext *pctx, void *params, unsigned int flags, CUdevice dev)
+{
+    if (params != NULL)
+        return diagtools_sim_unmodelled("cuCtxCreate_v4");
+    return cuCtxCreate_v2(pctx, flags, dev);
+}
+
+CUresult cuCtxDestroy_v2(CUcontext ctx)
+{
+    REQUIRE_INIT();
+    struct sim_context *context = created_context(ctx);
+    int live = 1;
+    if (context == NULL ||
+        !__atomic_compare_exchange_n(&context->live, &live, 0, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+        return CUDA_ERROR_INVALID_CONTEXT;
+    forget_context(ctx);
+    return CUDA_SUCCESS;
+}
+
+CUresult cuCtxDestroy(CUcontext ctx) { return cuCtxDestroy_v2(ctx); }
 
 CUresult cuCtxGetCurrent(CUcontext *ctx)
 {
     REQUIRE_INIT();
     if (ctx == NULL)
         return CUDA_ERROR_INVALID_VALUE;
-    *ctx = current_context;
+    *ctx = current_context();
     return CUDA_SUCCESS;
 }
 
+/* Replace the top of the calling thread's stack (push onto an empty one); NULL pops. */
 CUresult cuCtxSetCurrent(CUcontext ctx)
 {
     REQUIRE_INIT();
-    if (ctx != NULL && ctx != primary_context())
+    if (ctx == NULL) {
+        if (context_depth > 0)
+            context_depth--;
+        return CUDA_SUCCESS;
+    }
+    if (!valid_context(ctx))
         return CUDA_ERROR_INVALID_CONTEXT;
-    current_context = ctx;
+    if (context_depth == 0)
+        return push_context(ctx);
+    context_stack[context_depth - 1] = ctx;
     return CUDA_SUCCESS;
 }
 
-/* One context, so the stack is one deep: push makes it current, pop clears it. */
 CUresult cuCtxPushCurrent_v2(CUcontext ctx)
 {
     REQUIRE_INIT();
-    if (ctx != primary_context())
+    if (!valid_context(ctx))
         return CUDA_ERROR_INVALID_CONTEXT;
-    current_context = ctx;
-    return CUDA_SUCCESS;
+    return push_context(ctx);
 }
 
 CUresult cuCtxPopCurrent_v2(CUcontext *ctx)
 {
     REQUIRE_INIT();
-    if (current_context == NULL)
+    if (context_depth == 0)
         return CUDA_ERROR_INVALID_CONTEXT;
+    CUcontext top = context_stack[--context_depth];
     if (ctx != NULL)
-        *ctx = current_context;
-    current_context = NULL;
+        *ctx = top;
     return CUDA_SUCCESS;
 }
 
@@ -661,7 +911,7 @@ CUresult cuCtxGetDevice(CUdevice *dev)
     REQUIRE_INIT();
     if (dev == NULL)
         return CUDA_ERROR_INVALID_VALUE;
-    if (current_context == NULL)
+    if (current_context() == NULL)
         return CUDA_ERROR_INVALID_CONTEXT;
     *dev = 0;
     return CUDA_SUCCESS;
@@ -670,8 +920,8 @@ CUresult cuCtxGetDevice(CUdevice *dev)
 static CUresult context_or_current(CUcontext *ctx)
 {
     if (*ctx == NULL)
-        *ctx = current_context;
-    return *ctx == primary_context() ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT;
+        *ctx = current_context();
+    return *ctx != NULL && valid_context(*ctx) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT;
 }
 
 CUresult cuCtxGetDevice_v2(CUdevice *dev, CUcontext ctx)
@@ -707,16 +957,16 @@ CUresult cuCtxGetFlags(unsigned int *flags)
     REQUIRE_INIT();
     if (flags == NULL)
         return CUDA_ERROR_INVALID_VALUE;
-    if (current_context == NULL)
+    if (current_context() == NULL)
         return CUDA_ERROR_INVALID_CONTEXT;
-    *flags = primary_flags;
+    *flags = context_flags(current_context());
     return CUDA_SUCCESS;
 }
 
 CUresult cuCtxGetStreamPriorityRange(int *least, int *greatest)
 {
     REQUIRE_INIT();
-    if (current_context == NULL)
+    if (current_context() == NULL)
         return CUDA_ERROR_INVALID_CONTEXT;
     if (least != NULL)
         *least = 0;
@@ -728,7 +978,7 @@ CUresult cuCtxGetStreamPriorityRange(int *least, int *greatest)
 CUresult cuCtxSynchronize(void)
 {
     REQUIRE_INIT();
-    return current_context ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT;
+    return current_context() ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT;
 }
 
 CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes)
@@ -736,7 +986,7 @@ CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes)
     REQUIRE_INIT();
     if (free_bytes == NULL || total_bytes == NULL)
         return CUDA_ERROR_INVALID_VALUE;
-    if (current_context == NULL)
+    if (current_context() == NULL)
         return CUDA_ERROR_INVALID_CONTEXT;
     *total_bytes = (size_t)SIM_TOTAL_MEM;
     *free_bytes = (size_t)SIM_TOTAL_MEM;
@@ -913,7 +1163,7 @@ CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cuda_version, u
     if (symbol == NULL || pfn == NULL)
         return CUDA_ERROR_INVALID_VALUE;
     *pfn = lookup_entry_point(symbol, flags);
-    if (tracing())
+    if (sim_tracing())
         fprintf(stderr, "diagtools simcuda: cuGetProcAddress(%s, %d, %llu) -> %s\n", symbol, cuda_version,
                 (unsigned long long)flags, *pfn ? "found" : "not found");
     if (symbol_status != NULL)

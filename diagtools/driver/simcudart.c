@@ -44,29 +44,15 @@
 
 /* ---- refusals: where the simulation ends ---- */
 
-static unsigned int refusals = 0;
-static const char *first_refusal = NULL;
+static struct sim_refusals refusals; /* simworld.h: updated with atomics, from any thread */
 
-static int tracing(void)
-{
-    const char *value = getenv("DIAGTOOLS_SIMCUDA_TRACE");
-    return value != NULL && value[0] != '\0' && strcmp(value, "0") != 0;
-}
-
-static void record_refusal(unsigned int kind, const char *what)
-{
-    const char *expected = NULL;
-    __atomic_fetch_or(&refusals, kind, __ATOMIC_SEQ_CST);
-    __atomic_compare_exchange_n(&first_refusal, &expected, what, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
-    if (tracing())
-        fprintf(stderr, "diagtools simcudart: refused %s\n", what);
-}
+static void record_refusal(unsigned int kind, const char *what) { sim_refuse(&refusals, kind, what, "simcudart"); }
 
 /* What this process ran into: 1 a kernel launch was refused, 2 an unmodelled function was called. */
-unsigned int diagtools_simcudart_refusals(void) { return __atomic_load_n(&refusals, __ATOMIC_SEQ_CST); }
+unsigned int diagtools_simcudart_refusals(void) { return sim_refusal_mask(&refusals); }
 
 /* The first refused call ("cudaLaunchKernel", "cudaGraphCreate"), or NULL. */
-const char *diagtools_simcudart_first_refusal(void) { return __atomic_load_n(&first_refusal, __ATOMIC_SEQ_CST); }
+const char *diagtools_simcudart_first_refusal(void) { return sim_first_refusal(&refusals); }
 
 /* The last error of this thread, as cudaGetLastError / cudaPeekAtLastError report it. */
 static __thread cudaError_t last_error = cudaSuccess;

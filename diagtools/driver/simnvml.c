@@ -43,23 +43,17 @@ static int init_count = 0;
 
 /* ---- refusals ---- */
 
-static unsigned int refusals = 0;
-static const char *first_refusal = NULL;
+static struct sim_refusals refusals;
 
 /* Bitmask of what was refused in this process: 2 an unmodelled function. */
-unsigned int diagtools_simnvml_refusals(void) { return __atomic_load_n(&refusals, __ATOMIC_SEQ_CST); }
+unsigned int diagtools_simnvml_refusals(void) { return sim_refusal_mask(&refusals); }
 
 /* The first unmodelled NVML function called, or NULL. */
-const char *diagtools_simnvml_first_refusal(void) { return __atomic_load_n(&first_refusal, __ATOMIC_SEQ_CST); }
+const char *diagtools_simnvml_first_refusal(void) { return sim_first_refusal(&refusals); }
 
 nvmlReturn_t diagtools_simnvml_unmodelled(const char *name)
 {
-    const char *expected = NULL;
-    __atomic_fetch_or(&refusals, 2u, __ATOMIC_SEQ_CST);
-    __atomic_compare_exchange_n(&first_refusal, &expected, name, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
-    const char *trace = getenv("DIAGTOOLS_SIMCUDA_TRACE");
-    if (trace != NULL && trace[0] != '\0' && strcmp(trace, "0") != 0)
-        fprintf(stderr, "diagtools simnvml: refused %s\n", name);
+    sim_refuse(&refusals, 2u, name, "simnvml");
     return NVML_ERROR_NOT_SUPPORTED;
 }
 

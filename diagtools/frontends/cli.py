@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from diagtools.driver import DRIVER_CHOICES
-from diagtools.errors import DiagtoolsError, UsageError
+from diagtools.errors import DiagtoolsError, SweepInterrupted, UsageError
 from diagtools.model.replay import REPLAY_BROKEN, START_METHODS
 from diagtools.usecases.scan import DEFAULT_SETTLE_S
 
@@ -74,6 +74,13 @@ def _build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+DRIVER_HELP = (
+    "the CUDA driver (libcuda) to use: auto (the real driver when a GPU answers, else the simulated one), "
+    "real, simulated (a stand-in with no GPU) or none (no driver: nothing can be seen initializing)"
+)
+TIMEOUT_HELP = "stop each subkernel after S seconds (default %(default)s); the verdict is then unknown"
+
+
 def _add_debug(parser: argparse.ArgumentParser) -> None:
     """Accept --debug after the subcommand too, without resetting one given before it."""
     parser.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
@@ -82,8 +89,8 @@ def _add_debug(parser: argparse.ArgumentParser) -> None:
 def _add_scan(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("targets", nargs="+", metavar="TARGET", help="module to import, e.g. pkg.ops")
     parser.add_argument("--path", action="append", default=[], metavar="DIR", help="prepend DIR to sys.path")
-    parser.add_argument("--driver", choices=DRIVER_CHOICES, default="auto")
-    parser.add_argument("--timeout", type=_timeout, default=120.0, metavar="S")
+    parser.add_argument("--driver", choices=DRIVER_CHOICES, default="auto", help=DRIVER_HELP)
+    parser.add_argument("--timeout", type=_timeout, default=120.0, metavar="S", help=TIMEOUT_HELP)
     parser.add_argument("--json", metavar="FILE|-", help="write the diagtools.scan/1 document ('-' for stdout)")
     parser.add_argument(
         "--settle",
@@ -95,7 +102,28 @@ def _add_scan(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--fail-on-cuda", action="store_true", help="exit 1 when CUDA got initialized")
     parser.add_argument("--stack", action="store_true", help="print the whole Python stack of the culprit")
     parser.add_argument("--svg", metavar="FILE", help="write the import graph (culprit chains) as SVG")
+    _add_own(parser)
+    _add_python(parser)
     _add_debug(parser)
+
+
+def _add_python(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--python",
+        metavar="PATH",
+        help="run the subkernel with this interpreter (the environment under test; CPython 3.10+)",
+    )
+
+
+def _add_own(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--own",
+        action="append",
+        default=[],
+        metavar="PATTERN",
+        help="your own packages (name or glob, repeatable): the line to change is the last line on the chain in "
+        "them (default: the target's top-level package)",
+    )
 
 
 def _add_replay(parser: argparse.ArgumentParser) -> None:
@@ -106,9 +134,10 @@ def _add_replay(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--compare", nargs=2, metavar=("BEFORE", "AFTER"), help="replay on both trees, under fork and spawn"
     )
-    parser.add_argument("--driver", choices=DRIVER_CHOICES, default="auto")
-    parser.add_argument("--timeout", type=_timeout, default=60.0, metavar="S")
+    parser.add_argument("--driver", choices=DRIVER_CHOICES, default="auto", help=DRIVER_HELP)
+    parser.add_argument("--timeout", type=_timeout, default=60.0, metavar="S", help=TIMEOUT_HELP)
     parser.add_argument("--json", metavar="FILE|-", help="write the diagtools.replay/1 document ('-' for stdout)")
+    _add_python(parser)
     _add_debug(parser)
 
 
@@ -117,8 +146,8 @@ def _add_sweep(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--path", action="append", default=[], metavar="DIR", help="prepend DIR to sys.path")
     parser.add_argument("--jobs", type=int, default=None, metavar="N", help="parallel subkernels (default: CPUs)")
     parser.add_argument("--json", metavar="FILE", help="JSON Lines journal: appended as modules finish, resumed")
-    parser.add_argument("--driver", choices=DRIVER_CHOICES, default="auto")
-    parser.add_argument("--timeout", type=_timeout, default=120.0, metavar="S")
+    parser.add_argument("--driver", choices=DRIVER_CHOICES, default="auto", help=DRIVER_HELP)
+    parser.add_argument("--timeout", type=_timeout, default=120.0, metavar="S", help=TIMEOUT_HELP)
     parser.add_argument("--fail-on-cuda", action="store_true", help="exit 1 when any module initializes CUDA")
     parser.add_argument(
         "--preload",
@@ -128,8 +157,23 @@ def _add_sweep(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--fresh", action="store_true", help="a fresh subkernel per module, no zygote (slower)")
     parser.add_argument(
+        "--no-adapt",
+        dest="adapt",
+        action="store_false",
+        help="keep the preload as given (default: also preload the package modules most children import)",
+    )
+    parser.add_argument(
         "--exclude", action="append", default=[], metavar="PATTERN", help="glob on module names to skip (repeatable)"
     )
+    parser.add_argument(
+        "--baseline",
+        metavar="FILE",
+        help="an earlier sweep's journal or --summary: exit 1 only for root causes it does not list",
+    )
+    parser.add_argument("--summary", metavar="FILE", help="write the sweep's answer (root causes, rows) as JSON")
+    parser.add_argument("--html", metavar="FILE", help="write the root-cause summary as an HTML page")
+    _add_own(parser)
+    _add_python(parser)
     _add_debug(parser)
 
 
@@ -139,8 +183,8 @@ def _add_bisect(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--good", required=True, metavar="REV", help="a commit where the import is clean")
     parser.add_argument("--bad", required=True, metavar="REV", help="a commit where it initializes CUDA")
     parser.add_argument("--path-in-repo", default="", metavar="SUBDIR", help="import root inside the repository")
-    parser.add_argument("--driver", choices=DRIVER_CHOICES, default="auto")
-    parser.add_argument("--timeout", type=_timeout, default=120.0, metavar="S")
+    parser.add_argument("--driver", choices=DRIVER_CHOICES, default="auto", help=DRIVER_HELP)
+    parser.add_argument("--timeout", type=_timeout, default=120.0, metavar="S", help=TIMEOUT_HELP)
     parser.add_argument("--json", metavar="FILE|-", help="write the diagtools.bisect/1 document")
     _add_debug(parser)
 
@@ -164,7 +208,7 @@ def _add_bench(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--size", action="append", type=_size, metavar="GxD", help="default: the full grid on a GPU")
     parser.add_argument("--backend", action="append", choices=("torch", "triton", "cutedsl"), metavar="B")
     parser.add_argument("--ratio", type=int, default=4)
-    parser.add_argument("--driver", choices=DRIVER_CHOICES, default="auto")
+    parser.add_argument("--driver", choices=DRIVER_CHOICES, default="auto", help=DRIVER_HELP)
     parser.add_argument("--json", metavar="FILE|-", help="write the diagtools.bench/1 document")
     parser.add_argument("--chart", metavar="PNG", help="write a bar chart of GB/s")
     _add_debug(parser)
@@ -173,13 +217,16 @@ def _add_bench(parser: argparse.ArgumentParser) -> None:
 def _add_demo(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default="build/report", metavar="DIR", help="where the report goes")
     parser.add_argument("--no-notebooks", action="store_true", help="only scan the specimens")
-    parser.add_argument("--driver", choices=DRIVER_CHOICES, default="auto")
+    parser.add_argument(
+        "--notebooks", metavar="DIR", help="the notebooks to run (default: the source checkout's notebooks/)"
+    )
+    parser.add_argument("--driver", choices=DRIVER_CHOICES, default="auto", help=DRIVER_HELP)
     _add_debug(parser)
 
 
 def _add_run(parser: argparse.ArgumentParser) -> None:
     parser.usage = "diagtools run [--driver D] [--json FILE|-] [--html FILE] [--timeout S] -- COMMAND [ARGS...]"
-    parser.add_argument("--driver", choices=DRIVER_CHOICES, default="auto")
+    parser.add_argument("--driver", choices=DRIVER_CHOICES, default="auto", help=DRIVER_HELP)
     parser.add_argument(
         "--json", metavar="FILE|-", help="write diagtools.run/1 ('-': stdout; the command's stdout then goes to stderr)"
     )
@@ -210,6 +257,23 @@ def _check_writable(destination: str | None, option: str) -> None:
         problem = _probe_create(path)
     if problem:
         raise UsageError(f"{option} {destination!r} {problem}; choose another file")
+
+
+def _check_journal(destination: str) -> None:
+    """A journal that can be opened for appending; never created here.
+
+    Creating a probe file (as :func:`_check_writable` does) would race a sweep
+    started at the same moment on the same new journal: the loser must meet
+    that sweep's lock, not a file that appeared between its checks.
+    """
+    path = Path(destination)
+    if "\0" in destination:
+        raise UsageError(f"--json {destination!r} contains a NUL byte; choose another file")
+    if path.is_dir() or (path.exists() and not os.access(path, os.W_OK)):
+        raise UsageError(f"--json {destination!r} is not a writable journal file; choose another file")
+    parent = path.parent
+    if not path.exists() and not (parent.is_dir() and os.access(parent, os.W_OK | os.X_OK)):
+        raise UsageError(f"--json {destination!r} cannot be created in {str(parent)!r}; choose another file")
 
 
 def _probe_create(path: Path) -> str:
@@ -245,7 +309,15 @@ def _run_scan(args: argparse.Namespace) -> int:
     from diagtools.usecases.scan import scan
 
     _check_writable(args.json, "--json")
-    result = scan(args.targets, path=args.path, driver=args.driver, timeout=args.timeout, settle=args.settle)
+    result = scan(
+        args.targets,
+        path=args.path,
+        driver=args.driver,
+        timeout=args.timeout,
+        settle=args.settle,
+        own=args.own,
+        python=args.python,
+    )
     if args.svg:
         from diagtools.render.graph import write_svg
 
@@ -261,7 +333,13 @@ def _run_replay(args: argparse.Namespace) -> int:
     from diagtools.usecases.replay import compare_replays, replay_fork
 
     _check_writable(args.json, "--json")
-    common = {"child": args.child, "path": args.path, "driver": args.driver, "timeout": args.timeout}
+    common = {
+        "child": args.child,
+        "path": args.path,
+        "driver": args.driver,
+        "timeout": args.timeout,
+        "python": args.python,
+    }
     if args.compare:
         before, after = args.compare
         comparison = compare_replays(args.target, before=before, after=after, **common)
@@ -297,17 +375,34 @@ def _print(text: str) -> None:
 
 
 def _run_sweep(args: argparse.Namespace) -> int:
-    from diagtools.frontends.progress import terminal_progress
-    from diagtools.render.text import render_sweep
-    from diagtools.usecases.sweep import sweep
+    from diagtools.render.text import render_baseline, render_sweep
+    from diagtools.usecases.sweep_journal import read_baseline
 
     if args.jobs is not None and args.jobs < 1:
         raise UsageError(f"--jobs must be at least 1, got {args.jobs}")
-    if args.json and not Path(args.json).exists():
-        _check_writable(args.json, "--json")
-    elif args.json and (Path(args.json).is_dir() or not os.access(args.json, os.W_OK)):
-        raise UsageError(f"--json {args.json!r} is not a writable journal file; choose another file")
-    result = sweep(
+    if args.json:
+        _check_journal(args.json)
+    _check_writable(args.summary, "--summary")
+    _check_writable(args.html, "--html")
+    known = read_baseline(args.baseline) if args.baseline else None
+    try:
+        result = _sweep_for(args)
+    except SweepInterrupted as exc:
+        _write_sweep_files(exc.result, args)  # what it has, for the summary main() prints
+        raise
+    _print(render_sweep(result))
+    _write_sweep_files(result, args)
+    if known is not None:
+        _print(render_baseline(result, known, args.baseline))
+        return EXIT_CUDA if result.new_causes(known) else EXIT_OK
+    return EXIT_CUDA if (args.fail_on_cuda and result.culprits) else EXIT_OK
+
+
+def _sweep_for(args: argparse.Namespace) -> Any:
+    from diagtools.frontends.progress import terminal_progress
+    from diagtools.usecases.sweep import sweep
+
+    return sweep(
         args.package,
         path=args.path,
         jobs=args.jobs,
@@ -318,9 +413,20 @@ def _run_sweep(args: argparse.Namespace) -> int:
         preload=args.preload,
         fresh=args.fresh,
         exclude=args.exclude,
+        own=args.own,
+        python=args.python,
+        adapt=args.adapt,
     )
-    _print(render_sweep(result))
-    return EXIT_CUDA if (args.fail_on_cuda and result.culprits) else EXIT_OK
+
+
+def _write_sweep_files(result: Any, args: argparse.Namespace) -> None:
+    """``--summary`` and ``--html``: written after the report is printed, so a failure loses nothing."""
+    if args.summary:
+        _write_json(result.to_json(), args.summary)
+    if args.html:
+        from diagtools.render.html import sweep_html
+
+        Path(args.html).write_text(sweep_html(result), encoding="utf-8")
 
 
 def _run_bisect(args: argparse.Namespace) -> int:
@@ -393,7 +499,10 @@ def _run_demo(args: argparse.Namespace) -> int:
     from diagtools.frontends.demo import NOTEBOOKS, write_demo_report
 
     _check_directory(args.out, "--out")
-    report = write_demo_report(Path(args.out), driver=args.driver, notebooks=None if args.no_notebooks else NOTEBOOKS)
+    if args.notebooks is not None and not Path(args.notebooks).is_dir():
+        raise UsageError(f"--notebooks {args.notebooks!r} is not a directory")
+    notebooks = None if args.no_notebooks else Path(args.notebooks) if args.notebooks else NOTEBOOKS
+    report = write_demo_report(Path(args.out), driver=args.driver, notebooks=notebooks)
     _print(report.summary)
     print(f"report written to {report.index.resolve()}")
     postmortem = report.index.parent / "postmortem.html"
@@ -437,13 +546,15 @@ def _report_run(result: Any, args: argparse.Namespace) -> None:
 
     text = render_run(result)
     print(paint(text) if use_color(sys.stderr.isatty(), os.environ) else text, file=sys.stderr, flush=True)
-    try:
-        if args.json:
-            _write_json(result.to_json(), args.json)
-        if args.html:
-            Path(args.html).write_text(run_page(result), encoding="utf-8")
-    except OSError as exc:
-        raise UsageError(f"cannot write {exc.filename or 'the report'}: {exc.strerror or exc}") from None
+    for destination, write in (
+        (args.json, lambda: _write_json(result.to_json(), args.json)),
+        (args.html, lambda: Path(args.html).write_text(run_page(result), encoding="utf-8")),
+    ):
+        try:
+            if destination:
+                write()
+        except OSError as exc:
+            raise UsageError(f"cannot write {destination}: {exc.strerror or exc}") from None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -462,6 +573,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     restore = _translate_termination()
     try:
         return handlers[args.command](args)
+    except SweepInterrupted as exc:
+        return _interrupted_sweep(exc)
     except _Terminated as exc:
         print(f"diagtools: {signal.Signals(exc.signum).name}: stopped, subkernels killed", file=sys.stderr)
         return EXIT_HANGUP if exc.signum == signal.SIGHUP else EXIT_TERMINATED
@@ -483,6 +596,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     finally:
         restore()
+
+
+def _interrupted_sweep(exc: SweepInterrupted) -> int:
+    """Ctrl-C (or SIGTERM/SIGHUP) in a sweep: the summary of what it had, then the signal's exit code."""
+    from diagtools.render.text import render_sweep
+
+    _print(render_sweep(exc.result))  # type: ignore[arg-type]
+    if exc.signum is None:
+        print("diagtools: interrupted, subkernels killed", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    print(f"diagtools: {signal.Signals(exc.signum).name}: stopped, subkernels killed", file=sys.stderr)
+    return EXIT_HANGUP if exc.signum == signal.SIGHUP else EXIT_TERMINATED
 
 
 def _one_line(value: object) -> str:

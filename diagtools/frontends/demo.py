@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -17,8 +18,10 @@ from diagtools.render.text import render_scan
 from diagtools.specimens import Specimen, all_specimens
 from diagtools.usecases.scan import scan
 
-__all__ = ["DemoReport", "NotebookOutcome", "SpecimenOutcome", "run_notebook", "write_demo_report"]
+__all__ = ["NOTEBOOKS", "DemoReport", "NotebookOutcome", "SpecimenOutcome", "run_notebook", "write_demo_report"]
 
+# The notebooks live in the source repository (notebooks/ beside the package), not in the package:
+# a checkout finds them here; an install from a wheel has none, and the report says so.
 NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
 
 
@@ -71,6 +74,7 @@ class DemoReport:
     index: Path
     outcomes: tuple[SpecimenOutcome, ...]
     notebooks: tuple[NotebookOutcome, ...] = ()
+    notes: tuple[str, ...] = ()
 
     @property
     def as_expected(self) -> bool:
@@ -86,6 +90,7 @@ class DemoReport:
         for notebook in self.notebooks:
             state = f"FAILED: {notebook.error}" if notebook.error else f"executed in {notebook.seconds:.1f} s"
             lines.append(f"  notebook {notebook.name}: {state}")
+        lines.extend(f"  note: {note}" for note in self.notes)
         return "\n".join(lines)
 
 
@@ -140,23 +145,41 @@ def _inject_parameters(notebook: Any, parameters: dict[str, Any], nbformat: Any)
     notebook.cells.insert(index + 1, cell)
 
 
+_INDEX_STYLE = (
+    "<style>body{font:15px/1.5 system-ui,sans-serif;max-width:60rem;margin:2rem auto;padding:0 1rem;color:#222}"
+    "h1{font-size:1.6rem;margin-bottom:.2rem}h2{font-size:1.2rem;margin-top:1.6rem;border-bottom:1px solid #ddd}"
+    "a{color:#1f5fa8}ul{padding-left:1.2rem}li{margin:.2rem 0}code{background:#f4f4f4;padding:1px 4px}"
+    ".bad{color:#b00020;font-weight:600}.good{color:#1b7f3b;font-weight:600}.unknown{color:#a15c00;font-weight:600}"
+    ".lede{color:#555}nav a{margin-right:1rem}</style>"
+)
+_VERDICT_CSS = {Verdict.INITIALIZES_CUDA: "bad", Verdict.CLEAN: "good", Verdict.UNKNOWN: "unknown"}
+
+
 def _index_html(
     report_outcomes: tuple[SpecimenOutcome, ...], notebooks: tuple[NotebookOutcome, ...], *, postmortem: bool = False
 ) -> str:
     items = "".join(
         f'<li><a href="notebooks/{escape(n.name)}.html">{escape(n.name)}</a>'
-        + (f' <b style="color:#b00020">failed: {escape(n.error)}</b>' if n.error else "")
+        + (f' <span class="bad">failed: {escape(n.error)}</span>' if n.error else "")
         + "</li>"
         for n in notebooks
     )
-    postmortem_link = "<a href='postmortem.html'>Postmortem</a> &middot; " if postmortem else ""
+    links = [("postmortem.html", "Postmortem (page)"), ("postmortem.md", "Postmortem (Markdown, to paste)")]
+    links = [link for link in links if postmortem] + [("specimens.md", "Specimen scans (Markdown)")]
+    nav = "".join(f'<a href="{href}">{escape(text)}</a>' for href, text in links)
     verdicts = "".join(
-        f"<li>{escape(o.specimen.name)}/{o.variant}: {escape(o.headline())}</li>" for o in report_outcomes
+        f"<li><code>{escape(o.specimen.name)}/{o.variant}</code>: "
+        f'<span class="{_VERDICT_CSS[o.result.verdict]}">{escape(str(o.result.verdict))}</span>'
+        f"{escape(o.headline().removeprefix(str(o.result.verdict)))}</li>"
+        for o in report_outcomes
     )
     return (
-        "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>diagtools report</title></head><body>"
-        "<h1>diagtools report</h1><p>"
-        f"{postmortem_link}<a href='specimens.md'>Specimen scans (Markdown)</a></p>"
+        "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
+        "<meta name='viewport' content='width=device-width,initial-scale=1'>"
+        f"<title>diagtools report</title>{_INDEX_STYLE}</head><body>"
+        "<h1>diagtools report</h1><p class='lede'>Which import initializes the CUDA driver, down to the line: "
+        "the built-in specimens scanned before and after their fix, and the notebooks executed.</p>"
+        f"<nav>{nav}</nav>"
         f"<h2>Notebooks</h2><ul>{items}</ul><h2>Specimens</h2><ul>{verdicts}</ul></body></html>"
     )
 
@@ -175,11 +198,20 @@ def write_demo_report(
     (out / "specimens.json").write_text(json.dumps(scans, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     (out / "specimens.md").write_text(_markdown(outcomes), encoding="utf-8")
     executed: tuple[NotebookOutcome, ...] = ()
+    notes = () if notebooks is None or notebooks.is_dir() else (_no_notebooks(notebooks),)
     if notebooks is not None and notebooks.is_dir():
-        parameters = {"DRIVER": driver, "OUT_DIR": str(out.resolve())}
+        # relative to the notebooks' folder, where they run: the exported notebooks hold no machine-local path
+        parameters = {"DRIVER": driver, "OUT_DIR": os.path.relpath(out.resolve(), notebooks.resolve())}
         executed = tuple(
             run_notebook(path, out / "notebooks", parameters) for path in sorted(notebooks.glob("*.ipynb"))
         )
     index = out / "index.html"
     index.write_text(_index_html(outcomes, executed, postmortem=(out / "postmortem.html").exists()), encoding="utf-8")
-    return DemoReport(index, outcomes, executed)
+    return DemoReport(index, outcomes, executed, notes)
+
+
+def _no_notebooks(where: Path) -> str:
+    return (
+        f"no notebooks at {where}: they ship in the source repository's notebooks/ folder, not in an installed"
+        " wheel; pass --notebooks DIR (a checkout's notebooks/) to run them, or --no-notebooks"
+    )

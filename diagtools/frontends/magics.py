@@ -6,6 +6,7 @@ imports the target and never initializes CUDA.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 import tempfile
@@ -17,6 +18,7 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 
 from diagtools.driver import DRIVER_CHOICES
 from diagtools.errors import DiagtoolsError
+from diagtools.model.run import RunResult
 
 __all__ = ["DiagtoolsMagics", "load_ipython_extension"]
 
@@ -32,6 +34,9 @@ def _cell_environment() -> dict[str, str]:
     return env
 
 
+DRIVER_HELP = "auto: the real driver on a GPU machine, the simulated one elsewhere; real; simulated"
+
+
 @magics_class
 class DiagtoolsMagics(Magics):
     """``%cuda_scan TARGET [--path DIR]`` and ``%%cuda_watch [--driver D] [--timeout S]``."""
@@ -39,8 +44,8 @@ class DiagtoolsMagics(Magics):
     @magic_arguments()
     @argument("target", nargs="+", help="module(s) to import in a fresh subkernel")
     @argument("--path", action="append", default=[], help="directory to put first on sys.path")
-    @argument("--driver", choices=DRIVER_CHOICES, default="auto")
-    @argument("--timeout", type=float, default=120.0)
+    @argument("--driver", choices=DRIVER_CHOICES, default="auto", help=DRIVER_HELP)
+    @argument("--timeout", type=float, default=120.0, help="seconds before the subkernel is stopped")
     @line_magic
     def cuda_scan(self, line: str) -> Any:
         """Scan TARGET in a fresh subkernel; the result renders itself."""
@@ -54,17 +59,23 @@ class DiagtoolsMagics(Magics):
             return None
 
     @magic_arguments()
-    @argument("--driver", choices=DRIVER_CHOICES, default="auto")
-    @argument("--timeout", type=float, default=300.0)
+    @argument("--driver", choices=DRIVER_CHOICES, default="auto", help=DRIVER_HELP)
+    @argument("--timeout", type=float, default=300.0, help="seconds before the cell's process tree is stopped")
     @cell_magic
     def cuda_watch(self, line: str, cell: str) -> Any:
-        """Run the cell as a script under ``diagtools run``: which line initialized CUDA, and any poisoned fork."""
+        """Run the cell as a script under ``diagtools run``: which line initialized CUDA, and any poisoned fork.
+
+        Lines are numbered as the notebook shows them (the ``%%cuda_watch`` line is
+        line 1) and the file is named after the cell (``In[5]``, as IPython's own
+        tracebacks name it), not after the temporary script, which is gone by then.
+        """
         from diagtools.usecases.run import run
 
         args = parse_argstring(self.cuda_watch, line)
+        label = cell_label(self.shell, cell)
         with tempfile.TemporaryDirectory(prefix="diagtools-cell-") as directory:
             script = Path(directory) / "cell.py"
-            script.write_text(cell, encoding="utf-8")
+            script.write_text("\n" + cell, encoding="utf-8")  # the magic's own line is line 1
             try:
                 result = run(
                     [sys.executable, str(script)],
@@ -76,9 +87,53 @@ class DiagtoolsMagics(Magics):
             except DiagtoolsError as exc:
                 _report(exc)
                 return None
+        name, _, _cell_id = label.partition(" ")
+        result = renamed(result, {str(script): name, sys.executable: "python"})
+        result = dataclasses.replace(result, command=("python", label))  # the command names the cell id too
         sys.stdout.write(result.stdout or "")
         sys.stderr.write(result.stderr or "")
         return result
+
+
+def _prompt_number(shell: Any, cell: str) -> int | None:
+    """The running cell's ``In[N]``: its index in the input history, which IPython fills before running it.
+
+    ``execution_count`` is not it: IPython 9 counts the cell up before running it, older ones after.
+    """
+    history = getattr(getattr(shell, "history_manager", None), "input_hist_raw", None) or []
+    if history and cell.strip() and cell.strip() in history[-1]:
+        return len(history) - 1
+    count = getattr(shell, "execution_count", None)
+    return count if isinstance(count, int) else None
+
+
+def cell_label(shell: Any, cell: str = "") -> str:
+    """How the cell is named: ``In[N]`` (its prompt number) and, in JupyterLab, its cell id.
+
+    Lines are shown as ``In[N]:L``, the way IPython's own tracebacks name a cell.
+    """
+    count = _prompt_number(shell, cell)
+    header = getattr(shell, "parent_header", None) or {}
+    cell_id = (header.get("metadata") or {}).get("cellId", "") if isinstance(header, dict) else ""
+    name = f"In[{count}]" if isinstance(count, int) else "In[?]"
+    return f"{name} (cell id {cell_id[:8]})" if cell_id else name
+
+
+def renamed(result: RunResult, names: dict[str, str]) -> RunResult:
+    """``result`` with each path in ``names`` (the temporary script, the kernel's interpreter) renamed, everywhere."""
+
+    def walk(value: Any) -> Any:
+        if isinstance(value, str):
+            for path, name in names.items():
+                value = value.replace(path, name)
+            return value
+        if isinstance(value, list):
+            return [walk(item) for item in value]
+        if isinstance(value, dict):
+            return {key: walk(item) for key, item in value.items()}
+        return value
+
+    return RunResult.from_json(walk(result.to_json()))
 
 
 def load_ipython_extension(ipython: Any) -> None:

@@ -7,6 +7,7 @@ view.  Every call runs in a fresh subkernel, never in the notebook's kernel.
 
 from __future__ import annotations
 
+import base64
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -19,7 +20,7 @@ from diagtools.frontends.progress import Stopwatch
 from diagtools.model.replay import CHILD_ACTIONS
 from diagtools.model.scan import ScanResult
 from diagtools.render.chart import bandwidth_chart_png
-from diagtools.render.html import bench_table_html, comparison_html, module_html, scan_html
+from diagtools.render.html import bench_table_html, comparison_html, module_html, scan_html, scan_status_html
 from diagtools.render.ordering import picker_options
 from diagtools.runner.subkernel import run_subkernel
 from diagtools.usecases.replay import compare_replays
@@ -42,7 +43,22 @@ _BUSY_STYLE = (
     ".dt-busy i{width:14px;height:14px;border:2px solid #9ecae1;border-top-color:#1f77b4;border-radius:50%;"
     "animation:dt-spin .8s linear infinite}@keyframes dt-spin{to{transform:rotate(360deg)}}</style>"
 )
-_WAITING = "<p><i>No result yet: press the button above. The last result stays here, saved with the notebook.</i></p>"
+_WAITING = (
+    '<p class="dt-waiting"><i>No result yet. In a running notebook the panel above fills this in; '
+    "its last result stays here, saved and exported with the notebook.</i></p>"
+)
+_RUNNING = '<p class="dt-waiting"><i>Running&hellip; the result appears here when it is done.</i></p>'
+
+
+def _widget_bundle(widget: Any, text: str) -> dict[str, Any]:
+    """The widget's display data with ``text`` as the plain fallback instead of its ``VBox(children=...)`` repr.
+
+    An exported notebook (nbconvert) and a notebook reopened without widget
+    state fall back to ``text/plain``: it should say what the panel is.
+    """
+    bundle = dict(widget._repr_mimebundle_() or {})
+    bundle["text/plain"] = text
+    return bundle
 
 
 class _StaticView:
@@ -93,6 +109,7 @@ class _Panel:
 
     def _run(self, work: Callable[[], None], message: str, phase: str) -> None:
         self.status.value = message
+        self.view.show(_RUNNING)
         self.stopwatch.start(phase)
         self._tick()
         self.busy.layout.display = ""
@@ -102,8 +119,10 @@ class _Panel:
                 work()
             except DiagtoolsError as exc:
                 self.status.value = f'<span style="color:#b00020">{type(exc).__name__}: {escape(str(exc))}</span>'
+                self.view.show(f"<p>{self.status.value}</p>")
             except Exception as exc:  # a widget callback's traceback would only reach the kernel log
                 self.status.value = f'<span style="color:#b00020">internal error: {escape(repr(exc))}</span>'
+                self.view.show(f"<p>{self.status.value}</p>")
                 raise
             finally:
                 seconds = self.stopwatch.stop()
@@ -125,7 +144,11 @@ class _Panel:
     def _ipython_display_(self) -> None:
         from IPython.display import display
 
-        display(self.widget)
+        name = type(self).__name__
+        display(
+            _widget_bundle(self.widget, f"{name}: interactive in a running notebook; its last result follows."),
+            raw=True,
+        )
         self.view.attach()
 
 
@@ -161,14 +184,13 @@ class ScanPanel(_Panel):
         self.scan_button = w.Button(description="Scan", button_style="primary", icon="search")
         self.module_picker = _field(w.Dropdown(options=[], description="module"), "300px")
         self.all_modules = w.Checkbox(value=False, description="all modules", indent=False)
-        self.details = w.HTML(layout=w.Layout(max_width="100%", overflow="auto"))
         self.scan_button.on_click(lambda _: self.run_scan())
         self.module_picker.observe(lambda change: self.show_module(change["new"]), names="value")
         self.all_modules.observe(lambda _: self._fill_picker(), names="value")
         controls = _wrapping_row([self.target, self.path, self.driver, self.scan_button])
         picker = _wrapping_row([self.module_picker, self.all_modules])
         self.widget = w.VBox(
-            [controls, _wrapping_row([self.busy, self.status]), picker, self.details],
+            [controls, _wrapping_row([self.busy, self.status]), picker],
             layout=w.Layout(width="100%", max_width="100%", overflow="hidden"),
         )
 
@@ -189,7 +211,7 @@ class ScanPanel(_Panel):
         if self.module_picker.options and self.module_picker.value is None:
             self.module_picker.value = self.module_picker.options[0]  # the culprit, when there is one
         self._render()
-        self.status.value = f"done: {result.status}, driver {result.driver.kind}"
+        self.status.value = scan_status_html(result)
 
     def _fill_picker(self) -> None:
         if self.result is not None:
@@ -200,14 +222,13 @@ class ScanPanel(_Panel):
             return
         selected = self.module_picker.value
         html = scan_html(self.result, graph=True, selected=selected)
-        if selected:
+        if selected and 'class="dtg"' not in html:  # no graph view to show the module's details in
             html += module_html(self.result, selected)
         self.view.show(html)
 
     def show_module(self, name: str | None) -> None:
-        """The module's details beside the picker, and the same module selected in the graph below."""
+        """Select the module in the graph below, which shows its details (once)."""
         if self.result is not None and name:
-            self.details.value = module_html(self.result, name)
             self._render()
 
 
@@ -267,26 +288,35 @@ class ReplayPanel(_Panel):
                 runner=runner,
             )
             self.view.show(comparison_html(self.comparison))
-            self.status.value = "done"
+            self.status.value = f"done: {escape(self.comparison.headline())}"
 
         self._run(work, "replaying before/after under fork and spawn&hellip;", REPLAY_PHASES[0])
 
 
 class BenchPanel:
-    """Kernel timings: the table, and a bar chart of achieved bandwidth per size and backend."""
+    """Kernel timings: the table, and a bar chart of achieved bandwidth per size and backend.
+
+    Nothing here is interactive, so the panel is plain HTML (the table and the
+    chart as an inline PNG): it survives saving, reopening and exporting as is.
+    ``note`` (say, that CPU times mean nothing) heads the table and the chart.
+    """
 
     columns = ("size", "backend", "median_ms", "GB/s", "copy_fraction", "max_rel_error")
 
-    def __init__(self, rows: Sequence[dict[str, Any]], *, title: str = "compress_norm_rope_store") -> None:
+    def __init__(
+        self, rows: Sequence[dict[str, Any]], *, title: str = "compress_norm_rope_store", note: str = ""
+    ) -> None:
         self.rows = list(rows)
-        self.table = w.HTML(bench_table_html(self.rows, list(self.columns)))
-        self.chart = w.Image(value=self.chart_png(title), format="png")
-        self.widget = w.VBox([self.table, self.chart])
+        self.title, self.note = title, note
+        self.png = self.chart_png(title)
 
     def chart_png(self, title: str) -> bytes:
-        return bandwidth_chart_png(self.rows, title)
+        return bandwidth_chart_png(self.rows, title, note=self.note)
 
-    def _ipython_display_(self) -> None:
-        from IPython.display import display
-
-        display(self.widget)
+    def _repr_html_(self) -> str:
+        table = bench_table_html(self.rows, list(self.columns), caption=self.note)
+        image = base64.b64encode(self.png).decode("ascii")
+        chart = (
+            f'<img alt="{escape(self.title)}" style="max-width:100%;height:auto" src="data:image/png;base64,{image}">'
+        )
+        return f"{table}<div>{chart}</div>"

@@ -9,25 +9,36 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import os
 import re
-from collections.abc import Iterable, Sequence
+import tempfile
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 __all__ = [
+    "ARCH",
+    "PTX_DIR",
     "VECTOR_BYTES",
     "CudaDriver",
     "KernelLaunch",
     "LoadedKernel",
     "aligned",
+    "compile_to_ptx",
+    "compiled_or_shipped",
+    "cuda_device_of",
     "cuda_driver",
     "entry_of",
+    "gmem_pointer",
     "launch_kernel",
     "load_kernel",
     "pack_arguments",
 ]
 
 VECTOR_BYTES = 16  # the kernels' 128-bit vectors: every pointer they get starts on this boundary
+ARCH = "sm_90a"  # the architecture the shipped PTX is compiled for
+PTX_DIR = Path(__file__).resolve().parent / "ptx"
 
 _CTYPES: dict[str, Any] = {"u64": ctypes.c_uint64, "s64": ctypes.c_int64, "u32": ctypes.c_uint32, "f32": ctypes.c_float}
 
@@ -137,7 +148,53 @@ def load_kernel(device: int, ptx: str, param_types: Sequence[str], threads: int)
     return LoadedKernel(function, fitting)
 
 
+def cuda_device_of(tensor: Any) -> int:
+    """The CUDA device index of ``tensor`` (the current device for a bare ``cuda``); a CPU tensor
+    raises ``ValueError``: the CuTe DSL kernels run on CUDA only."""
+    if not tensor.is_cuda:
+        raise ValueError("the CuTe DSL backend runs on CUDA tensors only; use backend='torch' or 'triton' here")
+    if tensor.device.index is not None:
+        return int(tensor.device.index)
+    import torch
+
+    return int(torch.cuda.current_device())
+
+
 def launch_kernel(kernel: LoadedKernel, launch: KernelLaunch, stream: int) -> None:
     """Launch on ``stream`` (a raw ``cudaStream_t``); a launch error raises ``RuntimeError``."""
     array, _values = launch.packed()  # _values keeps the pointed-to scalars alive through the call
     cuda_driver().launch(kernel.function, launch.grid, launch.block, stream, ctypes.addressof(array))
+
+
+# ----------------------------------------------------------------------------- compiling
+
+
+def gmem_pointer(dtype: Any) -> Any:
+    """A placeholder global pointer of ``dtype`` for compiling, 16-byte aligned (needs cutlass)."""
+    from cutlass import cute
+    from cutlass.cute.runtime import make_ptr
+
+    return make_ptr(dtype, 0, cute.AddressSpace.gmem, assumed_align=VECTOR_BYTES)
+
+
+def compile_to_ptx(host: Any, arguments: Sequence[Any], dump_dir: str | Path, arch: str = ARCH) -> str:
+    """Compile a ``@cute.jit`` host function for ``arch`` (no GPU needed) and return its PTX text."""
+    from cutlass import cute
+
+    Path(dump_dir).mkdir(parents=True, exist_ok=True)
+    options = f"--keep-ptx --dump-dir={dump_dir} --gpu-arch {arch}"
+    ptx = cute.compile(host, *arguments, options=options).artifacts.PTX
+    return Path(ptx).read_text() if "\n" not in ptx and Path(ptx).is_file() else ptx
+
+
+def compiled_or_shipped(shipped: Path, compile_into: Callable[[str, str], str], missing: str) -> str:
+    """The PTX to load: ``compile_into(folder, arch)`` when nvidia-cutlass-dsl is importable (for
+    ``CUTE_DSL_ARCH``, default sm_90a), else the shipped copy; ``ValueError(missing)`` without either."""
+    try:
+        import cutlass  # noqa: F401
+    except ImportError:
+        if not shipped.is_file():
+            raise ValueError(missing) from None
+        return shipped.read_text()
+    with tempfile.TemporaryDirectory() as folder:
+        return compile_into(folder, os.environ.get("CUTE_DSL_ARCH", ARCH))

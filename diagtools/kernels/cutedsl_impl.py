@@ -28,7 +28,6 @@ compiled on first use.  Compiling needs no GPU: set ``CUTE_DSL_ARCH=sm_90a``.
 
 import functools
 import math
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,10 +35,15 @@ import torch
 
 from diagtools.kernels import ROPE_DIM
 from diagtools.kernels.cuda_launch import (
-    VECTOR_BYTES,
+    ARCH,
+    PTX_DIR,
     KernelLaunch,
     LoadedKernel,
     aligned,
+    compile_to_ptx,
+    compiled_or_shipped,
+    cuda_device_of,
+    gmem_pointer,
     launch_kernel,
     load_kernel,
 )
@@ -59,9 +63,7 @@ __all__ = [
 THREADS = 128
 WARPS = THREADS // 32
 CTAS_PER_SM = 8
-PTX_DIR = Path(__file__).resolve().parent / "ptx"
 PREBUILT = ((512, 4), (128, 4))  # the (head dim, ratio) pairs whose PTX ships in ptx/
-ARCH = "sm_90a"
 
 
 # ----------------------------------------------------------------------------- launch config
@@ -298,28 +300,15 @@ def _define_kernel():  # noqa: PLR0915 - the device code is defined inside, wher
 def compile_ptx(head_dim: int, ratio: int, dump_dir: str | Path, *, arch: str = ARCH) -> str:
     """Compile with nvidia-cutlass-dsl for ``arch`` (no GPU needed) and return the PTX text."""
     import cutlass
-    from cutlass import cute
-    from cutlass.cute.runtime import make_ptr
 
     config = LaunchConfig(head_dim, ratio)
     config.validate()
-    Path(dump_dir).mkdir(parents=True, exist_ok=True)
-
-    def pointer(dtype):
-        return make_ptr(dtype, 0, cute.AddressSpace.gmem, assumed_align=VECTOR_BYTES)
-
+    f32, i64 = cutlass.Float32, cutlass.Int64
+    pointers = (cutlass.BFloat16, f32, f32, f32, i64, i64, cutlass.BFloat16)
     arguments = (
-        pointer(cutlass.BFloat16),
-        pointer(cutlass.Float32),
-        pointer(cutlass.Float32),
-        pointer(cutlass.Float32),
-        pointer(cutlass.Int64),
-        pointer(cutlass.Int64),
-        pointer(cutlass.BFloat16),
-        cutlass.Int64(1),
-        cutlass.Int64(1),
-        cutlass.Int64(1),
-        cutlass.Float32(1e-6),
+        *(gmem_pointer(dtype) for dtype in pointers),
+        *(i64(1) for _ in range(3)),
+        f32(1e-6),
         cutlass.Int32(1),
         head_dim,
         ratio,
@@ -327,9 +316,7 @@ def compile_ptx(head_dim: int, ratio: int, dump_dir: str | Path, *, arch: str = 
         config.lanes,
         config.rope_first_lane,
     )
-    options = f"--keep-ptx --dump-dir={dump_dir} --gpu-arch {arch}"
-    ptx = cute.compile(_define_kernel(), *arguments, options=options).artifacts.PTX
-    return Path(ptx).read_text() if "\n" not in ptx and Path(ptx).is_file() else ptx
+    return compile_to_ptx(_define_kernel(), arguments, dump_dir, arch)
 
 
 def prebuilt_path(head_dim: int, ratio: int) -> Path:
@@ -339,20 +326,15 @@ def prebuilt_path(head_dim: int, ratio: int) -> Path:
 @functools.cache
 def kernel_ptx(head_dim: int, ratio: int) -> str:
     """The PTX to load: compiled here when nvidia-cutlass-dsl is importable, else the shipped copy."""
-    try:
-        import cutlass  # noqa: F401
-    except ImportError:
-        path = prebuilt_path(head_dim, ratio)
-        if not path.is_file():
-            raise ValueError(
-                f"no compiled kernel for head dim {head_dim}, ratio {ratio}: install nvidia-cutlass-dsl "
-                f"to compile it, or use one of the shipped pairs {PREBUILT}"
-            ) from None
-        return path.read_text()
-    import tempfile
-
-    with tempfile.TemporaryDirectory() as folder:
-        return compile_ptx(head_dim, ratio, folder, arch=os.environ.get("CUTE_DSL_ARCH", ARCH))
+    missing = (
+        f"no compiled kernel for head dim {head_dim}, ratio {ratio}: install nvidia-cutlass-dsl "
+        f"to compile it, or use one of the shipped pairs {PREBUILT}"
+    )
+    return compiled_or_shipped(
+        prebuilt_path(head_dim, ratio),
+        lambda folder, arch: compile_ptx(head_dim, ratio, folder, arch=arch),
+        missing,
+    )
 
 
 # ----------------------------------------------------------------------------- launch
@@ -411,10 +393,8 @@ def _load(device: int, head_dim: int, ratio: int) -> LoadedKernel:
 
 
 def _launch(kv, score, weight, cos_sin_cache, positions, slot_mapping, kv_cache, ratio: int, eps: float) -> None:
-    if not kv.is_cuda:
-        raise ValueError("the CuTe DSL backend runs on CUDA tensors only; use backend='torch' or 'triton' here")
     _, head_dim = check_inputs(kv, score, weight, cos_sin_cache, positions, slot_mapping, kv_cache, ratio)
-    device = kv.device.index if kv.device.index is not None else torch.cuda.current_device()
+    device = cuda_device_of(kv)
     with torch.cuda.device(device):
         kernel = _load(device, head_dim, ratio)
         multiprocessors = torch.cuda.get_device_properties(device).multi_processor_count

@@ -80,8 +80,9 @@ token.
 The entry point is :func:`diagtools.kernels.compress_state_store`.  Backends (leaf modules,
 imported only when called): ``torch`` (``state_reference.py``), ``triton`` (``state_triton.py``,
 one program per token, a ``[chunk, 512]`` tile with an online softmax over the window axis) and
-``cutedsl`` (``state_cutedsl.py``, CUDA only: a warp per C4 token, eight warps per C128 token,
-128-bit vectors; it quantizes by this contract's rule, the floor on ``amax``).  ``auto`` picks
+``cutedsl`` (``state_cutedsl.py``, CUDA only: launched over the working tokens only, a warp per
+C4 token, eight warps per C128 token, warp-wide 128-bit loads of 512 contiguous bytes; it quantizes
+by this contract's rule, the floor on ``amax``).  ``auto`` picks
 Triton on CUDA and torch elsewhere.  This module holds the contract and its constants only (no torch).
 """
 

@@ -1,8 +1,16 @@
 """compress_state_store in the CuTe DSL (nvidia-cutlass-dsl), launched through the CUDA driver API.
 
-Layout of the work.  Each lane of a warp owns 16 contiguous features of the 512, so every
-state-row part it reads (16 fp32 kv values, 16 fp32 scores), the weight, the cos/sin values and
-every store move as 128-bit vectors.  A token's window is split over ``splits`` warps:
+Which tokens are launched.  Only working tokens (on a boundary, with a slot): the host compacts
+their indices once per batch (:func:`plan_launch`, one ``nonzero`` on the device, whose count sets
+the grid), so no CTA is launched for the tokens in between; a real C128 prefill has one working
+token in 128.  The plan can be built once and launched many times (every layer of a step, or a
+CUDA graph's replays): :func:`launch_planned`.
+
+Layout of the work.  Each lane owns 16 of the 512 features as four 4-feature quarters,
+``128 k + 4 lane + j`` (``k, j`` in 0..3), so each warp-wide 128-bit load of a state-row part (kv
+or score), of the weight, and each shared-memory access of the C128 merge reads or writes 512
+contiguous bytes: coalesced loads, no shared-memory bank conflicts.  A token's window is split
+over ``splits`` warps:
 
 - C4 (window 8): one warp per token, four tokens per CTA of 128 threads;
 - C128 (window 128): eight warps per token (16 rows each), one token per CTA of 256 threads;
@@ -11,36 +19,48 @@ every store move as 128-bit vectors.  A token's window is split over ``splits`` 
 
 A warp reads its window two rows at a time and keeps an online softmax per feature (one
 rescale per two rows).  The C4 window's rows at negative positions (the first group of a
-request) read row 0 and take a score of -3e38, so they weigh nothing.  Tokens that are not on a
-boundary, or have a negative slot, read their position (and slot) and stop.
+request) read row 0 and take a score of -3e38, so they weigh nothing.
 
 The finish, on one warp: RMSNorm (the sum of squares by a butterfly shuffle), the ``fp8_ds_mla``
-store as vLLM does it (lanes 0-27, four lanes a 64-feature tile: the values rounded to bf16, the
-tile maximum by a two-step butterfly, floored at 1e-4, the power-of-two scale exact from the
-exponent bits, 16 FP8 bytes a lane in one 128-bit store, the UE8M0 byte and the zero padding byte)
-and, on lanes 28-31, RoPE at ``(p // R) * R`` and the bf16 tail (two 128-bit stores a lane).
+store as vLLM does it and RoPE.  Quarter ``k`` of lanes 0-15 is FP8 tile ``2 k`` and of lanes 16-31
+tile ``2 k + 1``, except lanes 16-31's last quarter, the 64 RoPE features.  Per tile: the values
+rounded to bf16, the tile maximum by a butterfly over its 16 lanes, floored at 1e-4, the
+power-of-two scale exact from the exponent bits, 4 FP8 bytes a lane (128 contiguous bytes a
+warp store); lanes 0 and 16 write the UE8M0 bytes and the zero padding byte.  Lanes 16-31 rotate
+their two RoPE pairs at ``(p // R) * R`` and store 4 bf16 values each.
 
 The launch.  The kernel takes raw global pointers and explicit 64-bit sizes, so nothing about
-the tensors is baked into the compiled code; the grid is computed here from the real number of
-tokens (:meth:`StateLaunchConfig.grid`) and the kernel is launched with ``cuLaunchKernel`` on
-torch's current stream.  The PTX for sm_90a of both compressors ships in ``ptx/``, so a GPU
-machine without nvidia-cutlass-dsl runs this exact kernel.  Compiling needs no GPU: set
-``CUTE_DSL_ARCH=sm_90a``.  The 128-bit output stores need the cache's blocks to start on
-16-byte boundaries: an even ``block_size`` (vLLM's is 64).
+the tensors is baked into the compiled code; the grid comes from the number of working tokens
+(:meth:`StateLaunchConfig.grid`) and the kernel is launched with ``cuLaunchKernel`` on torch's
+current stream.  The PTX for sm_90a of both compressors ships in ``ptx/``, so a GPU machine
+without nvidia-cutlass-dsl runs this exact kernel.  Compiling needs no GPU: set
+``CUTE_DSL_ARCH=sm_90a``.  The 8-byte bf16 stores need the cache's blocks to start on 16-byte
+boundaries: an even ``block_size`` (vLLM's is 64).
 """
 
 import functools
 import math
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from diagtools.kernels import ROPE_DIM
-from diagtools.kernels.cuda_launch import VECTOR_BYTES, KernelLaunch, aligned, launch_kernel, load_kernel
+from diagtools.kernels.cuda_launch import (
+    ARCH,
+    PTX_DIR,
+    KernelLaunch,
+    LoadedKernel,
+    aligned,
+    compile_to_ptx,
+    compiled_or_shipped,
+    cuda_device_of,
+    gmem_pointer,
+    launch_kernel,
+    load_kernel,
+)
 from diagtools.kernels.state import DATA_BYTES, HEAD_DIM, SCALE_BYTES, StateLayout, layout_for
-from diagtools.kernels.state_reference import check_state_inputs
+from diagtools.kernels.state_reference import boundary_tokens, check_state_inputs
 
 __all__ = [
     "PARAM_TYPES",
@@ -49,23 +69,23 @@ __all__ = [
     "compile_ptx",
     "compress_state_store_cutedsl",
     "kernel_ptx",
+    "launch_planned",
     "plan_launch",
     "prebuilt_path",
 ]
 
 ELEMENTS = 16  # features per lane: 512 / 32
+QUARTER = 4  # features per 128-bit vector: a lane's quarters are 128 features apart
+QUARTERS = ELEMENTS // QUARTER
 LANES = HEAD_DIM // ELEMENTS
+SPAN = LANES * QUARTER  # features one warp-wide vector covers: 128
 CHUNK = 2  # window rows per online-softmax step
-FP8_LANES = (HEAD_DIM - ROPE_DIM) // ELEMENTS  # lanes 0-27 quantize, 28-31 rotate
-TILE_LANES = 64 // ELEMENTS  # lanes per 64-feature scale tile
+HALF_LANES = LANES // 2  # lanes per FP8 tile within a quarter
 MISSING_SCORE = -3.0e38  # finite: a row that does not exist weighs exp(-3e38 - m) = 0
-HALF_PAIRS = ELEMENTS // 2  # RoPE pairs per lane
 TOKEN_BYTES = DATA_BYTES + SCALE_BYTES
 AMAX_FLOOR = 1e-4  # a tile's maximum is floored here before its scale is taken, as in vLLM
 E4M3_MAX = 448.0
-PTX_DIR = Path(__file__).resolve().parent / "ptx"
 PREBUILT = (4, 128)  # the ratios whose PTX ships in ptx/
-ARCH = "sm_90a"
 
 
 @dataclass(frozen=True)
@@ -104,16 +124,30 @@ class StateLaunchConfig:
         """Shared memory for merging the splits: maximum, denominator and sum per feature and warp."""
         return 0 if self.splits == 1 else 3 * self.warps * HEAD_DIM
 
-    def grid(self, tokens: int) -> int:
-        """CTAs to launch: every token gets its warps (idle tokens return at once)."""
-        return max(1, math.ceil(tokens / self.tokens_per_cta))
+    def grid(self, working: int) -> int:
+        """CTAs to launch for ``working`` compacted tokens: every CTA but the last is full."""
+        return max(1, math.ceil(working / self.tokens_per_cta))
 
     def token_of(self, cta: int, warp: int) -> tuple[int, int]:
-        """The ``(token, split)`` a warp of a CTA works on: the kernel's own index arithmetic."""
+        """The ``(working-token index, split)`` a warp of a CTA works on: the kernel's own arithmetic."""
         return cta * self.tokens_per_cta + warp // self.splits, warp % self.splits
 
 
 # ----------------------------------------------------------------------------- the kernel
+
+# The kernel's parameters, in order: 9 pointers, 9 sizes, eps.
+POINTERS = ("state", "table", "requests", "positions", "slots", "weight", "cos_sin", "out", "work")
+SIZES = (
+    "tokens",
+    "working",
+    "state_rows",
+    "table_entries",
+    "table_stride",
+    "state_block",
+    "max_pos",
+    "cache_bytes",
+    "block_size",
+)
 
 
 @functools.cache
@@ -122,7 +156,11 @@ def _define_kernel():  # noqa: PLR0915 - the device code is defined inside, wher
     import cutlass
     from cutlass import cute
 
-    f32, i64 = cutlass.Float32, cutlass.Int64
+    f32, i32, i64 = cutlass.Float32, cutlass.Int32, cutlass.Int64
+
+    def quarter(tensor, k):
+        """A lane's quarter ``k`` (4 features) of a 16-feature register tensor."""
+        return cute.local_tile(tensor, (QUARTER,), (k,))
 
     @cute.kernel
     def kernel(  # noqa: PLR0912, PLR0915 - the whole device function, unrolled at compile time
@@ -134,7 +172,9 @@ def _define_kernel():  # noqa: PLR0915 - the device code is defined inside, wher
         weight_ptr: cute.Pointer,
         cos_sin_ptr: cute.Pointer,
         out_ptr: cute.Pointer,
+        work_ptr: cute.Pointer,
         tokens: cutlass.Int64,
+        working: cutlass.Int64,
         state_rows: cutlass.Int64,
         table_entries: cutlass.Int64,
         table_stride: cutlass.Int64,
@@ -149,11 +189,11 @@ def _define_kernel():  # noqa: PLR0915 - the device code is defined inside, wher
         splits: cutlass.Constexpr,
         warps: cutlass.Constexpr,
     ):
-        row_tiles = 2 * width // ELEMENTS  # 16-float tiles in one state row
+        row_vectors = 2 * width // QUARTER  # 4-float vectors in one state row
         rows_per_warp = window // splits
         lane = cute.arch.lane_idx()
         warp = cute.arch.warp_idx()
-        token = i64(cute.arch.block_idx()[0]) * (warps // splits) + i64(warp // splits)
+        index = i64(cute.arch.block_idx()[0]) * (warps // splits) + i64(warp // splits)
         split = warp % splits
 
         state = cute.make_tensor(state_ptr, cute.make_layout(state_rows * 2 * width))
@@ -161,6 +201,7 @@ def _define_kernel():  # noqa: PLR0915 - the device code is defined inside, wher
         requests = cute.make_tensor(requests_ptr, cute.make_layout(tokens))
         positions = cute.make_tensor(positions_ptr, cute.make_layout(tokens))
         slots = cute.make_tensor(slots_ptr, cute.make_layout(tokens))
+        work = cute.make_tensor(work_ptr, cute.make_layout(working))
         weight = cute.make_tensor(weight_ptr, cute.make_layout(HEAD_DIM))
         cos_sin = cute.make_tensor(cos_sin_ptr, cute.make_layout(max_pos * ROPE_DIM))
         out = cute.make_tensor(out_ptr, cute.make_layout(cache_bytes))
@@ -181,27 +222,28 @@ def _define_kernel():  # noqa: PLR0915 - the device code is defined inside, wher
         total = cute.make_rmem_tensor((ELEMENTS,), f32)
         y = cute.make_rmem_tensor((ELEMENTS,), f32)
         w = cute.make_rmem_tensor((ELEMENTS,), f32)
-        angles = cute.make_rmem_tensor(cute.make_layout((2, ELEMENTS // 2), stride=(ELEMENTS // 2, 1)), f32)
-        tail = cute.make_rmem_tensor((ELEMENTS,), cutlass.BFloat16)
-        fp8 = cute.make_rmem_tensor((ELEMENTS,), cutlass.Float8E4M3FN)
+        parts = cute.make_rmem_tensor((QUARTER,), f32)  # a quarter of one split's partial state, in the merge
+        factor = cute.make_rmem_tensor((QUARTER,), f32)
+        angles = cute.make_rmem_tensor((QUARTER,), f32)  # two cosines, then two sines
+        tail = cute.make_rmem_tensor((QUARTER,), cutlass.BFloat16)
+        fp8 = cute.make_rmem_tensor((QUARTER,), cutlass.Float8E4M3FN)
         rounded = cute.make_rmem_tensor((ELEMENTS,), f32)
+        scaled = cute.make_rmem_tensor((QUARTER,), f32)
 
-        # position, slot and request are read side by side (not one after the other): an idle
-        # token reads 16 bytes more, a working one waits one memory latency instead of three
+        # the working token (compacted on the host), then its position, slot and request side by side
         position = i64(0)
         slot = i64(-1)
         request = i64(0)
-        if token < tokens:
+        if index < working:
+            token = i64(work[index])
             position = i64(positions[token])
             slot = i64(slots[token])
             request = i64(requests[token])
-        if (position + 1) % ratio != 0:
-            slot = i64(-1)
         # the same for every warp of a token, so for the whole CTA when splits > 1 (barriers are safe)
         if slot >= 0:
             table_row = request * table_stride
-            rows_per_block = cutlass.Int32(state_block)  # positions fit in 32 bits: cheap divisions
-            last = cutlass.Int32(position)
+            rows_per_block = i32(state_block)  # positions fit in 32 bits: cheap divisions
+            last = i32(position)
             for e in cutlass.range_constexpr(ELEMENTS):
                 top[e] = f32(MISSING_SCORE)
                 denominator[e] = f32(0.0)
@@ -212,15 +254,18 @@ def _define_kernel():  # noqa: PLR0915 - the device code is defined inside, wher
                     local = step * CHUNK + j
                     q = last - (window - 1) + split * rows_per_warp + local
                     exists = q >= 0
-                    q = cutlass.max(q, cutlass.Int32(0))
+                    q = cutlass.max(q, i32(0))
                     block = i64(table[table_row + i64(q // rows_per_block)])
                     row = block * state_block + i64(q % rows_per_block)
                     # C4: the previous group's rows read the first D columns of each half, the
                     # current group's the last D (splits is 1 there, so `local` is the window row)
-                    part = (width - HEAD_DIM) // ELEMENTS if local >= window - ratio else 0
-                    tile = row * row_tiles + part + lane
-                    cute.autovec_copy(cute.local_tile(state, (ELEMENTS,), (tile,)), kv[j, None])
-                    cute.autovec_copy(cute.local_tile(state, (ELEMENTS,), (tile + width // ELEMENTS,)), score[j, None])
+                    part = (width - HEAD_DIM) // QUARTER if local >= window - ratio else 0
+                    first = row * row_vectors + part + lane
+                    for k in cutlass.range_constexpr(QUARTERS):  # each: 512 contiguous bytes a warp
+                        row_at = first + k * (SPAN // QUARTER)
+                        cute.autovec_copy(cute.local_tile(state, (QUARTER,), (row_at,)), quarter(kv[j, None], k))
+                        source = cute.local_tile(state, (QUARTER,), (row_at + width // QUARTER,))
+                        cute.autovec_copy(source, quarter(score[j, None], k))
                     valid.append(f32(1.0) if cutlass.const_expr(window == ratio) else exists.to(f32))
                 for e in cutlass.range_constexpr(ELEMENTS):
                     scores = [score[j, e] * valid[j] + (valid[j] - 1.0) * -MISSING_SCORE for j in range(CHUNK)]
@@ -239,26 +284,38 @@ def _define_kernel():  # noqa: PLR0915 - the device code is defined inside, wher
                     total[e] = t
 
             if cutlass.const_expr(splits > 1):
-                base = lane * ELEMENTS
-                cute.autovec_copy(top, cute.local_tile(shared[0, warp, None], (ELEMENTS,), (lane,)))
-                cute.autovec_copy(denominator, cute.local_tile(shared[1, warp, None], (ELEMENTS,), (lane,)))
-                cute.autovec_copy(total, cute.local_tile(shared[2, warp, None], (ELEMENTS,), (lane,)))
+                for k in cutlass.range_constexpr(QUARTERS):  # 512 contiguous bytes a warp: no bank conflicts
+                    at = k * LANES + lane
+                    for kind, source in enumerate((top, denominator, total)):
+                        target = cute.local_tile(shared[kind, warp, None], (QUARTER,), (at,))
+                        cute.autovec_copy(quarter(source, k), target)
                 cute.arch.sync_threads()
 
             if split == 0:  # the first warp of the token finishes it
-                if cutlass.const_expr(splits > 1):  # only the finishing warp merges the splits
-                    for e in cutlass.range_constexpr(ELEMENTS):
-                        best = shared[0, 0, base + e]
+                if cutlass.const_expr(splits > 1):  # only the finishing warp merges the splits, a quarter at a time
+                    for k in cutlass.range_constexpr(QUARTERS):
+                        at = k * LANES + lane
+                        best = quarter(top, k)
+                        cute.autovec_copy(cute.local_tile(shared[0, 0, None], (QUARTER,), (at,)), best)
                         for s in cutlass.range_constexpr(1, splits):
-                            best = cute.arch.fmax(best, shared[0, s, base + e])
-                        d = f32(0.0)
-                        t = f32(0.0)
+                            cute.autovec_copy(cute.local_tile(shared[0, s, None], (QUARTER,), (at,)), parts)
+                            for j in cutlass.range_constexpr(QUARTER):
+                                best[j] = cute.arch.fmax(best[j], parts[j])
+                        merged_d = quarter(denominator, k)
+                        merged_t = quarter(total, k)
+                        for j in cutlass.range_constexpr(QUARTER):
+                            merged_d[j] = f32(0.0)
+                            merged_t[j] = f32(0.0)
                         for s in cutlass.range_constexpr(splits):
-                            factor = cute.math.exp(shared[0, s, base + e] - best, fastmath=True)
-                            d = d + shared[1, s, base + e] * factor
-                            t = t + shared[2, s, base + e] * factor
-                        denominator[e] = d
-                        total[e] = t
+                            cute.autovec_copy(cute.local_tile(shared[0, s, None], (QUARTER,), (at,)), parts)
+                            for j in cutlass.range_constexpr(QUARTER):
+                                factor[j] = cute.math.exp(parts[j] - best[j], fastmath=True)
+                            cute.autovec_copy(cute.local_tile(shared[1, s, None], (QUARTER,), (at,)), parts)
+                            for j in cutlass.range_constexpr(QUARTER):
+                                merged_d[j] = merged_d[j] + parts[j] * factor[j]
+                            cute.autovec_copy(cute.local_tile(shared[2, s, None], (QUARTER,), (at,)), parts)
+                            for j in cutlass.range_constexpr(QUARTER):
+                                merged_t[j] = merged_t[j] + parts[j] * factor[j]
                 squares = f32(0.0)
                 for e in cutlass.range_constexpr(ELEMENTS):
                     y[e] = total[e] * cute.arch.rcp_approx(denominator[e])
@@ -266,56 +323,61 @@ def _define_kernel():  # noqa: PLR0915 - the device code is defined inside, wher
                 for offset in (16, 8, 4, 2, 1):
                     squares = squares + cute.arch.shuffle_sync_bfly(squares, offset=offset)
                 inverse_rms = cute.math.rsqrt(squares * (1.0 / HEAD_DIM) + eps, fastmath=True)
-                cute.autovec_copy(cute.local_tile(weight, (ELEMENTS,), (lane,)), w)
+                for k in cutlass.range_constexpr(QUARTERS):
+                    cute.autovec_copy(cute.local_tile(weight, (QUARTER,), (k * LANES + lane,)), quarter(w, k))
                 for e in cutlass.range_constexpr(ELEMENTS):
                     y[e] = y[e] * inverse_rms * w[e]
 
-                # the tile's scale, from the values rounded to bf16 (lanes 28-31 join the shuffles only)
-                rounded.store(y.load().to(cutlass.BFloat16).to(f32))
-                amax = f32(0.0)
-                for e in cutlass.range_constexpr(ELEMENTS):
-                    amax = cute.arch.fmax(amax, cute.math.absf(rounded[e]))
-                for offset in (1, 2):
-                    amax = cute.arch.fmax(amax, cute.arch.shuffle_sync_bfly(amax, offset=offset))
-                amax = cute.arch.fmax(amax, f32(AMAX_FLOOR))
-                # ceil(log2(amax / 448)) from the bits of a normal positive float, and 2**-exponent
-                exponent = ((amax * (1.0 / E4M3_MAX)).bitcast(cutlass.Int32) + 0x7FFFFF) >> 23
-                exponent = exponent - 127
-                inverse_scale = ((127 - exponent) << 23).bitcast(f32)
-
-                slot_in_cache = cutlass.Int32(slot)  # fewer than 2**31 slots fit in any GPU's memory
-                tokens_per_block = cutlass.Int32(block_size)
+                slot_in_cache = i32(slot)  # fewer than 2**31 slots fit in any GPU's memory
+                tokens_per_block = i32(block_size)
                 block_start = i64(slot_in_cache // tokens_per_block) * (block_size * TOKEN_BYTES)
                 cache_row = i64(slot_in_cache % tokens_per_block)
                 data_at = block_start + cache_row * DATA_BYTES
                 scales_at = block_start + block_size * DATA_BYTES + cache_row * SCALE_BYTES
-                if lane < FP8_LANES:
-                    for e in cutlass.range_constexpr(ELEMENTS):
-                        scaled = rounded[e] * inverse_scale
-                        rounded[e] = cute.arch.fmin(cute.arch.fmax(scaled, f32(-E4M3_MAX)), f32(E4M3_MAX))
-                    fp8.store(rounded.load().to(cutlass.Float8E4M3FN))
-                    cute.autovec_copy(fp8, cute.local_tile(out_fp8, (ELEMENTS,), (data_at // ELEMENTS + lane,)))
-                    if lane % TILE_LANES == 0:
-                        out[scales_at + lane // TILE_LANES] = cutlass.Uint8(exponent + 127)
-                else:
-                    if lane == FP8_LANES:
-                        out[scales_at + SCALE_BYTES - 1] = cutlass.Uint8(0)  # the padding byte
-                    # RoPE at (p // R) * R: this lane's 8 pairs take cosines 8k..8k+7 and the sines after
-                    k = lane - FP8_LANES
-                    angle_row = (position // ratio * ratio) * (ROPE_DIM // HALF_PAIRS)
-                    cute.autovec_copy(cute.local_tile(cos_sin, (HALF_PAIRS,), (angle_row + k,)), angles[0, None])
-                    sines = angle_row + ROPE_DIM // 2 // HALF_PAIRS + k
-                    cute.autovec_copy(cute.local_tile(cos_sin, (HALF_PAIRS,), (sines,)), angles[1, None])
-                    for i in cutlass.range_constexpr(HALF_PAIRS):
-                        even, odd = y[2 * i], y[2 * i + 1]
-                        y[2 * i] = even * angles[0, i] - odd * angles[1, i]
-                        y[2 * i + 1] = even * angles[1, i] + odd * angles[0, i]
-                    tail.store(y.load().to(cutlass.BFloat16))
-                    tail_tile = (data_at + (HEAD_DIM - ROPE_DIM)) // VECTOR_BYTES + 2 * k  # in 8-value bf16 tiles
-                    cute.autovec_copy(cute.local_tile(tail, (8,), (0,)), cute.local_tile(out_bf16, (8,), (tail_tile,)))
-                    cute.autovec_copy(
-                        cute.local_tile(tail, (8,), (1,)), cute.local_tile(out_bf16, (8,), (tail_tile + 1,))
-                    )
+                high = lane // HALF_LANES  # 0 for lanes 0-15 (even tiles), 1 for lanes 16-31 (odd tiles, RoPE)
+
+                # each tile's scale, from the values rounded to bf16 (the RoPE quarter joins the shuffles only)
+                rounded.store(y.load().to(cutlass.BFloat16).to(f32))
+                for k in cutlass.range_constexpr(QUARTERS):
+                    amax = f32(0.0)
+                    for j in cutlass.range_constexpr(QUARTER):
+                        amax = cute.arch.fmax(amax, cute.math.absf(rounded[k * QUARTER + j]))
+                    for offset in (8, 4, 2, 1):  # within the 16 lanes of the tile
+                        amax = cute.arch.fmax(amax, cute.arch.shuffle_sync_bfly(amax, offset=offset))
+                    amax = cute.arch.fmax(amax, f32(AMAX_FLOOR))
+                    # ceil(log2(amax / 448)) from the bits of a normal positive float, and 2**-exponent
+                    exponent = ((amax * (1.0 / E4M3_MAX)).bitcast(i32) + 0x7FFFFF) >> 23
+                    exponent = exponent - 127
+                    inverse_scale = ((127 - exponent) << 23).bitcast(f32)
+                    fp8_lane = True if cutlass.const_expr(k < QUARTERS - 1) else high == 0
+                    if fp8_lane:
+                        for j in cutlass.range_constexpr(QUARTER):
+                            value = rounded[k * QUARTER + j] * inverse_scale
+                            scaled[j] = cute.arch.fmin(cute.arch.fmax(value, f32(-E4M3_MAX)), f32(E4M3_MAX))
+                        fp8.store(scaled.load().to(cutlass.Float8E4M3FN))
+                        fp8_at = (data_at + k * SPAN) // QUARTER + lane  # 128 contiguous bytes a warp
+                        cute.autovec_copy(fp8, cute.local_tile(out_fp8, (QUARTER,), (fp8_at,)))
+                        if lane % HALF_LANES == 0:
+                            out[scales_at + 2 * k + high] = cutlass.Uint8(exponent + 127)
+                if lane == HALF_LANES:
+                    out[scales_at + SCALE_BYTES - 1] = cutlass.Uint8(0)  # the padding byte
+                if high == 1:
+                    # RoPE at (p // R) * R: this lane's two pairs, i and i + 1, take cosines i, i + 1 and their sines
+                    pair = 2 * (lane - HALF_LANES)
+                    angle_row = (position // ratio * ratio) * ROPE_DIM
+                    cosines = (angle_row + pair) // 2
+                    cute.autovec_copy(cute.local_tile(cos_sin, (2,), (cosines,)), cute.local_tile(angles, (2,), (0,)))
+                    sines = (angle_row + ROPE_DIM // 2 + pair) // 2
+                    cute.autovec_copy(cute.local_tile(cos_sin, (2,), (sines,)), cute.local_tile(angles, (2,), (1,)))
+                    last_quarter = (QUARTERS - 1) * QUARTER
+                    for i in cutlass.range_constexpr(2):
+                        even, odd = y[last_quarter + 2 * i], y[last_quarter + 2 * i + 1]
+                        y[last_quarter + 2 * i] = even * angles[i] - odd * angles[2 + i]
+                        y[last_quarter + 2 * i + 1] = even * angles[2 + i] + odd * angles[i]
+                    tail.store(quarter(y, QUARTERS - 1).load().to(cutlass.BFloat16))
+                    # in 4-value bf16 tiles
+                    tail_at = (data_at + (HEAD_DIM - ROPE_DIM)) // (2 * QUARTER) + lane - HALF_LANES
+                    cute.autovec_copy(tail, cute.local_tile(out_bf16, (QUARTER,), (tail_at,)))
 
     @cute.jit
     def host(
@@ -327,7 +389,9 @@ def _define_kernel():  # noqa: PLR0915 - the device code is defined inside, wher
         weight_ptr: cute.Pointer,
         cos_sin_ptr: cute.Pointer,
         out_ptr: cute.Pointer,
+        work_ptr: cute.Pointer,
         tokens: cutlass.Int64,
+        working: cutlass.Int64,
         state_rows: cutlass.Int64,
         table_entries: cutlass.Int64,
         table_stride: cutlass.Int64,
@@ -344,9 +408,9 @@ def _define_kernel():  # noqa: PLR0915 - the device code is defined inside, wher
         warps: cutlass.Constexpr,
     ):
         kernel(
-            state_ptr, table_ptr, requests_ptr, positions_ptr, slots_ptr, weight_ptr, cos_sin_ptr, out_ptr,
-            tokens, state_rows, table_entries, table_stride, state_block, max_pos, cache_bytes, block_size, eps,
-            ratio, window, width, splits, warps,
+            state_ptr, table_ptr, requests_ptr, positions_ptr, slots_ptr, weight_ptr, cos_sin_ptr, out_ptr, work_ptr,
+            tokens, working, state_rows, table_entries, table_stride, state_block, max_pos, cache_bytes, block_size,
+            eps, ratio, window, width, splits, warps,
         ).launch(grid=[ctas, 1, 1], block=[warps * 32, 1, 1])  # fmt: skip
 
     return host
@@ -354,44 +418,30 @@ def _define_kernel():  # noqa: PLR0915 - the device code is defined inside, wher
 
 # ----------------------------------------------------------------------------- compile
 
-# The kernel's parameters, in order, as PTX types: 8 pointers, 8 sizes, eps.
-PARAM_TYPES = ("u64",) * 8 + ("u64",) * 8 + ("f32",)
+PARAM_TYPES = ("u64",) * len(POINTERS) + ("u64",) * len(SIZES) + ("f32",)
 
 
 def compile_ptx(ratio: int, dump_dir: str | Path, *, arch: str = ARCH) -> str:
     """Compile with nvidia-cutlass-dsl for ``arch`` (no GPU needed) and return the PTX text."""
     import cutlass
-    from cutlass import cute
-    from cutlass.cute.runtime import make_ptr
 
     config = StateLaunchConfig(ratio)
     layout = config.layout
-    Path(dump_dir).mkdir(parents=True, exist_ok=True)
-
-    def pointer(dtype):
-        return make_ptr(dtype, 0, cute.AddressSpace.gmem, assumed_align=VECTOR_BYTES)
-
+    f32, i32, i64 = cutlass.Float32, cutlass.Int32, cutlass.Int64
+    # state, table, requests, positions, slots, weight, cos/sin, the fp8_ds_mla cache, working tokens
+    pointers = (f32, i32, i64, i64, i64, f32, f32, cutlass.Uint8, i32)
     arguments = (
-        pointer(cutlass.Float32),  # state cache
-        pointer(cutlass.Int32),  # block table
-        pointer(cutlass.Int64),  # request of each token
-        pointer(cutlass.Int64),  # positions
-        pointer(cutlass.Int64),  # slots
-        pointer(cutlass.Float32),  # weight
-        pointer(cutlass.Float32),  # cos/sin
-        pointer(cutlass.Uint8),  # the fp8_ds_mla cache
-        *(cutlass.Int64(1) for _ in range(8)),
-        cutlass.Float32(1e-6),
-        cutlass.Int32(1),
+        *(gmem_pointer(dtype) for dtype in pointers),
+        *(i64(1) for _ in SIZES),
+        f32(1e-6),
+        i32(1),
         layout.ratio,
         layout.window,
         layout.width,
         config.splits,
         config.warps,
     )
-    options = f"--keep-ptx --dump-dir={dump_dir} --gpu-arch {arch}"
-    ptx = cute.compile(_define_kernel(), *arguments, options=options).artifacts.PTX
-    return Path(ptx).read_text() if "\n" not in ptx and Path(ptx).is_file() else ptx
+    return compile_to_ptx(_define_kernel(), arguments, dump_dir, arch)
 
 
 def prebuilt_path(ratio: int) -> Path:
@@ -402,17 +452,20 @@ def prebuilt_path(ratio: int) -> Path:
 def kernel_ptx(ratio: int) -> str:
     """The PTX to load: compiled here when nvidia-cutlass-dsl is importable, else the shipped copy."""
     layout_for(ratio)
-    try:
-        import cutlass  # noqa: F401
-    except ImportError:
-        return prebuilt_path(ratio).read_text()
-    import tempfile
-
-    with tempfile.TemporaryDirectory() as folder:
-        return compile_ptx(ratio, folder, arch=os.environ.get("CUTE_DSL_ARCH", ARCH))
+    return compiled_or_shipped(
+        prebuilt_path(ratio),
+        lambda folder, arch: compile_ptx(ratio, folder, arch=arch),
+        f"no compiled kernel for ratio {ratio}",
+    )
 
 
 # ----------------------------------------------------------------------------- launch
+
+
+def working_tokens(positions, slot_mapping, ratio: int):
+    """The indices (int32, in token order) of the tokens that do work: on a boundary, with a slot.
+    One ``nonzero`` on the tensors' device; reading its length waits for the device once."""
+    return torch.nonzero(boundary_tokens(positions, ratio) & (slot_mapping >= 0)).flatten().int()
 
 
 def plan_launch(
@@ -427,7 +480,9 @@ def plan_launch(
     ratio: int,
     eps: float,
 ) -> KernelLaunch | None:
-    """Validate and convert the inputs, and compute the grid and arguments (``None``: no tokens)."""
+    """Validate and convert the inputs, compact the working tokens, and compute the grid and
+    arguments (``None``: no token works).  Valid for as long as the index tensors and the
+    slots stay as they are: launch it again with :func:`launch_planned`."""
     arguments = (state_cache, block_table, request_indices, positions, slot_mapping, weight, cos_sin_cache, kv_cache)
     tokens, _layout, block_size = check_state_inputs(*arguments, ratio)
     if block_size % 2:
@@ -435,6 +490,10 @@ def plan_launch(
             f"the CuTe DSL backend stores 128-bit vectors, so the cache's block_size must be even, got {block_size}"
         )
     if tokens == 0:
+        return None
+    work = working_tokens(positions, slot_mapping, ratio)
+    working = work.numel()
+    if working == 0:
         return None
     config = StateLaunchConfig(ratio)
     tensors = {
@@ -446,12 +505,14 @@ def plan_launch(
         "weight": weight.float().contiguous(),
         "cos_sin_cache": cos_sin_cache.float().contiguous(),
         "kv_cache": kv_cache,
+        "work": work,
     }
     tensors = aligned(tensors, in_place=("state_cache", "kv_cache"))
     pointers = tuple(t.data_ptr() for t in tensors.values())
     table = tensors["block_table"]
     sizes = (
         tokens,
+        working,
         state_cache.shape[0] * state_cache.shape[1],
         table.numel(),
         table.stride(0),
@@ -463,7 +524,7 @@ def plan_launch(
     return KernelLaunch(
         config=config,
         param_types=PARAM_TYPES,
-        grid=(config.grid(tokens), 1, 1),
+        grid=(config.grid(working), 1, 1),
         block=(config.threads, 1, 1),
         arguments=(*pointers, *sizes, float(eps)),
         keep_alive=tuple(tensors.values()),
@@ -471,9 +532,15 @@ def plan_launch(
 
 
 @functools.cache
-def _load(device: int, ratio: int):
+def _load(device: int, ratio: int) -> LoadedKernel:
     """Load the module into the device's context (torch's primary one) and look up the kernel."""
     return load_kernel(device, kernel_ptx(ratio), PARAM_TYPES, StateLaunchConfig(ratio).threads)
+
+
+def launch_planned(launch: KernelLaunch, device: int, stream: int) -> None:
+    """Launch a plan from :func:`plan_launch` on ``stream`` (a raw ``cudaStream_t``): no host work
+    but packing the arguments, so it can be replayed (or captured in a CUDA graph)."""
+    launch_kernel(_load(device, launch.config.ratio), launch, stream)
 
 
 def compress_state_store_cutedsl(
@@ -490,12 +557,10 @@ def compress_state_store_cutedsl(
     eps: float = 1e-6,
 ) -> torch.Tensor:
     """The CuTe DSL backend (CUDA only); writes and returns ``kv_cache``."""
-    if not state_cache.is_cuda:
-        raise ValueError("the CuTe DSL backend runs on CUDA tensors only; use backend='torch' or 'triton' here")
     arguments = (state_cache, block_table, request_indices, positions, slot_mapping, weight, cos_sin_cache, kv_cache)
-    device = state_cache.device.index if state_cache.device.index is not None else torch.cuda.current_device()
+    device = cuda_device_of(state_cache)
     with torch.cuda.device(device):
         launch = plan_launch(*arguments, ratio, eps)
         if launch is not None:
-            launch_kernel(_load(device, ratio), launch, torch.cuda.current_stream(device).cuda_stream)
+            launch_planned(launch, device, torch.cuda.current_stream(device).cuda_stream)
     return kv_cache

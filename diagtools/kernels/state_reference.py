@@ -32,6 +32,7 @@ __all__ = [
     "check_state_inputs",
     "compress_state_store_reference",
     "compressed_state_rows",
+    "decode_batch",
     "dequantized_cache_rows",
     "make_state_inputs",
     "min_bytes",
@@ -265,12 +266,23 @@ def min_bytes(
     return reads + kept * (DATA_BYTES + SCALE_BYTES)
 
 
-# The benchmark's sizes (KERNEL-NOTES' floors), as (ratio, requests of (context, new)): every
-# decode token sits on a boundary; the prefill is one request of 32768 new tokens (8192 boundaries).
+def decode_batch(requests: int, ratio: int) -> tuple[tuple[int, int], ...]:
+    """A decode step: one new token for each of ``requests`` requests, at positions spread so that
+    each residue mod ``ratio`` comes equally often: one request in ``ratio`` is on a boundary, as in
+    a real batch.  Contexts stay short (32..63 for C4, 128..255 for C128) to keep the state small."""
+    span = max(32, ratio)
+    return tuple((span + r % span, 1) for r in range(requests))
+
+
+# The benchmark's batches, as (ratio, requests of (context, new)), with real boundary density:
+# prefills from position 0 (one token in R closes a group; the C4 one is KERNEL-NOTES' 32768-token
+# prefill, the C128 one has its 256 boundary tokens) and decode steps of 1024 requests (256 C4
+# boundaries, 8 C128 ones).
 BENCH_SIZES = {
-    "C4 decode 1024": (4, tuple((4 * (8 + r % 8) + 3, 1) for r in range(1024))),
+    "C4 decode 1024": (4, decode_batch(1024, 4)),
     "C4 prefill 32768": (4, ((0, 32768),)),
-    "C128 256 boundary": (128, tuple((128 * (r % 2) + 127, 1) for r in range(256))),
+    "C128 decode 1024": (128, decode_batch(1024, 128)),
+    "C128 prefill 32768": (128, ((0, 32768),)),
 }
 
 

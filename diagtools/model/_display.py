@@ -31,7 +31,8 @@ class TextReport:
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        cls._repr_pretty_ = TextReport._repr_pretty_  # type: ignore[method-assign]
+        if "_repr_pretty_" not in vars(cls):  # a type's own (a scan's, with shareable paths) is kept
+            cls._repr_pretty_ = TextReport._repr_pretty_  # type: ignore[method-assign]
 
     def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
         """The text report when the type has one (its ``__str__``), else the usual repr."""

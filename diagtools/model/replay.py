@@ -6,12 +6,13 @@ for a before/after, fork/spawn grid.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from diagtools.model._display import present
 from diagtools.model.common import check_schema
-from diagtools.model.scan import DriverInfo, RunError
+from diagtools.model.scan import DriverInfo, TargetError
 from diagtools.model.serial import Serial, load
 from diagtools.model.verdict import Label, Verdict, combine
 
@@ -26,6 +27,7 @@ __all__ = [
     "ReplayComparison",
     "ReplayResult",
     "ReplayStatus",
+    "Tone",
 ]
 
 REPLAY_SCHEMA = "diagtools.replay/1"
@@ -77,6 +79,49 @@ REPLAY_BROKEN = frozenset(
 )
 
 
+class Tone(Label):
+    """How a headline part reads: ``bad`` (a failure, red), ``good`` (passes, green), ``unknown`` (amber)."""
+
+    BAD = "bad"
+    GOOD = "good"
+    UNKNOWN = "unknown"
+
+
+#: One part of a headline: its words and how they read.
+Part = tuple[str, Tone]
+
+#: Traceback frames from diagtools' own replay agents: kept in the JSON, left out of what a reader sees.
+_AGENT_ERROR = re.compile(r"^diagtools\.agents\.\w+\.")
+_AGENT_FRAME = re.compile(r'^  File "[^"]*[/\\]diagtools[/\\]agents[/\\][^"]*"')
+
+
+def user_traceback(traceback: str) -> str:
+    """``traceback`` without diagtools' own agent frames and without the ``^^^^`` position markers.
+
+    A reader should see the driver's answer and their own code, not the replay
+    child that hosted it (which reads as if the tool crashed).
+    """
+    kept: list[str] = []
+    skipping = False
+    for line in traceback.splitlines():
+        if line.startswith("  File "):
+            skipping = bool(_AGENT_FRAME.match(line))
+            if skipping:
+                continue
+        elif skipping and line.startswith("    "):
+            continue
+        else:
+            skipping = False
+        if line.strip() and set(line.strip()) <= set("^~"):
+            continue
+        kept.append(line)
+    kept = [_AGENT_ERROR.sub("", line) for line in kept]
+    frames = [line for line in kept if line.startswith("  File ")]
+    if not frames:
+        kept = [line for line in kept if not line.startswith("Traceback (most recent call last)")]
+    return "\n".join(kept)
+
+
 @dataclass(frozen=True)
 class DriverCall(Serial):
     """One driver call the child made and the driver's answer; written as ``[call, code, name]``."""
@@ -125,6 +170,18 @@ class ChildOutcome(Serial):
     def ok(self) -> bool:
         return self.status == ChildStatus.OK
 
+    @property
+    def shown_traceback(self) -> str:
+        """The child's traceback as a reader should see it: their frames and the driver's answer."""
+        return user_traceback(self.traceback)
+
+    def short(self) -> str:
+        """A table cell: ``ok (1 device(s))``, or what failed as the driver answered it."""
+        failed_calls = [call for call in self.driver_calls if call.code != 0]
+        if self.status == "failed" and failed_calls:
+            return f"fails: {failed_calls[-1].call} -> {failed_calls[-1].name}"
+        return self.summary()
+
     def _json_extra(self) -> dict[str, Any]:
         return {"ok": self.ok}
 
@@ -160,7 +217,7 @@ class ReplayResult(Serial):
     status: ReplayStatus
     parent: ParentState | None
     child: ChildOutcome | None
-    error: RunError | None = None
+    error: TargetError | None = None
     duration_s: float = 0.0
     started_at: str = ""
 
@@ -186,6 +243,22 @@ class ReplayResult(Serial):
         if self.parent.cuda_initialized:
             return Verdict.INITIALIZES_CUDA
         return Verdict.CLEAN if self.status == ReplayStatus.OK else Verdict.UNKNOWN
+
+    def headline(self) -> Part:
+        """One sentence a reader cannot misread: did the child fail, and why it matters."""
+        method = self.start_method
+        if self.reproduced and self.child is not None:
+            return f"Reproduced: the {method} child fails ({self.child.short().removeprefix('fails: ')})", Tone.BAD
+        if self.status == ReplayStatus.OK and self.parent is not None:
+            why = (
+                f"{method} starts a fresh interpreter, though the import initializes CUDA in the parent"
+                if self.parent.cuda_initialized and method != "fork"
+                else "the parent did not initialize CUDA"
+                if not self.parent.cuda_initialized
+                else "the parent initialized CUDA, yet the child worked"
+            )
+            return f"Passes: the {method} child works ({why})", Tone.GOOD
+        return f"Not judged: replay {method} ended {self.status}", Tone.UNKNOWN
 
     def _json_extra(self) -> dict[str, Any]:
         return {"verdict": self.verdict, "reproduced": self.reproduced}
@@ -244,20 +317,49 @@ class ReplayComparison(Serial):
     def variant_verdicts(self) -> dict[str, Verdict]:
         return {variant: combine(r.verdict for r in self.runs_of(variant)) for variant in self.variants}
 
-    def explanation(self) -> tuple[str, ...]:
-        """A headline, then one line per fact: which runs failed, which could not be judged, and why."""
+    def headline_parts(self) -> tuple[Part, ...]:
+        """The one verdict, in parts: what failed (red), whether the fix passes (green), what was not judged.
+
+        For example ``Reproduced: before/fork fails; fixed: after passes fork and spawn``.
+        """
         failing = [f"{label}/{r.start_method}" for label, r in self.runs if r.reproduced]
+        fixed = self.variants[-1] if len(self.variants) > 1 else None
+        first = [f for f in failing if fixed is None or not f.startswith(f"{fixed}/")]
+        parts: list[Part] = []
+        if first:
+            parts.append((f"Reproduced: {_and(first)} {'fails' if len(first) == 1 else 'fail'}", Tone.BAD))
+        elif self.runs:
+            parts.append(("Not reproduced: no child failed before the fix", Tone.UNKNOWN))
+        if fixed is not None:
+            parts.append(self._fix_part(fixed))
         unjudged = [f"{label}/{r.start_method} ({r.status})" for label, r in self.runs if r.verdict == Verdict.UNKNOWN]
-        headline = f"{', '.join(failing)} failed" if failing else "no child failed"
-        lines = [headline + (f"; not judged: {', '.join(unjudged)}" if unjudged else "")]
+        unjudged = [u for u in unjudged if u.split(" ")[0] not in failing]
+        if unjudged:
+            parts.append((f"not judged: {', '.join(unjudged)}", Tone.UNKNOWN))
+        return tuple(parts)
+
+    def _fix_part(self, variant: str) -> Part:
+        runs = self.runs_of(variant)
+        methods = _and([r.start_method for r in runs])
+        if any(r.reproduced for r in runs):
+            still = _and([f"{variant}/{r.start_method}" for r in runs if r.reproduced])
+            return f"not fixed: {still} still fails", Tone.BAD
+        if all(r.status == ReplayStatus.OK for r in runs):
+            return f"fixed: {variant} passes {methods}", Tone.GOOD
+        return f"{variant} not judged", Tone.UNKNOWN
+
+    def headline(self) -> str:
+        """The one verdict as a sentence: the same words in the notebook, the panel, the CLI and the postmortem."""
+        return "; ".join(text for text, _ in self.headline_parts())
+
+    def explanation(self) -> tuple[str, ...]:
+        """The headline, then one line per fact: what the parent did in each variant, and why spawn passes."""
+        lines = [self.headline()]
         for variant in self.variants:
             parent = self.runs_of(variant)[0].parent
             if parent is not None:
                 did = "initialized CUDA" if parent.cuda_initialized else "did not initialize CUDA"
                 lines.append(f"{variant}: the parent {did} before starting the child")
-        after = self.variant_verdicts().get("after")
-        if after == Verdict.CLEAN:
-            lines.append("after the fix every start method passes")
         if any(r.start_method != "fork" and r.status == ReplayStatus.OK for r in self.runs_of("before")):
             lines.append("spawn-like start methods avoid it: the child starts a fresh interpreter")
         return tuple(lines)
@@ -272,6 +374,7 @@ class ReplayComparison(Serial):
             "runs": [_ComparisonRun(label, result).to_json() for label, result in self.runs],
             "verdict": self.verdict.value,
             "variant_verdicts": {variant: verdict.value for variant, verdict in self.variant_verdicts().items()},
+            "headline": self.headline(),
             "explanation": list(self.explanation()),
         }
 
@@ -286,3 +389,8 @@ class ReplayComparison(Serial):
 
     def __str__(self) -> str:
         return str(present("comparison.text", self))
+
+
+def _and(items: list[str]) -> str:
+    """``a``, ``a and b``, ``a, b and c``."""
+    return items[0] if len(items) == 1 else f"{', '.join(items[:-1])} and {items[-1]}"

@@ -23,10 +23,10 @@ __all__ = [
     "Culprit",
     "DriverInfo",
     "ImportNode",
-    "RunError",
     "ScanResult",
     "Site",
     "StartupInfo",
+    "TargetError",
 ]
 
 SCAN_SCHEMA = "diagtools.scan/1"
@@ -88,6 +88,14 @@ class Culprit(Serial):
     ``context`` says what the watcher knew was going on (``diagtools run`` and
     ``pytest --cuda-watch``: a pytest node id, ``pytest start-up: conftest.py``).
 
+    ``chain_imports`` runs beside ``chain``: item ``i`` is the statement that
+    imported ``chain[i]`` (``None`` where unknown, as for the scanned target
+    itself).  ``first_party`` is the last frame on the chain in the user's
+    own packages (the scanned target's top-level package, or ``--own``
+    patterns; for ``diagtools run``, code outside installed packages and the
+    standard library): the line a user can edit, when the initializer itself
+    (``initialized_in``) lies in a third-party package.
+
     The scan and ``diagtools run`` both build it with
     :func:`diagtools.usecases.attribution.attribute`: one rule, one type.
     """
@@ -111,11 +119,31 @@ class Culprit(Serial):
     thread_started_at: Site | None = None
     stack_dropped: int = 0
     context: str | None = None
+    chain_imports: tuple[Site | None, ...] = ()
+    first_party: Site | None = None
 
     @property
     def line_to_change(self) -> Site | None:
-        """Where to edit: the culprit module's own line, else the calling line."""
-        return self.module_site or self.site
+        """Where to edit: the user's own line on the chain, else the culprit module's line, else the call."""
+        return self.first_party or self.module_site or self.site
+
+    @property
+    def initialized_in(self) -> Site | None:
+        """The line that initialized CUDA, when it is not the line to change (a third-party initializer)."""
+        inner = self.module_site or self.site
+        return inner if self.first_party is not None and inner != self.first_party else None
+
+    def import_edges(self) -> tuple[tuple[str, str, Site | None], ...]:
+        """``(importer, imported, import line)`` for each edge of the chain, outermost first."""
+        lines = self.chain_imports + (None,) * (len(self.chain) - len(self.chain_imports))
+        return tuple((self.chain[i - 1], self.chain[i], lines[i]) for i in range(1, len(self.chain)))
+
+    def _json_extra(self) -> dict[str, Any]:
+        change, initialized = self.line_to_change, self.initialized_in
+        return {
+            "line_to_change": change.to_json() if change else None,
+            "initialized_in": initialized.to_json() if initialized else None,
+        }
 
 
 @dataclass(frozen=True)
@@ -164,7 +192,7 @@ class StartupInfo(Serial):
 
 
 @dataclass(frozen=True)
-class RunError(Serial):
+class TargetError(Serial):
     """Why a target did not import cleanly: the exception, exit code, signal or hang."""
 
     _JSON_DEFAULTS: ClassVar[dict[str, Any]] = {"message": ""}
@@ -193,7 +221,7 @@ class ScanResult(Serial):
     modules: tuple[ImportNode, ...] = ()
     culprits: tuple[Culprit, ...] = ()
     startup: StartupInfo = field(default_factory=StartupInfo)
-    error: RunError | None = None
+    error: TargetError | None = None
     torch_cuda_initialized: bool | None = None
     exitcode: int | None = None
     stdout: str = ""
@@ -258,6 +286,10 @@ class ScanResult(Serial):
     def to_dot(self, view: str = "culprits") -> str:
         """The graph's DOT source: sorted, so it is stable across runs."""
         return str(self.graph(view).source)
+
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        """IPython's plain-text view (saved beside the HTML): the report with relative paths, not the fields."""
+        printer.text(str(present("scan.shareable", self)))
 
     def _repr_html_(self) -> str:
         return str(present("scan.html", self, graph=True))

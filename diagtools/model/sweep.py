@@ -9,14 +9,16 @@ itself preloaded there (``preloaded``).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from diagtools.model._display import TextReport, present
-from diagtools.model.scan import Culprit, ScanResult
+from diagtools.model.scan import Culprit, ScanResult, Site
+from diagtools.model.serial import Serial
 from diagtools.model.verdict import Verdict, combine
 
-__all__ = ["CUDA_SOURCES", "SWEEP_SCHEMA", "SweepResult", "SweepRow", "cuda_source"]
+__all__ = ["CUDA_SOURCES", "SWEEP_SCHEMA", "RootCause", "SweepResult", "SweepRow", "cause_key", "cuda_source"]
 
 SWEEP_SCHEMA = "diagtools.sweep/1"
 CUDA_SOURCES = ("none", "self", "parent", "startup", "unknown")
@@ -155,6 +157,78 @@ class SweepRow:
         )
 
 
+UNKNOWN_CAUSE = "(no culprit was recorded)"
+
+
+def _module_of(culprit: Culprit, site: Site) -> str:
+    """The chain module whose source holds ``site``: the culprit's own file, else an importer's."""
+    if culprit.module_site is not None and site.file == culprit.module_site.file and culprit.module:
+        return culprit.module
+    for importer, _, line in culprit.import_edges():
+        if line is not None and line.file == site.file:
+            return importer
+    return site.file.rsplit("/", 1)[-1]
+
+
+def cause_key(culprit: Culprit | None) -> str:
+    """A root cause's identity, the same on any machine and after unrelated edits move lines.
+
+    ``first-party module: `source line` <- initializing module``: the module and
+    text of the line to change (its number when the source is unavailable)
+    and the module whose code initialized CUDA.
+    """
+    if culprit is None:
+        return UNKNOWN_CAUSE
+    change, module = culprit.line_to_change, culprit.module or "?"
+    if change is None:
+        return f"{module} ({culprit.phase})"
+    text = change.source.strip() or f"line {change.line}"
+    return f"{_module_of(culprit, change)}: `{text}` <- {module}"
+
+
+@dataclass(frozen=True)
+class RootCause(Serial):
+    """One reason modules initialize CUDA, listed once however many modules reach it.
+
+    ``modules`` are every swept module whose import reaches it;
+    ``through_parent`` those among them that reach it only because a parent
+    package's import does (``cuda_source == "parent"``).
+    """
+
+    key: str
+    culprit: str | None
+    line_to_change: Site | None
+    initialized_in: Site | None
+    modules: tuple[str, ...]
+    through_parent: tuple[str, ...] = ()
+
+    @classmethod
+    def group(cls, rows: Iterable[SweepRow]) -> tuple[RootCause, ...]:
+        """The causes behind ``rows`` that initialize CUDA, most modules first, then by key."""
+        found: dict[str, list[SweepRow]] = {}
+        for row in rows:
+            if row.cuda_initialized:
+                found.setdefault(cause_key(row.culprit), []).append(row)
+        causes = [cls._of(key, members) for key, members in found.items()]
+        return tuple(sorted(causes, key=lambda cause: (-len(cause.modules), cause.key)))
+
+    @classmethod
+    def _of(cls, key: str, rows: list[SweepRow]) -> RootCause:
+        culprit = next((row.culprit for row in rows if row.cuda_source != "parent" and row.culprit), None)
+        culprit = culprit or rows[0].culprit
+        return cls(
+            key=key,
+            culprit=culprit.module if culprit else None,
+            line_to_change=culprit.line_to_change if culprit else None,
+            initialized_in=(culprit.initialized_in or culprit.module_site or culprit.site) if culprit else None,
+            modules=tuple(sorted(row.module for row in rows)),
+            through_parent=tuple(sorted(row.module for row in rows if row.cuda_source == "parent")),
+        )
+
+    def _json_extra(self) -> dict[str, Any]:
+        return {"count": len(self.modules)}
+
+
 @dataclass(frozen=True)
 class SweepResult(TextReport):
     """All rows of a sweep, sorted by module, and how many came from an earlier run.
@@ -172,6 +246,18 @@ class SweepResult(TextReport):
     mode: str = "fresh"
     preload: tuple[str, ...] = ()
     fallback: str = ""
+    interrupted: int = 0  # modules left unscanned by an interrupt (0: the sweep finished)
+    preload_notes: tuple[str, ...] = ()
+
+    @property
+    def causes(self) -> tuple[RootCause, ...]:
+        """The root causes, each once: its line to change, its initializer, the modules that reach it."""
+        return RootCause.group(self.rows)
+
+    def new_causes(self, known: Iterable[str]) -> tuple[RootCause, ...]:
+        """The causes whose key is not among ``known`` (a baseline's keys)."""
+        seen = set(known)
+        return tuple(cause for cause in self.causes if cause.key not in seen)
 
     @property
     def verdict(self) -> Verdict:
@@ -195,6 +281,9 @@ class SweepResult(TextReport):
     def __str__(self) -> str:
         return str(present("sweep.text", self))
 
+    def _repr_html_(self) -> str:
+        return str(present("sweep.html", self))
+
     def to_json(self) -> dict[str, Any]:
         return {
             "schema": SWEEP_SCHEMA,
@@ -202,6 +291,10 @@ class SweepResult(TextReport):
             "verdict": self.verdict.value,
             "mode": self.mode,
             "preload": list(self.preload),
+            "preload_notes": list(self.preload_notes),
             "fallback": self.fallback,
+            "seconds": round(self.seconds, 3),
+            "interrupted": self.interrupted,
+            "causes": [cause.to_json() for cause in self.causes],
             "rows": [row.to_json() for row in self.rows],
         }

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import textwrap
 from collections.abc import Sequence
 from typing import Any
 
@@ -11,8 +12,14 @@ from diagtools.errors import MissingExtraError
 __all__ = ["bandwidth_chart_png"]
 
 
-def bandwidth_chart_png(rows: Sequence[dict[str, Any]], title: str = "compress_norm_rope_store") -> bytes:
-    """Bars of achieved GB/s per size, one colour per backend, labelled; log scale when they span 100x."""
+def bandwidth_chart_png(
+    rows: Sequence[dict[str, Any]], title: str = "compress_norm_rope_store", *, note: str = ""
+) -> bytes:
+    """Bars of achieved GB/s per size, one colour per backend, labelled; log scale when they span 100x.
+
+    The title and ``note`` (say, that CPU times are not GPU timings) are wrapped
+    to the figure's width, so neither is ever cut at its ends.
+    """
     try:
         import matplotlib
     except ImportError:
@@ -22,7 +29,8 @@ def bandwidth_chart_png(rows: Sequence[dict[str, Any]], title: str = "compress_n
 
     sizes = list(dict.fromkeys(str(row["size"]) for row in rows))
     backends = sorted({str(row["backend"]) for row in rows})
-    figure, axis = plt.subplots(figsize=(8, 3.2))
+    heading = "\n".join(textwrap.wrap(title, 70) + textwrap.wrap(note, 80))
+    figure, axis = plt.subplots(figsize=(7.4, 3.2 + 0.2 * heading.count("\n")))
     width = 0.8 / max(1, len(backends))
     measured = [v for backend in backends for size in sizes if (v := _gbps(rows, size, backend)) > 0]
     for index, backend in enumerate(backends):
@@ -34,7 +42,7 @@ def bandwidth_chart_png(rows: Sequence[dict[str, Any]], title: str = "compress_n
     if measured and max(measured) / min(measured) > 100:  # interpreter vs compiled: only a log scale shows both
         axis.set_yscale("log")
     axis.set_ylabel("GB/s (minimal bytes)")
-    axis.set_title(title)
+    axis.set_title(heading, fontsize=10, color="#a15c00" if note else "black")
     axis.legend()
     figure.tight_layout()
     buffer = io.BytesIO()

@@ -18,7 +18,7 @@ from typing import Any
 
 from diagtools.errors import MissingExtraError, UsageError
 from diagtools.model.diff import ScanDiff
-from diagtools.model.scan import ImportNode, ScanResult
+from diagtools.model.scan import ImportNode, ScanResult, Site
 from diagtools.render.graphview import BASE_FONT_PX
 
 __all__ = ["GRAPH_VIEWS", "diff_graph", "scan_graph", "write_svg"]
@@ -101,10 +101,19 @@ def _label(node: ImportNode, hidden: int, site: str) -> str:
 
 def _site_text(result: ScanResult, name: str) -> str:
     for culprit in result.culprits:
-        if culprit.module == name and culprit.site is not None:
-            source = culprit.site.source[:60]
-            return f"{culprit.site.file.rsplit('/', 1)[-1]}:{culprit.site.line}: {source}"
+        site = culprit.initialized_in or culprit.line_to_change  # the module's own line, never a library's
+        if culprit.module == name and site is not None:
+            return _short(site)
     return ""
+
+
+def _short(site: Site) -> str:
+    return f"{site.file.rsplit('/', 1)[-1]}:{site.line}: {site.source[:60]}"
+
+
+def _import_lines(result: ScanResult) -> dict[tuple[str, str], Site]:
+    """Each culprit chain edge's import line; the line to change is marked where the edge holds it."""
+    return {(a, b): site for c in result.culprits for a, b, site in c.import_edges() if site is not None}
 
 
 def _node_style(node: ImportNode, tree: _Tree) -> dict[str, str]:
@@ -170,8 +179,12 @@ def scan_graph(
         node_attr={"shape": "box", "fontname": "DejaVu Sans", "fontsize": str(BASE_FONT_PX)},
     )
     _add_clusters(graph, names, lambda name: _draw_node(name, tree, hidden, result, marks))
-    _add_edges(graph, names, tree, marks)
+    _add_edges(graph, names, tree, marks, lines=_import_lines(result), changes=_changes(result))
     return graph
+
+
+def _changes(result: ScanResult) -> frozenset[Site]:
+    return frozenset(c.line_to_change for c in result.culprits if c.line_to_change is not None)
 
 
 def _title(result: ScanResult) -> str:
@@ -207,13 +220,25 @@ def _add_clusters(graph: Any, names: Iterable[str], draw: Any) -> None:
                 cluster.node(node_id, **attrs)
 
 
-def _add_edges(graph: Any, names: list[str], tree: _Tree, marks: _Marks) -> None:
+def _add_edges(
+    graph: Any,
+    names: list[str],
+    tree: _Tree,
+    marks: _Marks,
+    *,
+    lines: dict[tuple[str, str], Site] | None = None,
+    changes: frozenset[Site] = frozenset(),
+) -> None:
     shown = set(names)
     for name in names:
         parent = tree.nodes[name].parent
         if parent in shown:
             on_chain = parent in tree.chain and name in tree.chain
             attrs = {"color": CULPRIT_FILL, "penwidth": "2.5", "class": "chain"} if on_chain else {"color": "#999999"}
+            site = (lines or {}).get((parent, name)) if on_chain else None
+            if site is not None:
+                mark = "line to change: " if site in changes else ""
+                attrs["label"] = _escape(mark + _short(site))
             if (parent, name) in marks.edges:
                 attrs.update(REMOVED_EDGE)
             graph.edge(_escape(parent), _escape(name), **attrs)

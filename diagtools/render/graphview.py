@@ -2,8 +2,8 @@
 
 Works wherever HTML runs scripts (JupyterLab outputs, exported notebooks, the
 postmortem page) with no network and no widget state: zoom (buttons or
-Ctrl+wheel), pan (drag), fit to the width without going under a readable
-font size, click a module for its file, times and stack, export the graph
+Ctrl+wheel), pan (drag), open fitted to the width (the whole graph, with a
+zoom-in cue when its text is small), click a module for its file, times and stack, export the graph
 as SVG or PNG (drawn on a canvas in the page).  Where scripts do not run
 (an ipywidgets HTML view, a sanitized viewer) the same block still shows
 the graph at its natural size in a scrolling box, with the legend.
@@ -23,7 +23,8 @@ from diagtools.render.paths import display_path, import_roots
 __all__ = ["BASE_FONT_PX", "MIN_FONT_PX", "graph_view_html", "node_details", "prepare_svg"]
 
 BASE_FONT_PX = 12  # the graph's node font size: at scale 1 one SVG unit is one CSS pixel
-MIN_FONT_PX = 10  # "fit" never shrinks text below this
+MIN_FONT_PX = 10  # text below this is small: the view then shows its zoom-in cue
+FLOOR_SCALE = 0.4  # "fit" shows the whole graph down to this scale; a wider one opens centred on the culprit
 _IDS = itertools.count(1)
 
 _LEGEND = (
@@ -37,7 +38,8 @@ _LEGEND = (
 _CSS = (
     "<style>.dtg{margin:6px 0;max-width:100%}.dtg-bar{display:flex;flex-wrap:wrap;gap:4px;align-items:center;"
     "margin:4px 0}.dtg-bar button{font:12px system-ui,sans-serif;padding:2px 8px;cursor:pointer}"
-    ".dtg-hint{font-size:12px;color:#555}.dtg-legend{display:flex;flex-wrap:wrap;gap:4px 14px;font-size:12px;"
+    ".dtg-hint{font-size:12px;color:#555}.dtg-cue{font-size:12px;color:#a15c00;font-weight:600}"
+    ".dtg-legend{display:flex;flex-wrap:wrap;gap:4px 14px;font-size:12px;"
     "margin:4px 0}.dtg-sw{display:inline-block;width:14px;height:10px;border:1px solid #555;margin-right:4px;"
     "vertical-align:middle}.dtg-view{overflow:auto;max-height:70vh;border:1px solid #ddd;background:#fff}"
     ".dtg-live .dtg-view{overflow:hidden;position:relative;cursor:grab;touch-action:none}"
@@ -62,12 +64,13 @@ if(!svg)return;
 var data={};try{data=JSON.parse(box.querySelector('.dtg-data').textContent);}catch(e){}
 var W=parseFloat(svg.getAttribute('width')),H=parseFloat(svg.getAttribute('height'));
 var minS=parseFloat(box.getAttribute('data-min-scale'))||1,name=box.getAttribute('data-name')||'graph';
+var floor=parseFloat(box.getAttribute('data-floor-scale'))||minS,cue=box.querySelector('.dtg-cue');
 var s=1,x=0,y=0,touched=false,drag=null,moved=false;
 box.classList.add('dtg-live');box.querySelector('.dtg-bar').hidden=false;
 svg.style.transformOrigin='0 0';
 function apply(){svg.style.transform='translate('+x+'px,'+y+'px) scale('+s+')';
-box.setAttribute('data-scale',s.toFixed(3));}
-function fit(){var w=view.clientWidth;if(!w)return false;s=Math.max(minS,Math.min(1.5,(w-8)/W));
+box.setAttribute('data-scale',s.toFixed(3));if(cue)cue.hidden=s>=minS-1e-3;}
+function fit(){var w=view.clientWidth;if(!w)return false;s=Math.max(floor,Math.min(1.5,(w-8)/W));
 x=Math.max(0,(w-W*s)/2);y=4;
 if(W*s>w){centre(svg.querySelector('g.node.culprit'),w);}view.style.height=Math.round(Math.min(H*s+12,Math.max(260,window.innerHeight*0.7)))+'px';
 apply();return true;}
@@ -148,9 +151,12 @@ def node_details(result: ScanResult) -> dict[str, dict[str, Any]]:
             "initializes CUDA": "yes" if node.initializes_cuda else "no",
         }
         for culprit in result.culprits:
-            if culprit.module == node.name and culprit.site is not None:
-                site = culprit.site
-                entry["line"] = f"{display_path(site.file, roots)}:{site.line}: {site.source}"
+            line = culprit.line_to_change
+            if culprit.module == node.name and line is not None:
+                entry["line to change"] = f"{display_path(line.file, roots)}:{line.line}: {line.source.strip()}"
+                if culprit.site is not None and culprit.site != line:
+                    site = culprit.site
+                    entry["via"] = f"{display_path(site.file, roots)}:{site.line}: {site.source.strip()}"
                 entry["stack"] = [f"{display_path(f.file, roots)}:{f.line} in {f.function}" for f in culprit.stack]
         details[node.name] = entry
     return details
@@ -180,7 +186,7 @@ def graph_view_html(
     buttons = "".join(
         f'<button type="button" data-act="{act}" title="{escape(tip)}">{escape(label)}</button>'
         for act, label, tip in (
-            ("fit", "Fit", "fit the width, text never under 10 px"),
+            ("fit", "Fit", "fit the whole graph to the width"),
             ("in", "+", "zoom in (or Ctrl+wheel)"),
             ("out", "\u2212", "zoom out"),
             ("one", "1:1", "natural size"),
@@ -191,9 +197,10 @@ def graph_view_html(
     picked = f' data-selected="{escape(selected)}"' if selected else ""
     return (
         f'{_CSS}<div class="dtg" id="{prefix}" data-name="{escape(name)}" '
-        f'data-min-scale="{MIN_FONT_PX / BASE_FONT_PX:.4f}"{picked}>'
+        f'data-min-scale="{MIN_FONT_PX / BASE_FONT_PX:.4f}" data-floor-scale="{FLOOR_SCALE}"{picked}>'
         f'<div class="dtg-bar" hidden>{buttons}<span class="dtg-hint">drag to pan &middot; click a module for its '
-        "file, times and stack</span></div>"
+        'file, times and stack</span><span class="dtg-cue" hidden>The whole graph, fitted to the width: '
+        "zoom in (+ or Ctrl+wheel) to read it, then drag to pan</span></div>"
         f"{_legend()}"
         f'<div class="dtg-view">{prepare_svg(svg, prefix)}</div>'
         '<div class="dtg-info"></div>'

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from html import escape
 from typing import Any
 
 from diagtools.errors import MissingExtraError
-from diagtools.model.diff import ScanDiff
-from diagtools.model.replay import ChildOutcome, ReplayComparison, ReplayResult
+from diagtools.model.diff import ScanDiff, diff_scans
+from diagtools.model.replay import ChildOutcome, ReplayComparison, ReplayResult, Tone
 from diagtools.model.scan import Culprit, ScanResult, Site
+from diagtools.model.sweep import RootCause, SweepResult
 from diagtools.model.verdict import Verdict
+from diagtools.render.ordering import ModuleGroups, group_modules
+from diagtools.render.paths import shareable, short_path
 
 __all__ = [
     "bench_table_html",
@@ -19,18 +22,27 @@ __all__ = [
     "diff_html",
     "graph_block",
     "module_html",
+    "path_html",
     "replay_html",
     "scan_html",
+    "scan_status_html",
+    "short_path",
     "svg_of",
+    "sweep_html",
+    "table_html",
 ]
 
 _STYLE = (
-    "<style>.dt{font-family:system-ui,sans-serif;font-size:13px}.dt code{background:#f4f4f4;padding:1px 3px}"
+    "<style>.dt{font-family:system-ui,sans-serif;font-size:13px;max-width:100%;overflow-wrap:anywhere}"
+    ".dt code{background:#f4f4f4;padding:1px 3px}"
     ".dt .bad{color:#b00020;font-weight:600}.dt .good{color:#1b7f3b;font-weight:600}"
-    ".dt .unknown{color:#a15c00;font-weight:600}"
-    ".dt table{border-collapse:collapse}.dt td,.dt th{border:1px solid #ddd;padding:3px 8px;text-align:left!important;"
-    "vertical-align:top}.dt td.num{text-align:right!important;font-variant-numeric:tabular-nums}"
-    ".dt pre{background:#f8f8f8;padding:6px;overflow-x:auto}"
+    ".dt .unknown{color:#a15c00;font-weight:600}.dt .dt-box{max-width:100%;overflow-x:auto}"
+    ".dt table{border-collapse:collapse;max-width:100%}.dt td,.dt th{border:1px solid #ddd;padding:3px 8px;"
+    "text-align:left!important;vertical-align:top;overflow-wrap:break-word}"
+    ".dt td.num{text-align:right!important;font-variant-numeric:tabular-nums;white-space:nowrap}"
+    ".dt pre{background:#f8f8f8;padding:6px;overflow-x:auto;white-space:pre-wrap;overflow-wrap:anywhere}"
+    ".dt .dt-path{white-space:nowrap}.dt td .dt-path{white-space:normal}.dt td.dt-any{overflow-wrap:anywhere}"
+    ".dt .dt-verdict{font-size:14px}"
     ".dt-graph{max-width:100%}</style>"
 )
 
@@ -48,9 +60,19 @@ def _verdict_badge(verdict: Verdict) -> str:
     return f'<span class="{_VERDICT_CLASS[verdict]}">{escape(verdict.value)}</span>'
 
 
+def path_html(path: str, line: int | None = None) -> str:
+    """A path as ``<code>``: shortened in the middle, the whole path on hover; the line number never cut.
+
+    It may break after a ``/`` (never inside a name), so a narrow column wraps it instead of widening.
+    """
+    shown = escape(short_path(path)).replace("/", "/<wbr>") + (f":{line}" if line is not None else "")
+    full = escape(path) + (f":{line}" if line is not None else "")
+    return f'<code class="dt-path" title="{full}">{shown}</code>'
+
+
 def _site_html(label: str, site: Site) -> str:
     return (
-        f"<p>{label}: <code>{escape(site.file)}:{site.line}</code> in <code>{escape(site.function)}</code></p>"
+        f"<p>{label}: {path_html(site.file, site.line)} in <code>{escape(site.function)}</code></p>"
         f"<pre>{site.line:>5} | {escape(site.source)}</pre>"
     )
 
@@ -66,11 +88,23 @@ def _culprit_html(culprit: Culprit) -> str:
         parts.append(f"<p>Thread: <code>{escape(culprit.thread)}</code></p>")
         if culprit.thread_started_at is not None:
             parts.append(_site_html("Started at", culprit.thread_started_at))
-    if culprit.module_site is not None:
-        parts.append(_site_html("<b>Line to change</b>", culprit.module_site))
-    if culprit.site is not None and culprit.site != culprit.module_site:
-        parts.append(_site_html("Via" if culprit.module_site else "Site", culprit.site))
+    change, initialized = culprit.line_to_change, culprit.initialized_in
+    if change is not None:
+        parts.append(_site_html("<b>Line to change</b>", change))
+    if initialized is not None:
+        parts.append(_site_html("Initialized in", initialized))
+    if culprit.site is not None and culprit.site not in (change, initialized):
+        parts.append(_site_html("Via", culprit.site))
+    edges = culprit.import_edges()
+    if any(site is not None for _, _, site in edges):
+        parts.append("<p>Imports:</p><ul>" + "".join(_edge_html(edge) for edge in edges) + "</ul>")
     return "".join(parts)
+
+
+def _edge_html(edge: tuple[str, str, Site | None]) -> str:
+    importer, imported, site = edge
+    where = f"<code>{escape(site.file)}:{site.line}</code> <code>{escape(site.source)}</code>" if site else "?"
+    return f"<li><code>{escape(importer)}</code> &rarr; <code>{escape(imported)}</code>: {where}</li>"
 
 
 def svg_of(graph: Any) -> str:
@@ -99,11 +133,13 @@ def graph_block(
 
 def scan_html(result: ScanResult, *, graph: bool = False, selected: str | None = None) -> str:
     """Summary, culprit with its source line, the error if the target failed, and the graph."""
+    shown = shareable(result)
     verdict = _verdict_badge(result.verdict)
     parts = [
         _STYLE,
         '<div class="dt">',
-        f"<p><b>diagtools scan</b> <code>{escape(' '.join(result.targets))}</code> &mdash; {verdict}</p>",
+        f'<p class="dt-verdict"><b>diagtools scan</b> <code>{escape(" ".join(result.targets))}</code> &mdash; '
+        f"{verdict}</p>",
         f"<p>Driver: {escape(_driver_label(result))}. Status: <code>{escape(result.status)}</code>; "
         f"{len(result.modules)} modules in {result.duration_s:.2f} s.</p>",
     ]
@@ -112,10 +148,51 @@ def scan_html(result: ScanResult, *, graph: bool = False, selected: str | None =
     if not result.cuda_initialized and result.doubts():
         reasons = "".join(f"<li>{escape(reason)}</li>" for reason in result.doubts())
         parts.append(f'<p class="unknown">Not called clean: the run could not see everything.</p><ul>{reasons}</ul>')
-    parts += [_culprit_html(culprit) for culprit in result.culprits]
+    parts += [_culprit_html(culprit) for culprit in shown.culprits]
     if graph:
-        parts.append(graph_block(result.graph, _graph_details(result), selected=selected))
+        parts.append(graph_block(shown.graph, _graph_details(result), selected=selected))
     parts.append("</div>")
+    return "".join(parts)
+
+
+def scan_status_html(result: ScanResult) -> str:
+    """A panel's status line after a scan: the verdict, the line to change, the driver."""
+    culprit = shareable(result).culprit
+    line = culprit.line_to_change if culprit is not None else None
+    where = f" &mdash; <code>{escape(culprit.module or '?')}</code>" if culprit is not None else ""
+    if line is not None:
+        where += f", line to change {path_html(line.file, line.line)}"
+    return f"done: {_verdict_badge(result.verdict)}{where} (driver {escape(result.driver.kind)})"
+
+
+def sweep_html(result: SweepResult) -> str:
+    """The sweep's answer: each root cause once, then the modules that initialize CUDA."""
+    verdict = _verdict_badge(result.verdict)
+    causes = result.causes
+    parts = [
+        _STYLE,
+        '<div class="dt">',
+        f"<p><b>diagtools sweep</b> <code>{escape(result.package)}</code> &mdash; {verdict}</p>",
+        f"<p>{len(result.rows)} modules, {len(result.culprits)} initialize CUDA through {len(causes)} root "
+        f"cause(s); {len(result.failures)} failed to import ({result.seconds:.1f} s, {escape(result.mode)}).</p>",
+    ]
+    if result.interrupted:
+        parts.append(f'<p class="unknown">Interrupted: {result.interrupted} modules were not scanned.</p>')
+    if causes:
+        parts.append("<h3>Root causes</h3><ol>" + "".join(_cause_html(cause) for cause in causes) + "</ol>")
+    parts.append("</div>")
+    return "".join(parts)
+
+
+def _cause_html(cause: RootCause) -> str:
+    parts = [f"<li><code>{escape(cause.key)}</code>"]
+    if cause.line_to_change is not None:
+        parts.append(_site_html("<b>Line to change</b>", cause.line_to_change))
+    if cause.initialized_in is not None and cause.initialized_in != cause.line_to_change:
+        parts.append(_site_html("Initialized in", cause.initialized_in))
+    parent = f", {len(cause.through_parent)} only through a parent package" if cause.through_parent else ""
+    names = ", ".join(f"<code>{escape(m)}</code>" for m in cause.modules)
+    parts.append(f"<p>Reached by {len(cause.modules)} module(s){parent}: {names}</p></li>")
     return "".join(parts)
 
 
@@ -135,31 +212,51 @@ def _child_cell(child: ChildOutcome | None) -> str:
         return "<td>no child</td>"
     calls = "<br>".join(f"<code>{escape(c.call)}</code> &rarr; {escape(c.name)} ({c.code})" for c in child.driver_calls)
     css = "good" if child.ok else "unknown" if child.status == "unavailable" else "bad"
-    return f'<td><span class="{css}">{escape(child.summary())}</span><br>{calls}</td>'
+    label = "fails: the driver answered" if child.short().startswith("fails:") else child.short()
+    return f'<td><span class="{css}">{escape(label)}</span><br>{calls}</td>'
+
+
+def _table(head: str, rows: str) -> str:
+    """A table in its own box: it wraps, and scrolls inside the box rather than widening the page."""
+    return f'<div class="dt-box"><table>{head}{rows}</table></div>'
+
+
+def _headline_html(parts: tuple[tuple[str, Tone], ...]) -> str:
+    """The one verdict, each part in its colour (a failure red, the fix green)."""
+    spans = "; ".join(f'<span class="{tone.value}">{escape(text)}</span>' for text, tone in parts)
+    return f'<p class="dt-verdict">{spans}</p>'
+
+
+def _driver_answer_html(child: ChildOutcome) -> str:
+    """The child's failure as the driver's answer and the user's frames; diagtools' own frames stay in the JSON."""
+    shown = child.shown_traceback.strip()
+    if child.ok or not shown or (child.driver_calls and '  File "' not in shown):  # the table said it already
+        return ""
+    return f"<p>The child's error (the driver's answer, your frames only):</p><pre>{escape(shown)}</pre>"
 
 
 def replay_html(result: ReplayResult) -> str:
-    """One replay: parent state and the child's outcome, with its traceback."""
+    """One replay: its headline, the parent's state and the child's outcome with the driver's answer."""
     parent = result.parent
     parent_text = (
         "no parent state"
         if parent is None
         else (
-            f"parent CUDA {'initialized' if parent.cuda_initialized else 'not initialized'}, "
-            f"{len(parent.threads)} thread(s)"
+            f"the parent {'initialized CUDA' if parent.cuda_initialized else 'did not initialize CUDA'} "
+            f"before starting the child, {len(parent.threads)} thread(s)"
         )
     )
     parts = [
         _STYLE,
         '<div class="dt">',
         f"<p><b>diagtools replay</b> <code>{escape(result.target)}</code> with "
-        f"<code>{escape(result.start_method)}</code>, child <code>{escape(result.child_action)}</code> "
-        f"&mdash; {_verdict_badge(result.verdict)}, status <code>{escape(result.status)}</code></p>",
+        f"<code>{escape(result.start_method)}</code>, child <code>{escape(result.child_action)}</code></p>",
+        _headline_html((result.headline(),)),
         f"<p>Driver: {escape(_driver_label(result))}; {escape(parent_text)}.</p>",
-        f"<table><tr><th>child</th></tr><tr>{_child_cell(result.child)}</tr></table>",
+        _table("<tr><th>child</th></tr>", f"<tr>{_child_cell(result.child)}</tr>"),
     ]
-    if result.child is not None and result.child.traceback:
-        parts.append(f"<pre>{escape(result.child.traceback)}</pre>")
+    if result.child is not None:
+        parts.append(_driver_answer_html(result.child))
     if result.error is not None:
         parts.append(f'<p class="bad">{escape(result.error.message)}</p>')
     parts.append("</div>")
@@ -167,7 +264,7 @@ def replay_html(result: ReplayResult) -> str:
 
 
 def comparison_html(comparison: ReplayComparison) -> str:
-    """Before/after rows, start-method columns, and the verdict."""
+    """The one verdict, then before/after rows by start-method columns, then the findings."""
     methods = comparison.start_methods
     header = "<tr><th>variant</th><th>parent</th>" + "".join(f"<th>{escape(m)}</th>" for m in methods) + "</tr>"
     rows = []
@@ -176,38 +273,66 @@ def comparison_html(comparison: ReplayComparison) -> str:
         state = "?" if parent is None else ("CUDA initialized" if parent.cuda_initialized else "CUDA not initialized")
         cells = "".join(_child_cell(comparison.run(variant, m).child) for m in methods)
         rows.append(f"<tr><td>{escape(variant)}</td><td>{escape(state)}</td>{cells}</tr>")
+    _, *findings = comparison.explanation()
+    items = "".join(f"<li>{escape(finding)}</li>" for finding in findings)
     return (
         f'{_STYLE}<div class="dt"><p><b>Fork replay</b> <code>{escape(comparison.target)}</code></p>'
-        f"<table>{header}{''.join(rows)}</table>"
-        f"<p>{_verdict_badge(comparison.verdict)} (after the fix)</p>{_findings_html(comparison)}</div>"
+        f"{_headline_html(comparison.headline_parts())}{_table(header, ''.join(rows))}"
+        + (f"<ul>{items}</ul>" if items else "")
+        + "</div>"
     )
 
 
-def _findings_html(comparison: ReplayComparison) -> str:
-    headline, *findings = comparison.explanation()
-    items = "".join(f"<li>{escape(finding)}</li>" for finding in findings)
-    return f"<p><b>Verdict:</b> {escape(headline)}</p>" + (f"<ul>{items}</ul>" if items else "")
-
-
-def diff_html(diff: ScanDiff, *, limit: int = 50, graph: bool = False) -> str:
-    """The verdict, the cut edge, and the removed and added modules."""
+def diff_html(diff: ScanDiff, *, limit: int = 20, graph: bool = False) -> str:
+    """The verdict, the cut edge, and the removed and added modules grouped as the terminal groups them."""
     cut = ""
     if diff.broken_edge:
         importer, imported = (escape(name) for name in diff.broken_edge)
         cut = f"<p>Chain broken at <code>{importer}</code> &rarr; <code>{imported}</code></p>"
-    removed = "".join(f"<li><del>{escape(name)}</del></li>" for name in diff.removed_modules[:limit])
-    added = "".join(f"<li><ins>{escape(name)}</ins></li>" for name in diff.added_modules[:limit])
+    chain = diff.before.culprit.chain if diff.before.culprit else ()
+    lists = "".join(
+        f"<p>{label} ({groups.total}):</p><ul>{_group_items(groups, tag, limit)}</ul>"
+        for label, names, tag in (
+            ("No longer imported", diff.removed_modules, "del"),
+            ("Newly imported", diff.added_modules, "ins"),
+        )
+        if (groups := group_modules(names, targets=diff.before.targets, chain=chain)).total
+    )
     verdict = f"{_verdict_badge(diff.verdict)} {escape(diff.summary())}"
     return (
-        f'{_STYLE}<div class="dt"><p><b>diagtools diff</b> &mdash; {verdict}</p>'
-        f"{cut}<p>No longer imported ({len(diff.removed_modules)}):</p><ul>{removed}</ul>"
-        f"<p>Newly imported ({len(diff.added_modules)}):</p><ul>{added}</ul>"
-        f"{graph_block(diff.graph, _graph_details(diff.before)) if graph else ''}</div>"
+        f'{_STYLE}<div class="dt"><p class="dt-verdict"><b>diagtools diff</b> &mdash; {verdict}</p>'
+        f"{cut}{lists}"
+        f"{_diff_graph(diff) if graph else ''}</div>"
     )
+
+
+def _diff_graph(diff: ScanDiff) -> str:
+    """The diff's graph drawn from shareable copies: its tooltips carry no machine-local path."""
+    shown = diff_scans(shareable(diff.before), shareable(diff.after))
+    return graph_block(shown.graph, _graph_details(diff.before))
+
+
+def _group_items(groups: ModuleGroups, tag: str, limit: int) -> str:
+    """The culprit chain first (one per line), the target's package, then one line per other package."""
+    items = [f"<li><{tag}>{escape(name)}</{tag}> (culprit chain)</li>" for name in groups.chain]
+    items += [f"<li><{tag}>{escape(name)}</{tag}></li>" for name in groups.own[:limit]]
+    if len(groups.own) > limit:
+        items.append(f"<li>&hellip; {len(groups.own) - limit} more of the target's package</li>")
+    for package, modules in groups.others[:limit]:
+        count = f"{len(modules)} module{'s' if len(modules) != 1 else ''}"
+        items.append(f'<li><{tag} title="{escape(", ".join(modules))}">{escape(package)}.*</{tag}>: {count}</li>')
+    hidden = groups.others[limit:]
+    if hidden:
+        items.append(f"<li>&hellip; {len(hidden)} more packages, {sum(len(m) for _, m in hidden)} modules</li>")
+    if groups.stdlib:
+        preview = ", ".join(groups.stdlib[:4]) + (", &hellip;" if len(groups.stdlib) > 4 else "")
+        items.append(f"<li>standard library: {len(groups.stdlib)} modules ({preview})</li>")
+    return "".join(items)
 
 
 def module_html(result: ScanResult, name: str) -> str:
     """One module's details: file, importer, times, threads, and the stack when it is the culprit."""
+    result = shareable(result)
     node = result.module(name)
     rows = [
         ("module", name),
@@ -219,7 +344,7 @@ def module_html(result: ScanResult, name: str) -> str:
         ("threads started", str(node.threads_started)),
         ("initializes CUDA", "yes" if node.initializes_cuda else "no"),
     ]
-    table = "".join(f"<tr><th>{escape(key)}</th><td>{escape(value)}</td></tr>" for key, value in rows)
+    table = _table("", "".join(f"<tr><th>{escape(key)}</th><td>{escape(value)}</td></tr>" for key, value in rows))
     stacks = [
         "<p>Python stack when CUDA was initialized (outermost first):</p><pre>"
         + escape("\n".join(f"{f.file}:{f.line} in {f.function}    {f.source}" for f in culprit.stack))
@@ -227,14 +352,46 @@ def module_html(result: ScanResult, name: str) -> str:
         for culprit in result.culprits
         if culprit.module == name
     ]
-    return f'{_STYLE}<div class="dt"><table>{table}</table>{"".join(stacks)}</div>'
+    return f'{_STYLE}<div class="dt">{table}{"".join(stacks)}</div>'
 
 
-def bench_table_html(rows: list[dict[str, Any]], columns: list[str]) -> str:
-    """A plain results table: one row per measurement, the given columns in order."""
+def table_html(
+    header: Sequence[str],
+    rows: Sequence[Sequence[object]],
+    *,
+    caption: str = "",
+    paths: Sequence[int] = (),
+    code: Sequence[int] = (),
+) -> str:
+    """Any small table for a notebook: every cell escaped, wrapping and scrolling inside its own box.
+
+    The columns numbered in ``paths`` hold paths (``file`` or ``file:line``): shown shortened, whole on hover;
+    those in ``code`` hold source lines, which may break anywhere rather than widen the table.
+    """
+    head = "<tr>" + "".join(f"<th>{escape(str(column))}</th>" for column in header) + "</tr>"
+    body = "".join(
+        "<tr>"
+        + "".join(
+            f'<td class="dt-any">{path_html(str(value))}</td>'
+            if i in paths and value and value != "-"
+            else f'<td class="dt-any"><code>{escape(_cell(value))}</code></td>'
+            if i in code and value
+            else _td(value)
+            for i, value in enumerate(row)
+        )
+        + "</tr>"
+        for row in rows
+    )
+    title = f"<p>{escape(caption)}</p>" if caption else ""
+    return f'{_STYLE}<div class="dt">{title}{_table(head, body)}</div>'
+
+
+def bench_table_html(rows: list[dict[str, Any]], columns: list[str], *, caption: str = "") -> str:
+    """A results table, one row per measurement; ``caption`` (say, that CPU times mean nothing) heads it."""
     head = "".join(f"<th>{escape(column)}</th>" for column in columns)
     body = "".join("<tr>" + "".join(_td(row.get(column)) for column in columns) + "</tr>" for row in rows)
-    return f'{_STYLE}<div class="dt"><table><tr>{head}</tr>{body}</table></div>'
+    title = f'<p class="unknown">{escape(caption)}</p>' if caption else ""
+    return f'{_STYLE}<div class="dt">{title}{_table(f"<tr>{head}</tr>", body)}</div>'
 
 
 def _td(value: Any) -> str:

@@ -18,7 +18,9 @@ from pathlib import Path
 
 from diagtools.model.scan import ScanResult, Site
 
-__all__ = ["display_path", "import_roots", "shareable", "shorten_paths"]
+__all__ = ["PATH_CHARS", "display_path", "import_roots", "shareable", "short_path", "shorten_paths"]
+
+PATH_CHARS = 56  # a longer path is shown with a middle ellipsis (in HTML with the whole path on hover)
 
 
 @functools.lru_cache(maxsize=256)
@@ -94,6 +96,8 @@ def shareable(result: ScanResult) -> ScanResult:
             module_site=_site(c.module_site, roots),
             thread_started_at=_site(c.thread_started_at, roots),
             stack=tuple(_site(f, roots) or f for f in c.stack),
+            chain_imports=tuple(_site(f, roots) for f in c.chain_imports),
+            first_party=_site(c.first_party, roots),
         )
         for c in result.culprits
     )
@@ -116,3 +120,24 @@ def shorten_paths(text: str, roots: Iterable[str]) -> str:
         text = text.replace(root + os.sep, "")
     home = os.path.expanduser("~")
     return text.replace(home + os.sep, "~" + os.sep) if home not in ("", os.sep) else text
+
+
+def short_path(path: str, limit: int = PATH_CHARS) -> str:
+    """``path`` cut in the middle to about ``limit`` characters, at folder boundaries when it can be.
+
+    The first folder and as many trailing parts as fit stay (``diagtools/…/before/vmodels/platforms.py``),
+    so the file name and any ``:line`` after it are never cut.
+    """
+    if len(path) <= limit:
+        return path
+    parts = path.split("/")
+    head, tail = parts[0], [parts[-1]]
+    for part in reversed(parts[1:-1]):
+        if len(head) + len("/\u2026/") + len("/".join([part, *tail])) > limit:
+            break
+        tail.insert(0, part)
+    folders = f"{head}/\u2026/{'/'.join(tail)}"
+    if len(parts) > 2 and len(folders) <= limit:
+        return folders
+    keep = limit // 2 + limit // 4
+    return f"{path[: limit - keep - 1]}\u2026{path[-keep:]}"

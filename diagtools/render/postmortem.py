@@ -23,7 +23,7 @@ from diagtools.model.diff import ScanDiff, diff_scans
 from diagtools.model.replay import ReplayComparison
 from diagtools.model.scan import Culprit, ScanResult, Site
 from diagtools.render.html import _STYLE, bench_table_html, comparison_html, graph_block, scan_html
-from diagtools.render.paths import shareable
+from diagtools.render.paths import display_path, shareable
 from diagtools.render.text import render_comparison, render_diff, render_scan, terminal_safe
 
 __all__ = ["HOW_TO_FIX", "Postmortem", "PostmortemFiles", "bench_rows_of", "postmortem", "write_postmortem"]
@@ -54,6 +54,10 @@ class PostmortemFiles(NamedTuple):
     html: Path
     markdown: Path
 
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        """IPython's plain-text view: where the files went, repository-relative."""
+        printer.text(f"postmortem: {display_path(str(self.html))}, {display_path(str(self.markdown))}")
+
     def _repr_html_(self) -> str:
         page = self.html.read_text(encoding="utf-8")
         start, end = page.find(_BODY_OPEN), page.rfind("</body>")
@@ -80,6 +84,13 @@ class Postmortem:
     replay: ReplayComparison | None = None
     bench_rows: tuple[dict[str, Any], ...] = ()
     bench_note: str = ""
+    bench_device: str = ""
+
+    def __post_init__(self) -> None:
+        if self.bench_device.strip().lower() == "cpu" and self.bench_rows:  # CPU times mean nothing in a postmortem
+            note = "Measured on a CPU only, where kernel times are not meaningful: none are shown."
+            object.__setattr__(self, "bench_rows", ())
+            object.__setattr__(self, "bench_note", note)
 
     @property
     def target(self) -> str:
@@ -158,11 +169,31 @@ def _code(text: object) -> str:
     return f"{fence}{pad}{flat}{pad}{fence}"
 
 
+_MD_SPECIAL = re.compile(r"([\\`*_{}\[\]<>#|~])")
+_CODE_SPAN = re.compile(r"(`+)(.+?)(?<!`)\1(?!`)")
+
+
+def _md_text(text: str) -> str:
+    """Prose for Markdown: ``code`` spans kept, every other character Markdown would read as markup escaped.
+
+    ``package __init__`` would otherwise render as "package **init**".
+    """
+    out, position = [], 0
+    for span in _CODE_SPAN.finditer(text):
+        out += [_MD_SPECIAL.sub(r"\\\1", text[position : span.start()]), span.group(0)]
+        position = span.end()
+    return "".join([*out, _MD_SPECIAL.sub(r"\\\1", text[position:])])
+
+
 def _line_to_change(culprit: Culprit | None) -> str:
     if culprit is None or culprit.site is None:
         return ""
-    site = _line_site(culprit)
-    via = "" if site is culprit.site else f" (via {_code(f'{culprit.site.file}:{culprit.site.line}')})"
+    site, initialized = _line_site(culprit), culprit.initialized_in
+    if initialized is not None:
+        where = f"{_code(f'{initialized.file}:{initialized.line}')} in {_code(culprit.module)}"
+        return f"{_code(f'{site.file}:{site.line}')}: {_code(site.source.strip())} (initialized in {where})"
+    same = (site.file, site.line) == (culprit.site.file, culprit.site.line)
+    via = "" if same else f" (via {_code(f'{culprit.site.file}:{culprit.site.line}')})"
     return f"{_code(f'{site.file}:{site.line}')} in {_code(culprit.module)}: {_code(site.source.strip())}{via}"
 
 
@@ -171,12 +202,10 @@ def _what_broke(report: Postmortem, before: ScanResult, culprit: Culprit | None)
         return f"Importing {_code(report.target)} did not initialize CUDA in this analysis ({before.verdict})."
     who = f" through {_code(culprit.module)}" if culprit and culprit.module else ""
     text = f"Importing {_code(report.target)} initializes the CUDA driver{who}, so a process forked after that import "
-    failing = [f"{label}/{r.start_method}" for label, r in report.replay.runs if r.reproduced] if report.replay else []
-    if failing and report.replay is not None:
-        label, method = failing[0].split("/")
-        child = report.replay.run(label, method).child
-        error = f": {_code(child.summary())}" if child is not None else ""
-        return text + f"gets a poisoned driver (replayed: {', '.join(failing)}{error})."
+    if report.replay is not None and any(r.reproduced for _, r in report.replay.runs):
+        run = next(r for _, r in report.replay.runs if r.reproduced)
+        error = f" ({_code(run.child.short().removeprefix('fails: '))})" if run.child is not None else ""
+        return text + f"gets a poisoned driver{error}. {report.replay.headline()}."
     return (
         text + "gets a poisoned driver (CUDA_ERROR_NOT_INITIALIZED, 'Cannot re-initialize CUDA in forked subprocess')."
     )
@@ -237,7 +266,6 @@ def _html_sections(report: Postmortem) -> list[str]:
         sections += [
             "<h2>Replay</h2>",
             comparison_html(report.replay),
-            f"<pre>{escape(render_comparison(report.replay))}</pre>",
         ]
     diff = report.diff
     if diff is not None:
@@ -246,7 +274,7 @@ def _html_sections(report: Postmortem) -> list[str]:
             f"<pre>{escape(render_diff(diff))}</pre>",
             graph_block(diff.graph),
         ]
-    sections += ["<h2>Kernel timing after the fix</h2>", _bench_html(report)]
+    sections += [f"<h2>{escape(_bench_title(report))}</h2>", _bench_html(report)]
     sections += ["<h2>Regression guard</h2>", f"<pre>{escape(report.guard_snippet())}</pre>"]
     sections += [
         "<h2>Timeline of the analysis</h2>",
@@ -255,6 +283,15 @@ def _html_sections(report: Postmortem) -> list[str]:
         + "</table>",
     ]
     return sections
+
+
+def _bench_title(report: Postmortem) -> str:
+    """The timing section's title says where the times come from: a postmortem shows CPU times never."""
+    if report.bench_rows and report.bench_device:
+        return f"Kernel timing after the fix (measured on {report.bench_device})"
+    if report.bench_rows:
+        return "Kernel timing after the fix (device not recorded)"
+    return "Kernel timing after the fix"
 
 
 def _bench_html(report: Postmortem) -> str:
@@ -266,9 +303,11 @@ def _bench_html(report: Postmortem) -> str:
 
 def _markdown(report: Postmortem, graphs: dict[str, str]) -> str:
     before = report.shown_before
-    lines = [f"# {report.title}", "", f"Target `{report.target}`; driver: {before.driver.describe()}.", ""]
-    lines += ["## Summary", ""] + [f"- **{heading}:** {text}" for heading, text in report.summary()] + [""]
-    lines += ["## How to fix", ""] + [f"{i}. **{h}.** {t}" for i, (h, t) in enumerate(HOW_TO_FIX, 1)] + [""]
+    driver = _md_text(before.driver.describe())
+    lines = [f"# {_md_text(report.title)}", "", f"Target {_code(report.target)}; driver: {driver}.", ""]
+    lines += ["## Summary", ""] + [f"- **{heading}:** {_md_text(text)}" for heading, text in report.summary()] + [""]
+    lines += ["## How to fix", ""]
+    lines += [f"{i}. **{_md_text(h)}.** {_md_text(t)}" for i, (h, t) in enumerate(HOW_TO_FIX, 1)] + [""]
     lines += ["## Root cause", "", *_fenced(render_scan(before, stack=True), "text"), ""]
     context = report.source_context()
     if context and report.before.culprit is not None:
@@ -280,9 +319,9 @@ def _markdown(report: Postmortem, graphs: dict[str, str]) -> str:
     if report.diff is not None:
         lines += ["## The fix", "", *_fenced(render_diff(report.diff), "text"), ""]
         lines += _graph_markdown(FIX_GRAPH_FILE, "What the fix removed (dashed grey)", graphs, None)
-    lines += ["## Kernel timing after the fix", ""]
+    lines += [f"## {_bench_title(report)}", ""]
     if report.bench_note:
-        lines += [report.bench_note, ""]
+        lines += [_md_text(report.bench_note), ""]
     if report.bench_rows:
         lines += ["| " + " | ".join(BENCH_COLUMNS) + " |", "|" + "".join(_md_align(c) for c in BENCH_COLUMNS)]
         lines += ["| " + " | ".join(_md_cell(row.get(c)) for c in BENCH_COLUMNS) + " |" for row in report.bench_rows]
@@ -296,19 +335,30 @@ def _markdown(report: Postmortem, graphs: dict[str, str]) -> str:
     return "\n".join(lines)
 
 
-def _graph_markdown(name: str, caption: str, graphs: dict[str, str], fallback: ScanResult | None) -> list[str]:
+def _graph_markdown(name: str, caption: str, graphs: dict[str, str], chain_of: ScanResult | None) -> list[str]:
+    """The culprit chain as a Mermaid block (GitHub and GitLab draw it, and it survives pasting), then the SVG."""
+    lines: list[str] = []
+    if chain_of is not None and chain_of.culprit is not None:
+        lines += ["The import chain to the culprit:", "", "```mermaid", _mermaid_chain(chain_of.culprit), "```", ""]
     if name in graphs:
-        return [f"![{caption}]({name})", ""]
-    if fallback is not None and fallback.culprit is not None:
-        return ["```mermaid", _mermaid_chain(fallback.culprit), "```", ""]
-    return []
+        lines += [f"![{caption}]({name})", ""]
+    return lines
 
 
 def _mermaid_chain(culprit: Culprit) -> str:
     chain = list(culprit.chain) or [culprit.module or "?"]
     nodes = [f'    n{i}["{name.replace(chr(34), "#quot;")}"]' for i, name in enumerate(chain)]
-    edges = [f"    n{i} --> n{i + 1}" for i in range(len(chain) - 1)]
+    lines = culprit.chain_imports + (None,) * len(chain)
+    edges = [f"    n{i} -->{_mermaid_label(lines[i + 1])} n{i + 1}" for i in range(len(chain) - 1)]
     return "\n".join(["graph LR", *nodes, *edges, f"    style n{len(chain) - 1} fill:#d62728,color:#fff"])
+
+
+def _mermaid_label(site: Site | None) -> str:
+    """``|file:line|`` of an import line for a Mermaid edge, or nothing."""
+    if site is None:
+        return ""
+    text = f"{site.file.rsplit('/', 1)[-1]}:{site.line}"
+    return "|" + re.sub(r'["|<>]', "_", text) + "|"
 
 
 def _md_align(column: str) -> str:
@@ -369,8 +419,12 @@ def postmortem(
     title: str | None = None,
     bench_rows: Sequence[dict[str, Any]] = (),
     bench_note: str = "",
+    bench_device: str = "",
 ) -> PostmortemFiles:
-    """Write the postmortem of ``before`` (and its fix ``after``) under ``out``; returns the HTML and Markdown paths."""
+    """Write the postmortem of ``before`` (and its fix ``after``) under ``out``; returns the HTML and Markdown paths.
+
+    ``bench_device`` names where ``bench_rows`` were measured; rows measured on ``cpu`` are left out.
+    """
     report = Postmortem(
         title=title or f"Postmortem: importing {' '.join(before.targets)} initialized CUDA",
         before=before,
@@ -378,6 +432,7 @@ def postmortem(
         replay=replay,
         bench_rows=bench_rows_of(bench_rows),
         bench_note=bench_note,
+        bench_device=bench_device,
     )
     return write_postmortem(out, report)
 

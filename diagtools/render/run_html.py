@@ -36,6 +36,8 @@ def _cuinit_html(cuinit: Culprit | None) -> str:
         return "<p>culprit: seen only through the driver's state.</p>"
     site = cuinit.line_to_change
     where = f"; line to change <code>{_esc(site)}</code>: <code>{_esc(site.source)}</code>" if site else ""
+    if cuinit.initialized_in is not None:
+        where += f" (initialized in <code>{_esc(cuinit.initialized_in)}</code>)"
     context = f" while <code>{_esc(cuinit.context)}</code>" if cuinit.context else ""
     return (
         f"<p>culprit: <b>{_esc(cuinit.module or '?')}</b>{where}{context} "

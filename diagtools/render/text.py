@@ -20,7 +20,7 @@ from diagtools.model.replay import ChildOutcome, ParentState, ReplayComparison, 
 from diagtools.model.scan import Culprit, ScanResult, Site
 from diagtools.model.sweep import SweepResult, SweepRow
 from diagtools.render.ordering import ModuleGroups, group_modules
-from diagtools.render.paths import display_path
+from diagtools.render.paths import display_path, short_path
 
 __all__ = [
     "culprit_details",
@@ -40,6 +40,7 @@ __all__ = [
 ]
 
 _P = ParamSpec("_P")
+WIDTH = 100  # the columns a table row may take
 _CONTROL = "\x00-\x08\x0b-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069"
 _CONTROLS = re.compile(f"[{_CONTROL}]")  # newline and tab are kept
 _CONTROLS_AND_BREAKS = re.compile(f"[{_CONTROL}\n\t]")
@@ -152,14 +153,13 @@ def culprit_details(culprit: Culprit, *, stack: bool = False, indent: str = "   
         lines.append(f"{indent}thread: {_one_line(culprit.thread)}")
         if culprit.thread_started_at is not None:
             lines += _site_lines("started at:", culprit.thread_started_at, indent)
-    target = culprit.line_to_change
-    if target is not None:
-        lines += _site_lines("line to change:", target, indent)
-    if culprit.site is not None and culprit.site != target:
-        lines += _site_lines("via:", culprit.site, indent)
+    lines += _change_lines(culprit, indent)
     if culprit.context:
         lines.append(f"{indent}while: {_one_line(culprit.context)}")
     lines.append(f"{indent}evidence: {culprit.evidence} (phase {culprit.phase})")
+    if stack and culprit.chain_imports:
+        lines.append(f"{indent}imports (importer -> imported at the import line):")
+        lines += [_edge_line(edge, indent) for edge in culprit.import_edges()]
     if stack and culprit.stack:
         lines.append(f"{indent}stack (outermost first):")
         if culprit.stack_dropped:
@@ -168,14 +168,33 @@ def culprit_details(culprit: Culprit, *, stack: bool = False, indent: str = "   
     return lines
 
 
+def _change_lines(culprit: Culprit, indent: str) -> list[str]:
+    """The line to change, then the third-party line that initialized CUDA, then the calling line."""
+    change, initialized = culprit.line_to_change, culprit.initialized_in
+    if change is None:
+        return []
+    lines = _site_lines("line to change:", change, indent)
+    if initialized is not None:
+        lines += _site_lines("initialized in:", initialized, indent)
+    if culprit.site is not None and culprit.site not in (change, initialized):
+        lines += _site_lines("via:", culprit.site, indent)
+    return lines
+
+
+def _edge_line(edge: tuple[str, str, Site | None], indent: str) -> str:
+    importer, imported, site = edge
+    where = f"{site.file}:{site.line}" + (f"  {site.source}" if site.source else "") if site else "(line unknown)"
+    return _one_line(f"{indent}  {importer} -> {imported}: {where}")
+
+
 @_safe
 def render_replay(result: ReplayResult) -> str:
     """The replay as a transcript: setup, parent state, child outcome, driver answers."""
     lines = [
         f"diagtools replay {result.target} --start-method {result.start_method} --child {result.child_action}",
-        f"  driver: {result.driver.describe()}",
-        f"  status: {result.status}",
-        f"  verdict: {result.verdict}" + ("  (the failure reproduced)" if result.reproduced else ""),
+        f"  driver: {_one_line(replace(result.driver, library=None).describe())}",
+        f"  {result.headline()[0]}",
+        f"  status: {result.status}; the import {_import_verdict(result)}",
     ]
     if result.error is not None:
         lines.append(f"  error: {result.error.message}")
@@ -184,6 +203,13 @@ def render_replay(result: ReplayResult) -> str:
     if result.child is not None:
         lines += _child_lines(result.child, result.driver.kind)
     return "\n".join(lines)
+
+
+def _import_verdict(result: ReplayResult) -> str:
+    """What the replay says about the import itself (not about this child)."""
+    if result.parent is None:
+        return "was not judged"
+    return "initializes CUDA" if result.parent.cuda_initialized else "does not initialize CUDA"
 
 
 def _parent_lines(parent: ParentState) -> list[str]:
@@ -195,11 +221,12 @@ def _parent_lines(parent: ParentState) -> list[str]:
 
 
 def _child_lines(child: ChildOutcome, driver_kind: str) -> list[str]:
-    lines = [f"  child: {child.summary()}  (exit code {child.exitcode})"]
+    lines = [f"  child: {child.short()}  (exit code {child.exitcode})"]
     for call in child.driver_calls:
         lines.append(f"    {call.call} -> {call.name} ({call.code}) [{driver_kind} driver]")
-    if child.traceback and child.status != "ok" and child.traceback.strip():
-        lines.append("    " + _one_line(child.traceback.strip().splitlines()[-1]))
+    shown = child.shown_traceback.strip()
+    if shown and child.status != "ok" and not child.driver_calls:
+        lines.append("    " + _one_line(shown.splitlines()[-1]))
     return lines
 
 
@@ -212,7 +239,7 @@ def render_comparison(comparison: ReplayComparison) -> str:
         parent = comparison.runs_of(variant)[0].parent
         state = "?" if parent is None else ("CUDA initialized" if parent.cuda_initialized else "CUDA not initialized")
         cells = [comparison.run(variant, method).child for method in methods]
-        rows.append([variant, state, *(_one_line(cell.summary() if cell else "no child") for cell in cells)])
+        rows.append([variant, state, *(_one_line(cell.short() if cell else "no child") for cell in cells)])
     lines = [f"diagtools replay {comparison.target} --compare"]
     lines += ["  " + line for line in text_table(["variant", "parent", *methods], rows)]
     lines += render_verdict(comparison).splitlines()
@@ -222,8 +249,7 @@ def render_comparison(comparison: ReplayComparison) -> str:
 def render_verdict(comparison: ReplayComparison) -> str:
     """The comparison's verdict as a short headline and one bullet per finding."""
     headline, *findings = comparison.explanation()
-    lines = [f"  verdict (after the fix): {comparison.verdict}", f"    {headline}"]
-    return "\n".join([*lines, *(f"    - {finding}" for finding in findings)])
+    return "\n".join([f"  {headline}", *(f"    - {finding}" for finding in findings)])
 
 
 def text_table(
@@ -318,13 +344,58 @@ def render_guard_failure(result: ScanResult) -> str:
 
 
 def _sweep_where(row: SweepRow) -> str:
+    """The row's last column: the line to change (repository-relative), the parent it inherits from, or the error."""
+    if row.culprit is not None and row.inherited_from:
+        return _one_line(f"through {row.inherited_from}")
     if row.culprit is not None:
-        site = f" at {row.culprit.site.file}:{row.culprit.site.line}" if row.culprit.site else ""
-        via = f" (inherited from {row.inherited_from})" if row.inherited_from else ""
-        return _one_line(f"{row.culprit.module}{site}{via}")
+        line, initialized = row.culprit.line_to_change, row.culprit.initialized_in
+        site = f" at {display_path(line.file)}:{line.line}" if line else ""
+        init = f" (initialized in {display_path(initialized.file)}:{initialized.line})" if initialized else ""
+        return _one_line(f"{row.culprit.module}{site}{init}")
     if row.preloaded:
         return "(preloaded by the zygote)"
     return _one_line(row.error)
+
+
+def _fit(cell: str, width: int) -> str:
+    """``cell`` cut in the middle to ``width`` characters (a path keeps its file name and line)."""
+    return cell if len(cell) <= width else short_path(cell, max(width, 12))
+
+
+def _cause_lines(result: SweepResult) -> list[str]:
+    """Each root cause once: the line to change, the initializer, how many modules reach it."""
+    causes = result.causes
+    if not causes:
+        return []
+    lines = [f"root causes: {len(causes)} (for {len(result.culprits)} modules that initialize CUDA)"]
+    for number, cause in enumerate(causes, 1):
+        lines.append(_one_line(f"  {number}. {cause.key}"))
+        if cause.line_to_change is not None:
+            change = cause.line_to_change
+            lines.append(_one_line(f"     line to change: {_fit(f'{display_path(change.file)}:{change.line}', 78)}"))
+        if cause.initialized_in is not None and cause.initialized_in != cause.line_to_change:
+            where = cause.initialized_in
+            lines.append(_one_line(f"     initialized in: {_fit(f'{display_path(where.file)}:{where.line}', 78)}"))
+        parent = len(cause.through_parent)
+        only = f", {parent} only through a parent package" if parent else ""
+        reached = f"     reached by {len(cause.modules)} module(s){only}: {_names(cause.modules)}"
+        lines.append(_one_line(reached if len(reached) <= WIDTH else reached[: WIDTH - 4] + " ..."))
+    return lines
+
+
+def _names(modules: Sequence[str], limit: int = 6) -> str:
+    shown = ", ".join(modules[:limit])
+    return shown + (f", ... {len(modules) - limit} more" if len(modules) > limit else "")
+
+
+@_safe
+def render_baseline(result: SweepResult, known: frozenset[str], source: str) -> str:
+    """What a baseline comparison found: the new root causes (the ones that fail), and the known ones."""
+    new = result.new_causes(known)
+    known_here = len(result.causes) - len(new)
+    lines = [f"baseline {_one_line(source)}: {len(new)} new root cause(s), {known_here} known"]
+    lines += [_one_line(f"  NEW: {cause.key} ({len(cause.modules)} module(s))") for cause in new]
+    return "\n".join(lines)
 
 
 def _sweep_mode(result: SweepResult) -> str:
@@ -333,6 +404,7 @@ def _sweep_mode(result: SweepResult) -> str:
         line = f"mode: zygote (preloaded {preload}; each module in a forked child)"
     else:
         line = "mode: fresh subkernels"
+    line += "".join(f"\npreload: {_one_line(note)}" for note in result.preload_notes)
     return line + (f"\nfallback: {result.fallback}" if result.fallback else "")
 
 
@@ -340,17 +412,27 @@ def _sweep_mode(result: SweepResult) -> str:
 def render_sweep(result: SweepResult) -> str:
     """A module -> verdict table, culprits first, then how it ran and the counts."""
     rows = sorted(result.rows, key=lambda row: (not row.cuda_initialized, row.status == "ok", row.module))
-    table: list[list[object]] = []
+    table: list[list[str]] = []
     for row in rows:
         cuda = {"initializes-cuda": "YES", "clean": "no"}.get(row.verdict.value, "?")
-        table.append([row.module, cuda, f"{row.import_s:.3f}", row.status, _sweep_where(row)])
-    lines = text_table(["module", "CUDA?", "import s", "status", "culprit / site"], table, right=(2,))
+        table.append([row.module, cuda, f"{row.import_s:.3f}", str(row.status), _sweep_where(row)])
+    header = ["module", "CUDA?", "import s", "status", "line to change / why"]
+    used = sum(max(len(header[i]), *(len(r[i]) for r in table)) + 2 for i in range(4)) if table else 0
+    for cells in table:
+        cells[4] = _fit(cells[4], WIDTH - used)
+    lines = text_table(header, table, right=(2,))
+    lines += _cause_lines(result)
     lines.append(_sweep_mode(result))
+    if result.interrupted:
+        lines.append(
+            f"interrupted: {result.interrupted} modules were not scanned; rerun with the same --json to resume"
+        )
     resumed = f", {result.resumed} from the journal" if result.resumed else ""
     inherited = sum(1 for row in result.culprits if row.cuda_source == "parent")
+    lines.append(f"verdict: {result.verdict}")
     lines.append(
         f"{len(result.rows)} modules{resumed}: {len(result.culprits)} initialize CUDA ({inherited} through a parent "
-        f"package), {len(result.failures)} failed to import ({result.seconds:.1f} s); verdict: {result.verdict}"
+        f"package), {len(result.failures)} failed to import ({result.seconds:.1f} s)"
     )
     return "\n".join(lines)
 
@@ -376,15 +458,21 @@ _RED, _GREEN, _AMBER, _RESET = "\x1b[31m", "\x1b[32m", "\x1b[33m", "\x1b[0m"
 _PAINT = (
     (
         _RED,
-        r"CUDA initialized: YES|(?<!not )(?<!no longer )initializes CUDA|initializes-cuda|CUDA initialized(?!:)"
+        r"Reproduced: [^;\n]*|not fixed: [^;\n]*"
+        r"|CUDA initialized: YES|(?<!not )(?<!no longer )initializes CUDA|initializes-cuda|CUDA initialized(?!:)"
         r"|\bUNEXPECTED\b|\bYES\b|poisoned-fork|poisoned fork",
     ),
     (
         _GREEN,
-        r"CUDA initialized: no|does not initialize CUDA|no longer initializes CUDA|CUDA not initialized|\bclean\b"
+        r"(?<!not )fixed: [^;\n]*|Passes: [^;\n]*"
+        r"|CUDA initialized: no|does not initialize CUDA|no longer initializes CUDA|CUDA not initialized|\bclean\b"
         r"|status: ok\b|\[ok \]|\bok \(\d+ device\(s\)\)",
     ),
-    (_AMBER, r"\bunknown\b|\bfailed\b|\bimport-error\b|\bcrashed\b|\btimeout\b|\bexited\b|\bFAILED\b"),
+    (
+        _AMBER,
+        r"[Nn]ot (?:judged|reproduced)\b[^;\n]*|\bunknown\b|(?<!\b0 )\bfailed\b|\bimport-error\b|\bcrashed\b"
+        r"|\btimeout\b|\bexited\b|\bFAILED\b",
+    ),
 )
 _PAINTER = re.compile("|".join(f"(?P<c{i}>{pattern})" for i, (_, pattern) in enumerate(_PAINT)))
 

@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["KEEPER", "Kept", "keeper_command", "start_kept"]
+__all__ = ["KEEPER", "Kept", "absolute_executable", "keeper_command", "start_kept"]
 
 KEEPER = Path(__file__).with_name("keeper.py")
 KEEPER_WAIT_S = 40.0  # the keeper's own sweep gives up after 30 s
@@ -51,10 +51,11 @@ def keeper_command(
         "census": census_ms,
     }
     words = [word for name, fd in options.items() if fd is not None for word in (f"--{name}", str(fd))]
-    return [_executable(python), "-I", "-S", str(KEEPER), *words, "--", *command]
+    return [absolute_executable(python), "-I", "-S", str(KEEPER), *words, "--", *command]
 
 
-def _executable(python: str) -> str:
+def absolute_executable(python: str) -> str:
+    """An absolute interpreter path: the keeper starts its command with ``execve``, which does not search PATH."""
     return python if os.path.isabs(python) else (shutil.which(python) or python)
 
 

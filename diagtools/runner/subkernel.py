@@ -17,7 +17,6 @@ import contextlib
 import fcntl
 import os
 import selectors
-import shutil
 import signal
 import subprocess
 import sys
@@ -29,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from diagtools import protocol
-from diagtools.runner.kept import keeper_command
+from diagtools.runner.kept import absolute_executable, keeper_command
 
 __all__ = [
     "RawRun",
@@ -177,7 +176,7 @@ def bootstrap_code(program: Path) -> str:
     ``python -c`` would make the working directory the first import root, so a
     ``colorsys.py`` lying there would shadow the standard library's: it is removed.
     """
-    module, source = protocol.AGENT_MODULE, str(Path(protocol.__file__).resolve())
+    module, source = protocol.PROTOCOL_MODULE, str(Path(protocol.__file__).resolve())
     return (
         "import sys\n"
         "if sys.path[:1] == ['']: del sys.path[0]\n"  # the caller's working directory is not an import root
@@ -210,7 +209,7 @@ def run_subkernel(
         keeper = popen(
             keeper_command(
                 request.python,
-                [_executable(request.python), *request.flags, "-c", bootstrap_code(request.program)],
+                [absolute_executable(request.python), *request.flags, "-c", bootstrap_code(request.program)],
                 out=fds.out_w,
                 channel=fds.channel_w,
                 dump=fds.dump,
@@ -245,11 +244,6 @@ def run_subkernel(
         skipped_events=decoded.skipped,
         channel_truncated=collected.events.truncated,
     )
-
-
-def _executable(python: str) -> str:
-    """An absolute interpreter path: the keeper starts the subkernel with ``execve``, which does not search PATH."""
-    return python if os.path.isabs(python) else (shutil.which(python) or python)
 
 
 class _Fds:
@@ -347,7 +341,7 @@ def _collect(fds: _Fds, started: float, timeout: float, clock: Callable[[], floa
             if moved >= _FULL_READ and extended < timeout:
                 spent = min(clock() - now, timeout - extended)
                 deadline, extended = deadline + spent, extended + spent
-            elif moved < _FULL_READ:
+            elif moved < _FULL_READ and collected.keeper_said("exit") is None:
                 time.sleep(_BATCH_S)  # read events in batches: waking per event would slow the target
         _drain(selector, sinks)
     said = collected.keeper_said("exit")

@@ -21,7 +21,9 @@ class Specimen:
     """A package with a known import-time CUDA initialization, and its fix.
 
     ``culprit`` is the module the scan must blame in ``before/`` and
-    ``site_text`` a fragment of the source line it must point at.
+    ``site_text`` a fragment of the source line it must point at;
+    ``line_text``, when set, a fragment of the line to change (the user's own
+    line, when the initializer lies in a third-party package).
     """
 
     name: str
@@ -31,6 +33,7 @@ class Specimen:
     culprit: str | None
     site_text: str
     fix: str
+    line_text: str = ""
 
     @property
     def variants(self) -> tuple[str, ...]:
@@ -69,6 +72,20 @@ _SPECIMENS = (
         culprit="vmodels.platforms",
         site_text="cuInit(0)",
         fix="drop the re-export; the three callers import vmodels.common.ops.fused_allreduce_rms_norm directly",
+    ),
+    Specimen(
+        name="third_party_init",
+        title="A user's import of a third-party library that initializes CUDA",
+        story=(
+            "vllm's rms_quant_fusion.py imported flashinfer at top level; flashinfer/jit/env.py builds a "
+            "CompilationContext at import, which asks the driver for the GPU's architecture.  The line that "
+            "initializes CUDA is in a package nobody in vLLM can edit; the line to change is vLLM's own import."
+        ),
+        target="ringllm.layers",
+        culprit="jitkern.jit.env",
+        site_text="cuInit(0)",
+        fix="import the kernel library inside the function that uses it",
+        line_text="from jitkern import rmsnorm",
     ),
     Specimen(
         name="triton_is_active",

@@ -9,13 +9,22 @@ from __future__ import annotations
 
 import re
 import signal
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from diagtools import protocol
 from diagtools.model.common import iso_time
-from diagtools.model.scan import AliveThread, Culprit, DriverInfo, ImportNode, RunError, ScanResult, StartupInfo
+from diagtools.model.scan import (
+    AliveThread,
+    Culprit,
+    DriverInfo,
+    ImportNode,
+    ScanResult,
+    Site,
+    StartupInfo,
+    TargetError,
+)
 from diagtools.model.verdict import ScanStatus
 from diagtools.runner.subkernel import RawRun
 from diagtools.usecases.attribution import (
@@ -24,6 +33,7 @@ from diagtools.usecases.attribution import (
     best_event,
     capped,
     frame_site,
+    own_patterns,
     pick_site,
     source_line,
     start_site,
@@ -41,6 +51,7 @@ class _Node:
     begin: float
     thread: int
     phase: str
+    imported_at: Sequence[Any] | None = None
     end: float | None = None
     raised: bool = False
     threads_started: int = 0
@@ -59,6 +70,7 @@ class _Tree:
         if name in self.nodes:
             return
         node = _Node(name, event.get("p"), event.get("f"), event["t"], event.get("th", 0), event.get("ph", "import"))
+        node.imported_at = event.get("l")
         self.nodes[name] = node
         if node.parent in self.nodes:
             self.nodes[node.parent].children.append(name)
@@ -76,6 +88,12 @@ class _Tree:
     def file_of(self, module: str | None) -> str | None:
         node = self.nodes.get(module) if module is not None else None
         return node.file if node is not None else None
+
+    def import_line(self, module: str) -> Site | None:
+        """The statement that imported ``module``, when it is the program's own code (not the probe's)."""
+        node = self.nodes.get(module)
+        frame = node.imported_at if node is not None else None
+        return frame_site(frame) if frame is not None and visible([frame]) else None
 
     def chain(self, module: str | None) -> tuple[str, ...]:
         chain: list[str] = []
@@ -139,14 +157,14 @@ def _format_traceback(frames: Sequence[Sequence[Any]], message: str) -> str:
     return "\n".join(lines)
 
 
-def _import_error(event: dict[str, Any]) -> RunError:
+def _import_error(event: dict[str, Any]) -> TargetError:
     frames = event.get("tb") or []
     file, line = event.get("file"), event.get("line")
     if file is None:
         innermost = pick_site(list(reversed(frames)))
         file, line = (innermost.file, innermost.line) if innermost else (None, None)
     message = capped(f"{event['target']}: {event['msg']}")
-    return RunError("import-error", message, _format_traceback(frames, capped(event["msg"])), file, line)
+    return TargetError("import-error", message, _format_traceback(frames, capped(event["msg"])), file, line)
 
 
 def _signal_name(number: int) -> str:
@@ -156,18 +174,18 @@ def _signal_name(number: int) -> str:
         return f"signal {number}"
 
 
-def subkernel_failure(raw: RawRun) -> tuple[ScanStatus, RunError] | None:
+def subkernel_failure(raw: RawRun) -> tuple[ScanStatus, TargetError] | None:
     """``timeout`` or ``crashed`` with the stack dump's innermost frame; ``None`` otherwise."""
     code = raw.returncode
     if raw.timed_out:
         where = _fault_where(raw.fault_dump)
         message = "the subkernel did not finish in time" + (f"; it was at {where}" if where else "")
-        return ScanStatus.TIMEOUT, RunError("timeout", message, raw.fault_dump, where=where)
+        return ScanStatus.TIMEOUT, TargetError("timeout", message, raw.fault_dump, where=where)
     if code is not None and code < 0:
         name = _signal_name(-code)
         where = _fault_where(raw.fault_dump)
         message = f"the subkernel was killed by {name}" + (f" at {where}" if where else "")
-        return ScanStatus.CRASHED, RunError("crashed", message, raw.fault_dump, signal=-code, where=where)
+        return ScanStatus.CRASHED, TargetError("crashed", message, raw.fault_dump, signal=-code, where=where)
     return None
 
 
@@ -186,7 +204,7 @@ def channel_lost(raw: RawRun, kinds: set[str]) -> bool:
     return raw.returncode == 0 and "hello" not in kinds
 
 
-def _status_and_error(raw: RawRun, events: Sequence[dict[str, Any]]) -> tuple[ScanStatus, RunError | None]:
+def _status_and_error(raw: RawRun, events: Sequence[dict[str, Any]]) -> tuple[ScanStatus, TargetError | None]:
     kinds = {event["e"] for event in events}
     errors = [event for event in events if event["e"] == "error"]
     code = raw.returncode
@@ -194,21 +212,25 @@ def _status_and_error(raw: RawRun, events: Sequence[dict[str, Any]]) -> tuple[Sc
     if failure is not None:
         return failure
     if "done" not in kinds and channel_lost(raw, kinds):
-        return ScanStatus.CHANNEL_LOST, RunError(
+        return ScanStatus.CHANNEL_LOST, TargetError(
             "channel-lost", CHANNEL_LOST_MESSAGE, raw.stderr.text[-4000:], exitcode=code
         )
     if "done" not in kinds:
         exit_events = [event for event in events if event["e"] == "exit"]
         reason = "sys.exit" if exit_events else "os._exit or a closed interpreter"
         message = f"the target ended the subkernel ({reason}) with exit code {code}"
-        return ScanStatus.EXITED, RunError("exited", message, raw.stderr.text[-4000:], exitcode=code)
+        return ScanStatus.EXITED, TargetError("exited", message, raw.stderr.text[-4000:], exitcode=code)
     if errors:
         return ScanStatus.IMPORT_ERROR, _import_error(errors[0])
     return ScanStatus.OK, None
 
 
-def assemble(raw: RawRun, targets: Sequence[str], driver: DriverInfo) -> ScanResult:
-    """Build the scan result from one run's events, keeping whatever was recorded."""
+def assemble(raw: RawRun, targets: Sequence[str], driver: DriverInfo, own: Iterable[str] = ()) -> ScanResult:
+    """Build the scan result from one run's events, keeping whatever was recorded.
+
+    ``own`` names the user's packages (default: the targets' top-level
+    packages); the culprit's ``first_party`` line is looked for there.
+    """
     events = [event for event in raw.events if isinstance(event.get("e"), str)]
     tree = _Tree()
     hello = next((event for event in events if event["e"] == "hello"), {})
@@ -222,7 +244,8 @@ def assemble(raw: RawRun, targets: Sequence[str], driver: DriverInfo) -> ScanRes
         elif event["e"] == "thread":
             tree.thread_started(event.get("by"))
     culprit_event = best_event(events)
-    culprits = (attribute(culprit_event, tree, main_thread),) if culprit_event else ()
+    mine = own_patterns(targets, own)
+    culprits = (attribute(culprit_event, tree, main_thread, own=mine),) if culprit_event else ()
     status, error = _status_and_error(raw, events)
     final = next((event for event in events if event["e"] == "final"), None)
     cuda_initialized = bool(final["initialized"]) if final else bool(culprits)

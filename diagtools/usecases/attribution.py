@@ -14,7 +14,9 @@ or the module bodies the run agent saw on the stack (:class:`StackChain`).
 
 from __future__ import annotations
 
+import fnmatch
 import linecache
+import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
@@ -33,6 +35,8 @@ __all__ = [
     "best_event",
     "capped",
     "frame_site",
+    "is_own",
+    "own_patterns",
     "pick_site",
     "source_line",
     "stack_sites",
@@ -71,6 +75,10 @@ class Modules(Protocol):
         """The module's source file, when known."""
         ...
 
+    def import_line(self, module: str) -> Site | None:
+        """The statement that imported ``module``, when known."""
+        ...
+
 
 class StackChain:
     """The chain the run agent saw: the module bodies running on the stack, ``[[name, file], ...]``."""
@@ -86,6 +94,9 @@ class StackChain:
 
     def file_of(self, module: str | None) -> str | None:
         return next((file for name, file in reversed(self.entries) if name == module), None)
+
+    def import_line(self, module: str) -> Site | None:
+        return None  # the agent sees module bodies, not the statements between them
 
 
 def capped(text: str, limit: int = TEXT_LIMIT) -> str:
@@ -135,14 +146,70 @@ def start_site(stack: Sequence[Sequence[Any]] | None) -> Site | None:
     return frame_site(frames[0]) if frames else None
 
 
-def attribute(event: dict[str, Any], modules: Modules, main_thread: int, context: str | None = None) -> Culprit:
-    """The culprit one first-cuInit event names, with its chain from ``modules``."""
+def own_patterns(targets: Sequence[str], own: Iterable[str] = ()) -> tuple[str, ...]:
+    """The user's own packages: ``own`` when given, else the targets' top-level packages."""
+    given = tuple(pattern for pattern in own if pattern)
+    return given or tuple(dict.fromkeys(target.split(".", 1)[0] for target in targets))
+
+
+def is_own(module: str, patterns: Sequence[str]) -> bool:
+    """``module`` is one of ``patterns`` (a package and its submodules, or a glob on dotted names)."""
+    return any(module == p or module.startswith(p + ".") or fnmatch.fnmatchcase(module, p) for p in patterns)
+
+
+_INSTALLED = ("/site-packages/", "/dist-packages/")
+
+
+def _users_file(file: str | None) -> bool:
+    """A source file of the user's own code: not installed, not the standard library, not generated."""
+    if not file or file.startswith("<") or any(part in file for part in _INSTALLED):
+        return False
+    return not file.startswith((sys.base_prefix + "/lib/", sys.prefix + "/lib/"))
+
+
+def _own_files(chain: tuple[str, ...], modules: Modules, own: Sequence[str] | None) -> set[str]:
+    """The files of the chain's modules that are the user's: by ``own`` patterns, or (``None``) by location."""
+    files = {module: modules.file_of(module) for module in chain}
+    if own is None:
+        return {file for file in files.values() if file is not None and _users_file(file)}
+    return {file for module, file in files.items() if file is not None and is_own(module, own)}
+
+
+def _first_party(
+    stack: Sequence[Sequence[Any]], imports: tuple[Site | None, ...], started_at: Site | None, files: set[str]
+) -> Site | None:
+    """The last frame on the chain in the user's own code: the stack first, then the chain's import lines."""
+    if not files:
+        return None
+    frame = next((frame for frame in visible(stack) if frame[0] in files), None)
+    if frame is not None:
+        return frame_site(frame)
+    candidates = [started_at, *reversed(imports)]
+    return next((site for site in candidates if site is not None and site.file in files), None)
+
+
+def attribute(
+    event: dict[str, Any],
+    modules: Modules,
+    main_thread: int,
+    context: str | None = None,
+    *,
+    own: Sequence[str] | None = None,
+) -> Culprit:
+    """The culprit one first-cuInit event names, with its chain from ``modules``.
+
+    ``own`` names the user's packages, where ``first_party`` (the line to
+    change) is looked for; ``None`` (``diagtools run``, which has no target):
+    the chain's modules outside installed packages and the standard library.
+    """
     stack = event.get("stack") or []
     module = event.get("m")
     chain = modules.chain(module)
     if module is not None and chain[-1:] != (module,):
         chain = (*modules.chain(event.get("importer")), module)  # executed without an import the tracer saw
     shown = visible(stack)
+    imports = tuple(modules.import_line(name) for name in chain)
+    started_at = start_site(event.get("started"))
     return Culprit(
         module=module,
         chain=chain,
@@ -152,9 +219,11 @@ def attribute(event: dict[str, Any], modules: Modules, main_thread: int, context
         thread=_thread_label(event, main_thread),
         evidence=INFERRED_EVIDENCE if event.get("inferred") else EVIDENCE[event["e"]],
         module_site=_module_site(stack, modules.file_of(module)),
-        thread_started_at=start_site(event.get("started")),
+        thread_started_at=started_at,
         stack_dropped=max(0, len(shown) - FRAME_LIMIT),
         context=context,
+        chain_imports=imports,
+        first_party=_first_party(stack, imports, started_at, _own_files(chain, modules, own)),
     )
 
 

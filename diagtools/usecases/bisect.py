@@ -182,4 +182,15 @@ def _relative(culprit: Culprit | None, work: Path) -> Culprit | None:
     def strip(site: Site) -> Site:
         return replace(site, file=site.file.removeprefix(prefix))
 
-    return replace(culprit, site=strip(culprit.site) if culprit.site else None, stack=tuple(map(strip, culprit.stack)))
+    def maybe(site: Site | None) -> Site | None:
+        return strip(site) if site is not None else None
+
+    return replace(
+        culprit,
+        site=maybe(culprit.site),
+        module_site=maybe(culprit.module_site),
+        first_party=maybe(culprit.first_party),
+        thread_started_at=maybe(culprit.thread_started_at),
+        chain_imports=tuple(map(maybe, culprit.chain_imports)),
+        stack=tuple(map(strip, culprit.stack)),
+    )

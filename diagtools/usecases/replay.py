@@ -9,6 +9,7 @@ process, so a notebook can replay the failure without poisoning itself.
 from __future__ import annotations
 
 import os
+import sys
 import tempfile
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -28,9 +29,10 @@ from diagtools.model.replay import (
     ReplayResult,
     ReplayStatus,
 )
-from diagtools.model.scan import DriverInfo, RunError
+from diagtools.model.scan import DriverInfo, TargetError
 from diagtools.runner.subkernel import RawRun, SubkernelRequest, run_subkernel
 from diagtools.usecases.assemble import CHANNEL_LOST_MESSAGE, channel_lost, subkernel_failure
+from diagtools.usecases.interpreter import validate_python
 from diagtools.usecases.scan import validate_paths, validate_targets, validate_timeout
 
 __all__ = ["ReplaySpec", "assemble_replay", "compare_replays", "replay_fork"]
@@ -63,6 +65,7 @@ class ReplaySpec:
     roots: tuple[str, ...]
     child: str
     start_method: str
+    python: str = sys.executable
 
     def request(self, env: dict[str, str], timeout: float, scratch: str = "") -> SubkernelRequest:
         settings = {
@@ -74,7 +77,7 @@ class ReplaySpec:
             protocol.REPLAY_CHILD_TIMEOUT: str(max(1.0, timeout / 2)),
             protocol.CUPROBE: str(build_probe_extension()),
         }
-        return SubkernelRequest(REPLAY_PROGRAM, settings, env, timeout)
+        return SubkernelRequest(REPLAY_PROGRAM, settings, env, timeout, python=self.python)
 
 
 def replay_fork(
@@ -86,6 +89,7 @@ def replay_fork(
     driver: str = "auto",
     timeout: float = 60.0,
     runner: Runner = run_subkernel,
+    python: str | os.PathLike[str] | None = None,
 ) -> ReplayResult:
     """Import ``setup`` in a fresh parent, start a child with ``start_method``, run ``child``.
 
@@ -100,10 +104,18 @@ def replay_fork(
         ``fork``, ``spawn`` or ``forkserver``.
     timeout
         Seconds for the whole replay; the child gets half of it.
+    python
+        The interpreter of the parent and child (default: this one).
     """
     (target,) = validate_targets(setup)
     timeout = validate_timeout(timeout)
-    spec = ReplaySpec(target, validate_paths(path), _validate_child(child), _validate_start_method(start_method))
+    spec = ReplaySpec(
+        target,
+        validate_paths(path),
+        _validate_child(child),
+        _validate_start_method(start_method),
+        validate_python(python),
+    )
     setup_driver = resolve_driver(driver)
     with tempfile.TemporaryDirectory(prefix="diagtools-replay-") as scratch:
         raw = runner(spec.request(setup_driver.env, timeout, scratch))
@@ -140,21 +152,21 @@ _CHILD_TO_REPLAY = {
 
 def _replay_status(
     raw: RawRun, events: dict[Any, dict[str, Any]], outcome: ChildOutcome | None
-) -> tuple[ReplayStatus, RunError | None]:
+) -> tuple[ReplayStatus, TargetError | None]:
     setup = events.get("setup")
     if setup is not None and not setup.get("ok"):
-        return ReplayStatus.SETUP_ERROR, RunError("import-error", setup.get("error", ""), setup.get("traceback", ""))
+        return ReplayStatus.SETUP_ERROR, TargetError("import-error", setup.get("error", ""), setup.get("traceback", ""))
     failure = subkernel_failure(raw)
     if failure is not None:
         status, error = failure
         return ReplayStatus(status.value), error
     if "done" not in events and channel_lost(raw, set(events)):
-        return ReplayStatus.CHANNEL_LOST, RunError(
+        return ReplayStatus.CHANNEL_LOST, TargetError(
             "channel-lost", CHANNEL_LOST_MESSAGE, raw.stderr.text[-4000:], exitcode=raw.returncode
         )
     if outcome is None or "done" not in events:
         message = f"the replay's parent ended before reporting (exit code {raw.returncode})"
-        return ReplayStatus.EXITED, RunError("exited", message, raw.stderr.text[-4000:], exitcode=raw.returncode)
+        return ReplayStatus.EXITED, TargetError("exited", message, raw.stderr.text[-4000:], exitcode=raw.returncode)
     return _CHILD_TO_REPLAY.get(outcome.status, ReplayStatus(outcome.status.value)), None
 
 
@@ -169,6 +181,7 @@ def compare_replays(
     driver: str = "auto",
     timeout: float = 60.0,
     runner: Runner = run_subkernel,
+    python: str | os.PathLike[str] | None = None,
 ) -> ReplayComparison:
     """The same replay on the ``before`` and ``after`` trees under each start method."""
     shared = validate_paths(path)
@@ -184,6 +197,7 @@ def compare_replays(
                 driver=driver,
                 timeout=timeout,
                 runner=runner,
+                python=python,
             )
             runs.append((label, result))
     return ReplayComparison(setup, tuple(runs))

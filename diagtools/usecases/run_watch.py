@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from diagtools import protocol
-from diagtools.agents.run_hook import AGENT_FILE, AGENT_MODULE
+from diagtools.agents.run_hook import AGENT_FILE
 from diagtools.driver import build_probe_extension
 from diagtools.errors import DiagtoolsError
 from diagtools.model.run import RunResult
@@ -40,16 +40,16 @@ def load_agent(directory: str, context: str | None = None) -> Any:
     ``context`` names what ran before (``pytest start-up: conftest.py``): a cuInit
     the agent finds already done when it loads is attributed to it.
     """
-    module = sys.modules.get(AGENT_MODULE)
+    module = sys.modules.get(protocol.RUN_AGENT_MODULE)
     if module is None:
         import importlib.util
 
-        sys.modules.setdefault(protocol.AGENT_MODULE, protocol)  # the agent's name for the protocol module
-        spec = importlib.util.spec_from_file_location(AGENT_MODULE, AGENT_FILE)
+        sys.modules.setdefault(protocol.PROTOCOL_MODULE, protocol)  # the agent's name for the protocol module
+        spec = importlib.util.spec_from_file_location(protocol.RUN_AGENT_MODULE, AGENT_FILE)
         if spec is None or spec.loader is None:
             raise DiagtoolsError(f"cannot load the run agent from {AGENT_FILE}")
         module = importlib.util.module_from_spec(spec)
-        sys.modules[AGENT_MODULE] = module
+        sys.modules[protocol.RUN_AGENT_MODULE] = module
         spec.loader.exec_module(module)
     agent = module.install(directory, agent_cuprobe(), context)
     if not agent.directory:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Callable, Iterable
 from dataclasses import replace
 
@@ -12,12 +13,14 @@ from diagtools.errors import UsageError
 from diagtools.model.scan import Culprit, ScanResult
 from diagtools.runner.subkernel import RawRun, SubkernelRequest, run_subkernel
 from diagtools.usecases.assemble import assemble
+from diagtools.usecases.interpreter import validate_python
 
 __all__ = [
     "DEFAULT_SETTLE_S",
     "SCAN_PROBE",
     "probe_request",
     "scan",
+    "validate_own",
     "validate_paths",
     "validate_targets",
     "validate_timeout",
@@ -83,6 +86,8 @@ def scan(
     settle: float = DEFAULT_SETTLE_S,
     refine: bool = True,
     runner: Runner = run_subkernel,
+    own: str | Iterable[str] = (),
+    python: str | os.PathLike[str] | None = None,
 ) -> ScanResult:
     """Import ``targets`` in a fresh subkernel and report who initialized CUDA.
 
@@ -107,18 +112,40 @@ def scan(
         with line tracing inside the culprit module to find the exact line.
     runner
         The seam that starts subkernels; tests pass a fake.
+    own
+        The user's own packages (names such as ``vllm``, or globs on dotted
+        names): the culprit's line to change is the last line on its chain in
+        them.  Default: the targets' top-level packages.
+    python
+        The interpreter that runs the subkernel (the environment under test);
+        default: this one.  CPython 3.10 or later.
     """
     names = validate_targets(targets)
+    mine = validate_own(own)
     roots = validate_paths(path)
     timeout = validate_timeout(timeout)
     if not 0 <= settle < timeout:
         raise UsageError(f"--settle must be at least 0 and below the timeout ({timeout} s), got {settle}")
+    interpreter = validate_python(python)
     setup = resolve_driver(driver)
-    request = probe_request(names, roots, setup.env, timeout, settle)
-    result = assemble(runner(request), names, setup.info)
+    request = probe_request(names, roots, setup.env, timeout, settle, python=interpreter)
+    result = assemble(runner(request), names, setup.info, mine)
     if refine and _needs_refinement(result.culprit):
-        result = _refine(result, request, runner)
+        result = _refine(result, request, runner, mine)
     return result
+
+
+def validate_own(own: str | Iterable[str]) -> tuple[str, ...]:
+    """``--own`` patterns: dotted names, optionally with ``*``/``?``/``[]`` globs."""
+    try:
+        patterns = (own,) if isinstance(own, str) else tuple(own)
+    except TypeError:
+        raise UsageError(f"own must be a package name or a list of them, got {own!r}") from None
+    for pattern in patterns:
+        bare = pattern.replace("*", "x").replace("?", "x").replace("[", "").replace("]", "").replace("!", "")
+        if not isinstance(pattern, str) or not all(part.isidentifier() for part in bare.split(".")):
+            raise UsageError(f"--own {pattern!r} is not a package name or a glob on dotted names (such as vllm.*)")
+    return patterns
 
 
 def probe_request(
@@ -127,6 +154,8 @@ def probe_request(
     env: dict[str, str],
     timeout: float,
     settle: float = 0.0,
+    *,
+    python: str = sys.executable,
 ) -> SubkernelRequest:
     """A subkernel run of the import probe over ``targets``."""
     settings = {
@@ -136,22 +165,29 @@ def probe_request(
         protocol.SCAN_REFINE: "",
         protocol.SCAN_SETTLE: repr(float(settle)),
     }
-    return SubkernelRequest(SCAN_PROBE, settings, env, timeout, flags=("-S",))
+    return SubkernelRequest(SCAN_PROBE, settings, env, timeout, flags=("-S",), python=python)
 
 
 def _needs_refinement(culprit: Culprit | None) -> bool:
     return culprit is not None and culprit.evidence == "state-probe" and culprit.module is not None
 
 
-def _refine(result: ScanResult, request: SubkernelRequest, runner: Runner) -> ScanResult:
+def _refine(result: ScanResult, request: SubkernelRequest, runner: Runner, own: tuple[str, ...]) -> ScanResult:
     """Rerun with a line tracer inside the culprit's window to find the exact site."""
     assert result.culprit is not None
     assert result.culprit.module is not None
     targets = result.targets
     rerun = assemble(
-        runner(request.with_settings({protocol.SCAN_REFINE: result.culprit.module})), targets, result.driver
+        runner(request.with_settings({protocol.SCAN_REFINE: result.culprit.module})), targets, result.driver, own
     )
     if rerun.culprit is None or rerun.culprit.evidence != "trace" or rerun.culprit.module != result.culprit.module:
         return result
-    refined = replace(rerun.culprit, chain=result.culprit.chain, phase=result.culprit.phase)
+    first = result.culprit
+    refined = replace(
+        rerun.culprit,
+        chain=first.chain,
+        chain_imports=first.chain_imports,
+        phase=first.phase,
+        first_party=rerun.culprit.first_party or first.first_party,
+    )
     return result.with_culprits((refined, *result.culprits[1:]))

@@ -3,7 +3,7 @@
 Modules are found by walking the package's files, never by importing it
 (:mod:`diagtools.usecases.sweep_discover`).  Each one is imported alone, so
 one culprit cannot hide another: by default in a child forked from a zygote
-that preloaded the heavy shared imports once (:mod:`diagtools.usecases.sweep_zygote`),
+that preloaded the heavy shared imports once (:mod:`diagtools.usecases.sweep_forked`),
 or, with ``fresh=True`` or when preloading is refused, in a fresh subkernel.
 Rows are appended to a JSON Lines journal as they finish
 (:mod:`diagtools.usecases.sweep_journal`); a rerun skips the rows whose files
@@ -26,13 +26,14 @@ from pathlib import Path
 from typing import Any
 
 from diagtools.driver import resolve_driver
-from diagtools.errors import UsageError
+from diagtools.errors import SweepInterrupted, UsageError
 from diagtools.model.sweep import SweepResult, SweepRow
 from diagtools.runner.subkernel import abort_runs
-from diagtools.usecases.scan import scan, validate_paths, validate_targets, validate_timeout
+from diagtools.usecases.interpreter import validate_python
+from diagtools.usecases.scan import scan, validate_own, validate_paths, validate_targets, validate_timeout
 from diagtools.usecases.sweep_discover import SweptTree, discover_modules, locate_tree
+from diagtools.usecases.sweep_forked import ZygotePass, in_package_deps, zygote_pass
 from diagtools.usecases.sweep_journal import Fingerprints, Journal
-from diagtools.usecases.sweep_zygote import ZygotePass, in_package_deps, zygote_pass
 
 __all__ = ["default_preload", "discover_modules", "sweep"]
 
@@ -84,6 +85,9 @@ class _Plan:
     timeout: float
     jobs: int
     preload: tuple[str, ...] | None  # None: fresh subkernels only
+    own: tuple[str, ...] = ()  # the user's packages; () : the swept package's top level
+    python: str = sys.executable  # the subkernels' interpreter
+    adapt: bool = True  # grow the preload from what the first children import
 
     @property
     def tree(self) -> SweptTree:
@@ -92,7 +96,7 @@ class _Plan:
 
 def _scan_fresh(module: str, plan: _Plan) -> SweepRow:
     started = time.time()
-    result = scan(module, path=plan.roots, driver=plan.driver, timeout=plan.timeout)
+    result = scan(module, path=plan.roots, driver=plan.driver, timeout=plan.timeout, own=plan.own, python=plan.python)
     row = SweepRow.from_scan(module, result, started, time.time())
     return replace(row, deps=in_package_deps(plan.tree, [node.file for node in result.modules]))
 
@@ -114,6 +118,8 @@ def _zygote_chunk(modules: list[str], plan: _Plan) -> dict[str, Any]:
         jobs=1,
         timeout=plan.timeout,
         on_row=rows.append,
+        own=plan.own,
+        python=plan.python,
     )
     rows += [_scan_fresh(m, plan) for m in done.leftover]
     return {
@@ -175,6 +181,9 @@ def _run_zygote_here(plan: _Plan, pending: Sequence[str], run: _Run, tree: Swept
         jobs=plan.jobs,
         timeout=plan.timeout,
         on_row=run.record,
+        own=plan.own,
+        python=plan.python,
+        adapt=plan.adapt,
     )
     if done.leftover:
         _run_fresh(plan, done.leftover, run, None)
@@ -217,6 +226,9 @@ def sweep(
     preload: str | Sequence[str] | None = "auto",
     fresh: bool = False,
     exclude: Iterable[str] = (),
+    own: str | Iterable[str] = (),
+    python: str | os.PathLike[str] | None = None,
+    adapt: bool = True,
 ) -> SweepResult:
     """Scan every submodule of ``package`` alone, ``jobs`` at a time (or on ``executor``).
 
@@ -239,6 +251,16 @@ def sweep(
         module, zygote mode one task per chunk of modules.
     progress
         ``progress(done, total, row)``, called after each module.
+    own
+        The user's own packages (names or globs); each row's line to change is
+        the last line on its chain in them.  Default: the swept package's top level.
+    python
+        The interpreter of the subkernels and the zygote (default: this one).
+    adapt
+        In zygote mode without an executor, on a package of at least 100
+        modules: learn from a sample of children which of the package's modules
+        most of them import, and preload those too (each checked clean in the
+        zygote); ``result.preload_notes`` says what was added and why.
     """
     if jobs is not None and jobs < 1:
         raise UsageError(f"--jobs must be at least 1, got {jobs}")
@@ -254,6 +276,9 @@ def sweep(
         timeout,
         jobs or os.cpu_count() or 1,
         None if fresh else _preload_list(tree, roots, preload),
+        validate_own(own),
+        validate_python(python),
+        bool(adapt),
     )
     journal = Journal(Path(json_path) if json_path is not None else None, tree.package, roots)
     fingerprints = Fingerprints(tree)
@@ -263,10 +288,30 @@ def sweep(
         resumed = len(rows)
         run = _Run(tree.modules, rows, journal, fingerprints, progress)
         pending = [m for m in tree.modules if m not in rows]
-        done = _dispatch(plan, pending, run, executor, tree)
-    ordered = tuple(run.rows[m] for m in tree.modules)
+        try:
+            done = _dispatch(plan, pending, run, executor, tree)
+        except KeyboardInterrupt as exc:
+            stopped = ZygotePass(plan.preload or (), "", ())
+            partial = _result(tree, run, resumed, started, plan=plan, done=stopped)
+            raise SweepInterrupted(partial, getattr(exc, "signum", None)) from exc
+    return _result(tree, run, resumed, started, plan=plan, done=done)
+
+
+def _result(tree: SweptTree, run: _Run, resumed: int, started: float, *, plan: _Plan, done: ZygotePass) -> SweepResult:
+    """The rows so far in module order; ``interrupted`` counts the modules without one."""
+    ordered = tuple(run.rows[m] for m in tree.modules if m in run.rows)
     mode = "zygote" if plan.preload is not None and done.used else "fresh"
-    return SweepResult(tree.package, ordered, resumed, time.perf_counter() - started, mode, done.preload, done.fallback)
+    return SweepResult(
+        tree.package,
+        ordered,
+        resumed,
+        time.perf_counter() - started,
+        mode,
+        done.preload,
+        done.fallback,
+        interrupted=len(tree.modules) - len(ordered),
+        preload_notes=done.notes,
+    )
 
 
 def _dispatch(plan: _Plan, pending: Sequence[str], run: _Run, executor: Executor | None, tree: SweptTree) -> ZygotePass:

@@ -19,10 +19,10 @@ from pathlib import Path
 from typing import IO, Any
 
 from diagtools.errors import DiagtoolsError, JournalLockedError, UsageError
-from diagtools.model.sweep import SWEEP_SCHEMA, SweepRow
+from diagtools.model.sweep import SWEEP_SCHEMA, RootCause, SweepRow
 from diagtools.usecases.sweep_discover import SweptTree
 
-__all__ = ["Fingerprints", "Journal"]
+__all__ = ["Fingerprints", "Journal", "read_baseline"]
 
 
 class Fingerprints:
@@ -139,3 +139,42 @@ def _parse_line(line: str) -> dict[str, Any] | None:
     except (ValueError, RecursionError):
         return None  # a row torn by an interrupted run is scanned again
     return record if isinstance(record, dict) else None
+
+
+def read_baseline(path: str | Path) -> frozenset[str]:
+    """The root-cause keys of an earlier sweep: its journal (JSON Lines) or its summary (``--summary``).
+
+    A summary lists its ``causes``; a journal's rows are grouped again, the
+    last row of each module winning, as a resumed sweep would keep it.
+    """
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeError) as exc:
+        raise UsageError(f"cannot read the baseline {path}: {getattr(exc, 'strerror', None) or exc}") from None
+    document = _parse_line(text)  # a summary is one JSON document; a journal is several lines
+    if document is not None and document.get("schema") == SWEEP_SCHEMA and "causes" in document:
+        return _summary_keys(document, path)
+    return _journal_keys(text.splitlines(), path)
+
+
+def _summary_keys(document: dict[str, Any], path: str | Path) -> frozenset[str]:
+    causes = document.get("causes")
+    if not isinstance(causes, list) or not all(isinstance(c, dict) and isinstance(c.get("key"), str) for c in causes):
+        raise UsageError(f"the baseline {path} has a malformed 'causes' list; pass a sweep journal or summary")
+    return frozenset(cause["key"] for cause in causes)
+
+
+def _journal_keys(lines: list[str], path: str | Path) -> frozenset[str]:
+    header = _parse_line(lines[0]) if lines else None
+    if header is None or header.get("schema") != SWEEP_SCHEMA:
+        raise UsageError(f"the baseline {path} is not a {SWEEP_SCHEMA} journal or summary")
+    rows: dict[str, SweepRow] = {}
+    for line in lines[1:]:
+        record = _parse_line(line)
+        if record is not None and "module" in record:
+            try:
+                row = SweepRow.from_json(record)
+            except (KeyError, TypeError, ValueError, AttributeError, DiagtoolsError):
+                continue  # a torn or foreign row says nothing about known causes
+            rows[row.module] = row
+    return frozenset(cause.key for cause in RootCause.group(rows.values()))

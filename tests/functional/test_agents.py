@@ -15,7 +15,7 @@ from diagtools.runner.subkernel import SubkernelRequest, run_subkernel
 from diagtools.usecases.scan import SCAN_PROBE
 
 AGENT_FILES = sorted(agents.AGENTS_DIR.rglob("*.py"))
-OURS = {"diagtools", "diagtools.protocol", protocol.AGENT_MODULE, "_diagtools_run_agent"}
+OURS = {"diagtools", "diagtools.protocol", protocol.PROTOCOL_MODULE, "_diagtools_run_agent"}
 
 
 def top_level_imports(path: Path) -> set[str]:
@@ -67,5 +67,5 @@ def test_probe_set_up_loads_nothing_beyond_a_bare_interpreter(tmp_path):
     raw = run_subkernel(SubkernelRequest(SCAN_PROBE, settings, {}, 60.0, flags=("-S",)))
     assert raw.returncode == 0, raw.stderr.text
     seen = set(out.read_text(encoding="utf-8").split())
-    extra = seen - bare_modules() - {"witness", protocol.AGENT_MODULE}
+    extra = seen - bare_modules() - {"witness", protocol.PROTOCOL_MODULE}
     assert extra == set()

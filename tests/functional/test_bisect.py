@@ -79,6 +79,10 @@ def test_bisect_names_the_reexport_commit_and_leaves_the_repo_alone(history):
     assert result.culprit.module == "ops.cutedsl"
     assert result.culprit.site.file == "src/ops/cutedsl.py"
     assert result.culprit.site.line == 2
+    # the line to change and the chain's import lines too: the clone they were found in is deleted
+    assert result.culprit.module_site.file == "src/ops/cutedsl.py"
+    assert result.culprit.line_to_change.file == "src/ops/cutedsl.py"
+    assert result.culprit.chain_imports[1].file == "src/ops/__init__.py"
     skipped = {step.commit for step in result.steps if step.verdict == "skip"}
     assert skipped, "the broken commits sit where git bisect looks first, so some must be skipped"
     assert skipped <= {shas[n] for n in BROKEN}

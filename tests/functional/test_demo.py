@@ -3,10 +3,17 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
 
 from diagtools.frontends.demo import NOTEBOOKS, write_demo_report
 from tests.conftest import cli
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_demo_cli_writes_the_specimen_report(tmp_path):
@@ -49,3 +56,68 @@ def test_demo_reports_a_failing_notebook(tmp_path):
     assert not report.as_expected
     assert "notebook 99_broken: FAILED" in report.summary
     assert "broken cell" in report.summary
+
+
+def _wheel_install(tmp_path: Path) -> Path:
+    """Build the project's wheel from a copy of the checkout and unpack it: an installed package, no repository."""
+    source = tmp_path / "source"
+    source.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, source / name)
+    ignore = shutil.ignore_patterns("__pycache__", "*.egg-info")
+    shutil.copytree(ROOT / "diagtools", source / "diagtools", ignore=ignore)
+    built = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--quiet",
+            "--no-deps",
+            "--no-build-isolation",
+            "-w",
+            str(tmp_path),
+            ".",
+        ],
+        cwd=source,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert built.returncode == 0, built.stderr
+    (wheel,) = tmp_path.glob("diagtools-*.whl")
+    site = tmp_path / "site"
+    with zipfile.ZipFile(wheel) as archive:
+        archive.extractall(site)
+    return site
+
+
+def test_a_wheel_install_runs_the_demo_and_says_where_the_notebooks_are(tmp_path):
+    site = _wheel_install(tmp_path)
+    assert (site / "diagtools" / "driver" / "simcuda.c").exists()  # the driver builds from the package data
+    assert not (site / "notebooks").exists()
+    work = tmp_path / "work"
+    work.mkdir()
+    done = subprocess.run(
+        [sys.executable, "-m", "diagtools.frontends.cli", "demo", "--driver", "simulated", "--out", "report"],
+        cwd=work,
+        env=dict(os.environ, PYTHONPATH=str(site)),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert f"diagtools{os.sep}frontends" not in done.stderr
+    assert f"note: no notebooks at {site / 'notebooks'}: they ship in the source repository's notebooks/" in (
+        done.stdout
+    )
+    assert "[ok ] common_ops/before" in done.stdout
+
+
+def test_demo_with_a_notebooks_folder_that_does_not_exist_is_a_usage_error(tmp_path):
+    done = cli("demo", "--out", str(tmp_path / "report"), "--notebooks", str(tmp_path / "nope"))
+    assert done.returncode == 2
+    assert done.stderr.strip().endswith(f"--notebooks {str(tmp_path / 'nope')!r} is not a directory")
+    assert "Traceback" not in done.stderr

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import time
 
 import pytest
@@ -10,8 +9,9 @@ import pytest
 from diagtools.model.diff import diff_scans
 from diagtools.render.graph import scan_graph
 from diagtools.specimens import get
+from tests.conftest import require, require_installed
 
-graphviz = pytest.importorskip("graphviz")
+graphviz = require("graphviz", "notebook")
 
 
 @pytest.fixture
@@ -39,7 +39,10 @@ def test_culprit_node_is_highlighted_with_its_site_line(common_ops):
     assert 'fillcolor="#d62728"' in culprit
     assert "platforms.py:8: (status,) = driver.cuInit(0)" in dot
     assert "class=chain" in node_line(dot, "vmodels.config")
-    assert '"vmodels.config" -> "vmodels.platforms" [class=chain' in dot
+    assert (
+        '"vmodels.config" -> "vmodels.platforms" [label="config.py:5: '
+        'from vmodels.platforms import current_platform" class=chain'
+    ) in dot
     svg = before.graph().pipe(format="svg").decode()
     assert 'class="node culprit"' in svg
 
@@ -94,8 +97,7 @@ def test_markup_in_module_names_and_source_lines_is_escaped(sim_scan, make_tree)
 
 
 def test_torch_culprits_view_stays_small_and_fast(sim_scan):
-    if importlib.util.find_spec("torch") is None:  # never import torch here: the test process stays CUDA-free
-        pytest.skip("torch is not installed")
+    require_installed("torch", "kernels")  # never import torch here: the test process stays CUDA-free
     result = sim_scan("torch", timeout=120.0)
     started = time.perf_counter()
     svg = result.graph().pipe(format="svg")
@@ -110,3 +112,14 @@ def test_unknown_view_is_a_usage_error(common_ops):
 
     with pytest.raises(UsageError, match="unknown graph view"):
         scan_graph(common_ops[0], "sideways")
+
+
+def test_chain_edges_carry_their_import_lines_and_the_users_line(sim_scan):
+    specimen = get("third_party_init")
+    dot = sim_scan(specimen.target, path=[specimen.tree("before")]).to_dot()
+    assert (
+        '"ringllm.layers.quant_fusion" -> jitkern '
+        '[label="line to change: quant_fusion.py:3: from jitkern import rmsnorm"'
+    ) in dot
+    assert 'jitkern -> "jitkern.jit.env" [label="__init__.py:3: from jitkern.jit.env import CONTEXT"' in dot
+    assert "env.py:11: if cuda.cuInit(0) != 0:" in node_line(dot, "jitkern.jit.env")

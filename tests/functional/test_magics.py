@@ -7,8 +7,9 @@ import sys
 
 import pytest
 
+from diagtools.render.paths import shareable
 from diagtools.usecases.selfcheck import process_cuda_state
-from tests.conftest import MARK
+from tests.conftest import MARK, require
 
 CELL = f"""
 import ctypes
@@ -28,7 +29,7 @@ CELL_LINE = next(number for number, line in enumerate(CELL.splitlines(), start=1
 
 @pytest.fixture(scope="module")
 def shell():
-    interactiveshell = pytest.importorskip("IPython.core.interactiveshell")
+    interactiveshell = require("IPython.core.interactiveshell", "notebook")
     ip = interactiveshell.InteractiveShell.instance()
     ip.run_line_magic("load_ext", "diagtools")
     yield ip
@@ -41,11 +42,22 @@ def test_cuda_watch_names_the_cell_line_and_the_poisoned_fork(shell, capsys):
     assert result.verdict == "poisoned-fork"
     finding = result.findings[0]
     assert finding.cuinit.module == "__main__"
-    assert finding.cuinit.module_site.line == CELL_LINE
+    # numbered as the notebook shows the cell: the %%cuda_watch line is line 1
+    assert finding.cuinit.module_site.line == CELL_LINE + 1
+    assert finding.cuinit.module_site.file == f"In[{shell.execution_count}]"
+    assert "diagtools-cell-" not in str(result)
+    assert "diagtools-cell-" not in result._repr_html_()
     assert any(frame.source == "worker.start()" for frame in finding.fork_stack)
     assert "Poisoned fork" in result._repr_html_()
     assert shell.display_formatter.format(result)[0]["text/plain"].startswith("diagtools run:")
     assert process_cuda_state().clean
+
+
+def test_cuda_watch_names_the_cell_by_its_prompt_number(shell):
+    cell = '%%cuda_watch --driver simulated --timeout 60\nimport ctypes\nctypes.CDLL("libcuda.so.1").cuInit(0)\n'
+    executed = shell.run_cell(cell, store_history=True)
+    site = executed.result.findings[0].cuinit.module_site
+    assert (site.file, site.line) == (f"In[{executed.execution_count}]", 3)  # as the notebook numbers it
 
 
 def test_cuda_scan_renders_a_scan(shell, make_tree):
@@ -53,7 +65,9 @@ def test_cuda_scan_renders_a_scan(shell, make_tree):
     result = shell.run_line_magic("cuda_scan", f"early --path {root} --driver simulated")
     assert result.culprit.module == "early"
     plain = shell.display_formatter.format(result)[0]["text/plain"]
-    assert plain == str(result)  # the text report, not an 18,000-character dataclass repr
+    # the text report, not an 18,000-character dataclass repr, with the paths a saved notebook may keep
+    assert plain == str(shareable(result))
+    assert str(root) not in plain
     assert plain.startswith("diagtools scan early")
     assert process_cuda_state().clean
 

@@ -31,11 +31,12 @@ def assert_one_line_usage_error(done) -> None:
         ["sweep", "json"],
         ["replay", "json"],
         ["bisect", "json", "--repo", ".", "--good", "HEAD", "--bad", "HEAD"],
+        ["run", "--", "true"],
     ],
     ids=lambda command: command[0],
 )
 def test_the_cli_rejects_a_timeout_that_is_not_finite_and_positive(command, value):
-    assert_one_line_usage_error(cli(*command, f"--timeout={value}"))
+    assert_one_line_usage_error(cli(command[0], f"--timeout={value}", *command[1:]))
 
 
 @pytest.mark.parametrize("value", [float("nan"), float("inf"), -1.0, 0, True, "10"])
@@ -48,6 +49,8 @@ def test_the_python_api_rejects_a_bad_timeout(value, tmp_path):
         diagtools.sweep("json", timeout=value, driver="none")
     with pytest.raises(UsageError, match="--timeout"):
         bisect(tmp_path, "HEAD", "HEAD", "json", timeout=value)
+    with pytest.raises(UsageError, match="--timeout"):
+        diagtools.run(["true"], timeout=value, driver="none")
 
 
 @pytest.mark.parametrize("path", ["src\nother", "src\0other"], ids=["newline", "NUL"])
@@ -135,7 +138,9 @@ def test_sweep_resume_from_a_binary_journal_is_a_one_line_error(tmp_path, packag
     ["{tmp}", "{tmp}/missing/out.json", "{tmp}/file.txt/out.json", "/proc/version/out.json"],
     ids=["directory", "missing-parent", "parent-is-a-file", "proc"],
 )
-@pytest.mark.parametrize("option", ["scan --json", "sweep --json", "diff --json", "diff --html", "bisect --json"])
+@pytest.mark.parametrize(
+    "option", ["scan --json", "sweep --json", "diff --json", "diff --html", "bisect --json", "run --json", "run --html"]
+)
 def test_an_unwritable_output_is_refused_before_the_run(tmp_path, package, destination, option):
     (tmp_path / "file.txt").write_text("x", encoding="utf-8")
     target = destination.format(tmp=tmp_path)
@@ -147,8 +152,10 @@ def test_an_unwritable_output_is_refused_before_the_run(tmp_path, package, desti
         "sweep": ["sweep", "tinypkg", "--path", str(package), "--driver", "simulated"],
         "diff": ["diff", str(scan_json), str(scan_json)],
         "bisect": ["bisect", "tinypkg", "--repo", str(package), "--good", "HEAD", "--bad", "HEAD"],
+        "run": ["run", "--driver", "simulated"],
     }[command]
-    done = cli(*leading, flag, target)
+    trailing = ["--", "echo", "ran"] if command == "run" else []
+    done = cli(*leading, flag, target, *trailing)
     assert_one_line_usage_error(done)
     assert done.stdout == ""  # refused before anything ran
     assert "--" in done.stderr
@@ -167,6 +174,11 @@ def test_a_json_file_that_fails_at_write_time_still_prints_the_report(package):
     assert done.returncode == 2, done.stderr
     assert "Traceback" not in done.stderr
     assert "diagtools scan tinypkg" in done.stdout
+    assert "cannot write /dev/full" in done.stderr
+    done = cli("run", "--driver", "simulated", "--json", "/dev/full", "--", "true")
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr
+    assert "diagtools run: true" in done.stderr  # the report came first
     assert "cannot write /dev/full" in done.stderr
 
 

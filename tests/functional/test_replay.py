@@ -14,9 +14,11 @@ from diagtools.render.text import render_comparison, render_replay
 from diagtools.specimens import all_specimens
 from diagtools.usecases import replay
 from diagtools.usecases.selfcheck import process_cuda_state
-from tests.conftest import CHANNEL_FLOOD, cli
+from tests.conftest import CHANNEL_FLOOD, cli, require_installed
 
 BEFORE = [s for s in all_specimens() if "before" in s.variants]
+# Specimens whose culprit calls into a real library (installed by the kernels extra) to reach cuInit.
+NEEDS = {"deepseek_v4_ops": "cutlass", "triton_is_active": "triton"}
 
 
 @pytest.fixture
@@ -30,6 +32,8 @@ def sim_replay(runner):
 
 @pytest.mark.parametrize("specimen", BEFORE, ids=[s.name for s in BEFORE])
 def test_before_fails_under_fork_passes_under_spawn_and_after_passes(sim_replay, specimen):
+    if specimen.name in NEEDS:
+        require_installed(NEEDS[specimen.name], "kernels")
     forked = sim_replay(specimen.target, path=[specimen.tree("before")])
     assert forked.status == "failed"
     assert forked.reproduced
@@ -63,14 +67,15 @@ def test_ctypes_child_sees_the_same_poisoned_driver(sim_replay, make_tree):
 
 def test_torch_child_on_the_simulated_gpu_needs_a_cuda_build_of_torch(sim_replay, make_tree):
     """The simulated runtime serves a CUDA torch (benchmarks/vllm_runtime.py); a CPU torch has none to use."""
-    torch = pytest.importorskip("torch")
-    if torch.version.cuda is not None:
-        pytest.skip("a CUDA build of torch is installed here")
+    require_installed("torch", "kernels")
     root = make_tree({"plain.py": "X = 1\n"})
     result = sim_replay("plain", path=[root], child="torch")
-    assert result.status == "unavailable"
-    assert "CPU build" in result.child.detail
     assert not result.reproduced
+    if result.status == "unavailable":
+        assert "CPU build" in result.child.detail
+    else:  # a CUDA build of torch: it runs on the simulated GPU
+        assert result.status == "ok", result.child
+        assert "simulated GPU" in result.child.detail
 
 
 def test_torch_child_is_unavailable_without_a_driver(runner, make_tree):
@@ -147,16 +152,22 @@ def test_compare_before_after_fork_spawn(runner):
     assert comparison.verdict == Verdict.CLEAN
     assert comparison.variant_verdicts() == {"before": Verdict.INITIALIZES_CUDA, "after": Verdict.CLEAN}
     explanation = comparison.explanation()
-    assert explanation[0] == "before/fork failed"
+    assert explanation[0] == "Reproduced: before/fork fails; fixed: after passes fork and spawn"
     assert "before: the parent initialized CUDA before starting the child" in explanation
     assert "after: the parent did not initialize CUDA before starting the child" in explanation
     document = json.loads(json.dumps(comparison.to_json()))
     assert ReplayComparison.from_json(document).to_json() == document
     text = render_comparison(comparison)
     assert "CUDA_ERROR_NOT_INITIALIZED" in text or "cuInit(0) failed" in text
+    assert all(len(line) <= 100 for line in text.splitlines()), text
     html = comparison_html(comparison)
     assert "<table>" in html
     assert "CUDA_ERROR_NOT_INITIALIZED" in html
+    failing = comparison.run("before", "fork")
+    assert "replay_child.py" in failing.child.traceback  # the JSON keeps diagtools' own frames
+    assert "replay_child" not in replay_html(failing)
+    assert "^^^" not in replay_html(failing)
+    assert "CUDA_ERROR_NOT_INITIALIZED" in failing.child.shown_traceback
 
 
 def test_the_calling_process_never_touches_cuda(sim_replay, make_tree):
@@ -203,8 +214,8 @@ def test_cli_replay_and_compare(make_tree):
         "simulated",
     )
     assert done.returncode == 0, done.stderr
-    assert "verdict (after the fix): clean" in done.stdout
-    assert "    before/fork failed\n" in done.stdout
+    assert "  Reproduced: before/fork fails; fixed: after passes fork and spawn\n" in done.stdout
+    assert all(len(line) <= 100 for line in done.stdout.splitlines()), done.stdout
     bad = cli("replay", "x", "--child", "??")
     assert bad.returncode == 2
     assert bad.stderr.startswith("diagtools: error: unknown child action")

@@ -17,7 +17,7 @@ from diagtools.render.run_html import run_html
 from diagtools.render.run_text import render_run
 from diagtools.usecases.attribution import INFERRED_EVIDENCE
 from diagtools.usecases.run import run
-from tests.conftest import DIAGTOOLS, MARK, marked_line
+from tests.conftest import DIAGTOOLS, MARK, marked_line, require_installed
 
 REGISTRY = f"""
     import ctypes
@@ -324,7 +324,7 @@ def test_pytest_cuda_watch_names_the_collection_node_and_the_forking_test(make_t
 
 def test_a_cuinit_inferred_from_the_cuda_runtime_is_reported_as_inferred(make_tree):
     """cuda-python's runtime (a static cudart) reaches the driver through its export tables, not cuInit."""
-    pytest.importorskip("cuda.bindings")
+    require_installed("cuda.bindings", "cuda")
     root = make_tree(
         {
             "main.py": f"""

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import site
 import subprocess
 import sys
@@ -14,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import MARK, marked_line
+from tests.conftest import MARK, marked_line, require_installed
 
 CTYPES_LEAF = f"""
     import ctypes
@@ -320,8 +319,7 @@ def test_several_targets_in_one_subkernel(sim_scan, make_tree, count):
 
 
 def test_scanning_torch_reports_torch_cuda_state_without_initializing(sim_scan):
-    if importlib.util.find_spec("torch") is None:  # never import torch here: the test process stays CUDA-free
-        pytest.skip("torch is not installed")
+    require_installed("torch", "kernels")  # never import torch here: the test process stays CUDA-free
     result = sim_scan("torch", timeout=120.0)
     assert result.status == "ok", result.error
     assert not result.cuda_initialized

@@ -7,23 +7,22 @@ the reason.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
 import textwrap
 
-import pytest
-
 from diagtools.driver import resolve_driver
 from diagtools.render.text import render_scan
 from diagtools.usecases.attribution import INFERRED_EVIDENCE
-from tests.conftest import MARK, marked_line
+from tests.conftest import MARK, marked_line, require_installed
+
+# The extra that installs each library these tests drive.
+_EXTRA = {"cuda.bindings": "cuda", "cuda.core": "cuda", "triton": "kernels"}
 
 
 def needs(module: str) -> None:
-    if importlib.util.find_spec(module) is None:
-        pytest.skip(f"{module} is not installed here")
+    require_installed(module, _EXTRA.get(module, "dev"))
 
 
 def run_simulated(code: str, timeout: float = 120) -> list[str]:

@@ -6,12 +6,13 @@ from __future__ import annotations
 import fcntl
 import importlib.machinery
 import json
+from pathlib import Path
 
 import pytest
 
 from diagtools.errors import JournalLockedError
 from diagtools.usecases.sweep import discover_modules, sweep
-from tests.conftest import cli
+from tests.conftest import cli, require
 
 CUINIT = "import ctypes\nctypes.CDLL('libcuda.so.1').cuInit(0)\n"
 PACKAGE = {
@@ -108,6 +109,34 @@ def test_exit_handlers_and_finalizers_give_the_verdicts_of_a_fresh_subkernel(mak
     assert found["fz.exit_init"][:2] == ("ok", True)
     assert found["fz.atexit_init"][:2] == ("ok", True)
     assert found["fz.clean"][:3] == ("ok", False, "none")
+
+
+THREADED = {
+    "tp/__init__.py": "",
+    "tp/starter.py": "import ctypes, threading\n\n\ndef _probe():\n    ctypes.CDLL('libcuda.so.1').cuInit(0)\n\n\n"
+    "WORKER = threading.Thread(target=_probe, name='gpu-probe')\nWORKER.start()\nWORKER.join()\n",
+}
+
+
+def test_a_culprit_thread_is_named_with_its_starter_when_threading_is_preloaded(make_tree):
+    """torch preloads ``threading``, which keeps its own reference to the thread-start function:
+    the child must still see who started the thread, and from which line, as a fresh subkernel does."""
+    root = make_tree(THREADED)
+    forked = sweep("tp", path=[root], driver="simulated", timeout=10, jobs=1, preload="threading,tp")
+    fresh = sweep("tp", path=[root], driver="simulated", timeout=10, jobs=1, fresh=True)
+    assert forked.mode == "zygote", forked.fallback
+    zygote_culprit, fresh_culprit = forked.row("tp.starter").culprit, fresh.row("tp.starter").culprit
+    assert fresh_culprit.thread == "gpu-probe (thread started by tp.starter)"
+    assert fresh_culprit.thread_started_at.line == 9
+    assert (zygote_culprit.thread, zygote_culprit.thread_started_at) == (
+        fresh_culprit.thread,
+        fresh_culprit.thread_started_at,
+    )
+    assert (zygote_culprit.module, zygote_culprit.chain, zygote_culprit.phase) == (
+        "tp.starter",
+        ("tp.starter",),
+        "thread",
+    )
 
 
 def test_fallback_when_preloading_initializes_cuda(zp):
@@ -214,9 +243,27 @@ def test_a_locked_journal_is_refused_in_one_line(zp, tmp_path):
     )
 
 
+def test_the_loser_of_a_race_on_a_new_journal_meets_the_winners_lock(zp, tmp_path, monkeypatch, capsys):
+    """Two sweeps started together on one new journal: the winner creates and locks it between the
+    loser's "does it exist?" and its open.  Replayed deterministically: the loser is told the file
+    does not exist yet while the winner (this test) already holds it."""
+    from diagtools.frontends import cli as cli_module
+
+    journal = tmp_path / "new.jsonl"
+    real_exists = Path.exists
+    monkeypatch.setattr(Path, "exists", lambda self: False if self == journal else real_exists(self))
+    with journal.open("a") as winner:
+        fcntl.flock(winner.fileno(), fcntl.LOCK_EX)
+        code = cli_module.main(["sweep", "zp", "--path", str(zp), "--driver", "simulated", "--json", str(journal)])
+    assert code == 2
+    assert capsys.readouterr().err.strip() == (
+        f"diagtools: error: {journal} is in use by another sweep; wait for it to finish or choose another --json"
+    )
+
+
 @pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::ResourceWarning", "ignore::UserWarning")
 def test_dask_distributed_executor(zp):
-    distributed = pytest.importorskip("distributed")
+    distributed = require("distributed", "dev")
     with (
         distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster,
         distributed.Client(cluster) as client,

@@ -2,9 +2,12 @@
 per backend and size.
 
 One child process runs every case (this test process must not initialize CUDA): the benchmark's
-three sizes (C4 decode 1024, C4 prefill 32768, C128 256 boundary tokens) and a mixed batch per
+four batches (C4 and C128, decode and prefill, real boundary density) and a mixed batch per
 compressor with padding, int32 indices and windows across state blocks.  Each case draws fresh
-inputs with the output poisoned, synchronizes after the launch and prints one JSON line.
+inputs with the output poisoned and the RMSNorm weight sending tiles down the zero, tiny and
+large-exponent paths, synchronizes after the launch, checks every stored byte against the
+reference quantizer (a wider bracket than the CPU's, for the approximate instructions) and prints
+one JSON line.
 """
 
 from __future__ import annotations
@@ -22,9 +25,17 @@ pytestmark = [
     pytest.mark.skipif(real_driver_path() is None, reason="no real libcuda.so.1 loads on this machine (no GPU driver)"),
 ]
 
-# The grid: the three benchmark sizes (padding 0: every boundary token works), then one mixed
+# The grid: the four benchmark batches (padding 0: every boundary token works), then one mixed
 # batch per compressor (prefills and decodes, 25% padding) with int64 and with int32 indices.
-SIZES = ["C4 decode 1024", "C4 prefill 32768", "C128 256 boundary", "C4 mixed", "C128 mixed", "C4 mixed int32"]
+SIZES = [
+    "C4 decode 1024",
+    "C4 prefill 32768",
+    "C128 decode 1024",
+    "C128 prefill 32768",
+    "C4 mixed",
+    "C128 mixed",
+    "C4 mixed int32",
+]
 CASES = [f"{backend} {size}" for backend in ("triton", "cutedsl") for size in SIZES]
 
 CHECK = """
@@ -33,7 +44,9 @@ sys.path.insert(0, "tests")
 import torch
 from diagtools.kernels import compress_state_store
 from diagtools.kernels.state_reference import BENCH_SIZES, StateInputs, make_state_inputs
-from kernels.tolerances import assert_state_store_matches_reference
+from kernels.tolerances import (
+    GPU_STORED_VALUE_ERROR, assert_state_bytes_match_reference, assert_state_store_matches_reference, with_edge_tiles
+)
 MIXED = {"C4": (4, ((0, 301), (5, 6), (30, 2), (6, 1), (4095, 1))), "C128": (128, ((0, 700), (255, 1), (300, 1)))}
 if not torch.cuda.is_available():
     print(json.dumps({"no_gpu": True})); sys.exit(0)
@@ -47,12 +60,14 @@ for case_name in json.loads(sys.argv[1]):
         else:
             ratio, requests = MIXED[name.split()[0]]
             inputs = make_state_inputs(ratio, requests, padding=0.25, state_block=16, device="cuda")
+        with_edge_tiles(inputs)
         if name.endswith("int32"):
             args = [t.int() if t.dtype == torch.int64 else t for t in inputs.args()]
             inputs = StateInputs(*args, ratio=ratio)
         compress_state_store(*inputs.args(), ratio=ratio, backend=backend)
         torch.cuda.synchronize()
         assert_state_store_matches_reference(inputs)
+        case["ambiguous"] = assert_state_bytes_match_reference(inputs, GPU_STORED_VALUE_ERROR).ambiguous_fraction
         case["ok"] = True
     except Exception as exc:
         case["ok"] = False

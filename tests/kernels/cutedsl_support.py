@@ -9,13 +9,13 @@ import os
 import subprocess
 import sys
 
-import pytest
+from tests.conftest import require
 
 
 def compile_in_child(code: str, folder) -> dict[str, str]:
     """Run ``code`` (which prints one JSON object of PTX texts, given a dump folder as argv[1]) in a
     fresh interpreter with ``CUTE_DSL_ARCH=sm_90a``, which the DSL reads at import."""
-    pytest.importorskip("cutlass")
+    require("cutlass", "kernels")
     done = subprocess.run(
         [sys.executable, "-c", code, str(folder)],
         env=dict(os.environ, CUTE_DSL_ARCH="sm_90a"),

@@ -15,7 +15,9 @@ import sys
 
 import pytest
 
-torch = pytest.importorskip("torch")
+from tests.conftest import require
+
+torch = require("torch", "kernels")
 
 from diagtools.kernels import cuda_launch, cutedsl_impl  # noqa: E402
 from diagtools.kernels.cuda_launch import CudaDriver, LoadedKernel, entry_of, launch_kernel  # noqa: E402

@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from diagtools.kernels import choose_backend
+from tests.conftest import require
 
 
 def test_head_dim_rule():
@@ -17,7 +18,7 @@ def test_head_dim_rule():
 
 
 def test_unknown_backend_is_a_value_error():
-    pytest.importorskip("torch")
+    require("torch", "kernels")
     from diagtools.kernels import compress_norm_rope_store
     from diagtools.kernels.reference import make_inputs
 
@@ -51,7 +52,7 @@ def test_importing_the_package_imports_no_backend():
     ],
 )
 def test_kernel_modules_import_without_initializing_cuda(sim_scan, module, dsl):
-    pytest.importorskip(dsl, reason=f"{module} needs {dsl}")
+    require(dsl, "kernels", reason=f"{module} needs {dsl}")
     result = sim_scan(module, timeout=180.0)
     assert result.status == "ok", result.error
     assert not result.cuda_initialized, result.culprit

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import math
 
-import pytest
+from tests.conftest import require
 
-torch = pytest.importorskip("torch")
+torch = require("torch", "kernels")
 
 from diagtools.kernels.reference import (  # noqa: E402
     FP8_ROW_BYTES,

@@ -17,22 +17,33 @@ import struct
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
+from tests.conftest import require
+
+torch = require("torch", "kernels")
 
 from diagtools.kernels import cutedsl_impl, state_cutedsl  # noqa: E402
 from diagtools.kernels.reference import make_inputs  # noqa: E402
 from diagtools.kernels.state import LAYOUTS  # noqa: E402
+from diagtools.kernels.state_cutedsl import StateLaunchConfig  # noqa: E402
 from diagtools.kernels.state_reference import StateInputs, make_state_inputs  # noqa: E402
 
-from .ptxvm import Kernel, Memory, PtxError, run_launch  # noqa: E402
-from .tolerances import assert_matches_reference, assert_state_store_matches_reference  # noqa: E402
+from .ptxvm import Kernel, LaunchStats, Memory, PtxError, bank_conflict, fma_f32, run_launch  # noqa: E402
+from .tolerances import (  # noqa: E402
+    assert_matches_reference,
+    assert_state_bytes_match_reference,
+    assert_state_store_matches_reference,
+    with_edge_tiles,
+)
 
 C4_REQUESTS = ((0, 13), (5, 6), (30, 2), (6, 1), (10, 1))  # a first group, windows across blocks, decodes
 C128_REQUESTS = ((0, 128), (129, 127), (255, 1), (300, 1))  # three boundaries, idle tokens around them
+ONE_C128_TOKEN = ((100, 28),)  # one boundary (position 127) among 28 tokens: one CTA, for the slower checks
 
 
-def _state_inputs(ratio: int, *, int32: bool = False, seed: int = 0, block_size: int = 64) -> StateInputs:
-    requests = C4_REQUESTS if ratio == 4 else C128_REQUESTS
+def _state_inputs(
+    ratio: int, *, int32: bool = False, seed: int = 0, block_size: int = 64, one_c128: bool = False
+) -> StateInputs:
+    requests = C4_REQUESTS if ratio == 4 else ONE_C128_TOKEN if one_c128 else C128_REQUESTS
     padding = 0.2 if ratio == 4 else 0.0
     inputs = make_state_inputs(ratio, requests, padding=padding, seed=seed, block_size=block_size)
     if int32:
@@ -41,27 +52,46 @@ def _state_inputs(ratio: int, *, int32: bool = False, seed: int = 0, block_size:
     return inputs
 
 
-def _run_state(inputs: StateInputs, ptx: str | None = None) -> Memory:
+def _run_state(inputs: StateInputs, ptx: str | None = None, **options) -> Memory:
     launch = state_cutedsl.plan_launch(*inputs.args(), inputs.ratio, 1e-6)
-    return run_launch(ptx or state_cutedsl.prebuilt_path(inputs.ratio).read_text(), launch)
+    return run_launch(ptx or state_cutedsl.prebuilt_path(inputs.ratio).read_text(), launch, **options)
 
 
 # The grid: C4 with int64 and int32 indices, C4 with two-token cache blocks (a block's scales sit
-# right after two tokens' data), and C128.
+# right after two tokens' data), and C128.  The weight sends tiles 0-3 down the zero-tile,
+# tiny-tile (below the amax floor), large-exponent and negative paths.
 @pytest.mark.parametrize(
     ("ratio", "int32", "block_size"), [(4, False, 64), (4, True, 64), (4, False, 2), (128, False, 64)]
 )
-def test_the_state_kernel_ptx_computes_the_reference_bytes(ratio, int32, block_size):
-    inputs = _state_inputs(ratio, int32=int32, seed=ratio + int32 + block_size, block_size=block_size)
+def test_the_state_kernel_ptx_stores_the_reference_bytes(ratio, int32, block_size):
+    inputs = with_edge_tiles(_state_inputs(ratio, int32=int32, seed=ratio + int32 + block_size, block_size=block_size))
     working = int(inputs.working().sum())
     assert working >= 3
-    memory = _run_state(inputs)
-    assert_state_store_matches_reference(inputs)
+    stats = LaunchStats()
+    memory = _run_state(inputs, stats=stats)
+    assert_state_store_matches_reference(inputs)  # poison outside, padding bytes, FP8 precision
+    checked = assert_state_bytes_match_reference(inputs)  # and every byte, against the quantizer
+    assert checked.ambiguous_fraction < 0.01, checked
     # each working token reads the 512-wide kv and score parts of its window rows once, nothing
     # more of the state, and writes its 576 data bytes and 8 scale bytes once
     window = LAYOUTS[ratio].window
     assert memory.traffic(inputs.state_cache) == (working * window * 2 * 512 * 4, 0)
     assert memory.traffic(inputs.kv_cache) == (0, working * (576 + 8))
+    # only working tokens are launched, and the layout's promises hold
+    assert stats.working_ctas == stats.ctas == -(-working // StateLaunchConfig(ratio).tokens_per_cta)
+    vectors = [a for a in stats.of("global", "ld") if a.lane_bytes == 16]
+    assert vectors
+    assert all(a.contiguous == a.executed and a.bytes == 512 * a.executed for a in vectors)
+    assert all(a.worst_conflict == 1 for a in stats.of("shared", "ld") + stats.of("shared", "st"))
+
+
+@pytest.mark.parametrize("schedule", ["reverse", "round robin"])
+def test_the_c128_merge_is_right_whatever_order_the_warps_run_in(schedule):
+    """The eight warps of a C128 token meet at one barrier; run them back to front, and one
+    instruction each in turn, and the bytes are the same (the race detector watches each run)."""
+    inputs = with_edge_tiles(_state_inputs(128, seed=21, one_c128=True))
+    _run_state(inputs, schedule=schedule)
+    assert_state_bytes_match_reference(inputs)
 
 
 @pytest.mark.parametrize("head_dim", [512, 128])
@@ -104,15 +134,42 @@ def test_a_wrong_score_column_is_caught():
         assert_state_store_matches_reference(inputs)
 
 
+# The UE8M0 exponent one too large, consistently in the scale byte and the inverse scale (so the
+# dequantized values barely move), in the first quarter's tiles (0 and 1); the amax floor removed.
+EXPONENT_PLUS_ONE = (r"(add\.s32\s+%r\d+, %r\d+, )8388607;", r"\g<1>16777215;")
+NO_AMAX_FLOOR = (r"(max\.f32\s+%r\d+, %r\d+, )0f38D1B717;", r"\g<1>0f00000000;")
+
+
+@pytest.mark.parametrize("ratio", [4, 128])
+@pytest.mark.parametrize("mutation", [EXPONENT_PLUS_ONE, NO_AMAX_FLOOR], ids=["exponent+1", "no-amax-floor"])
+def test_scale_mutations_are_caught(ratio, mutation):
+    ptx = _mutate(state_cutedsl.prebuilt_path(ratio).read_text(), *mutation)
+    inputs = with_edge_tiles(_state_inputs(ratio, seed=8, one_c128=True))
+    _run_state(inputs, ptx)
+    with pytest.raises(AssertionError, match="scale bytes outside the reference's"):
+        assert_state_bytes_match_reference(inputs)
+
+
+def test_a_removed_barrier_is_a_race():
+    """Without the C128 merge's barrier the finishing warp reads what the others have not yet
+    written: the race detector says so in every schedule, not only when warp 0 runs first."""
+    ptx = _mutate(state_cutedsl.prebuilt_path(128).read_text(), r"\tbar\.sync \t0;\n", "")
+    for schedule in ("in order", "reverse"):
+        inputs = _state_inputs(128, seed=9, one_c128=True)
+        with pytest.raises(PtxError, match="shared-memory race"):
+            _run_state(inputs, ptx, schedule=schedule)
+
+
 def test_a_launch_past_the_tensors_is_refused():
-    """Too many tokens: the kernel reads positions past the tensor, which the interpreter refuses."""
+    """Too many working tokens: the kernel reads the compacted index past its tensor, which the
+    interpreter refuses."""
     inputs = _state_inputs(4, seed=7)
     launch = state_cutedsl.plan_launch(*inputs.args(), 4, 1e-6)
     arguments = list(launch.arguments)
-    arguments[8] += 64  # tokens
-    grid = (state_cutedsl.StateLaunchConfig(4).grid(arguments[8]), 1, 1)
+    arguments[10] += 64  # the working-token count
+    grid = (state_cutedsl.StateLaunchConfig(4).grid(arguments[10]), 1, 1)
     kernel = Kernel(state_cutedsl.prebuilt_path(4).read_text())
-    with pytest.raises(PtxError, match="outside every tensor"):
+    with pytest.raises(PtxError, match="outside the tensor its address came from"):
         kernel.run(grid, launch.block, arguments, Memory(launch.keep_alive))
 
 
@@ -209,9 +266,158 @@ def test_misaligned_and_out_of_bounds_accesses_are_refused():
     with pytest.raises(PtxError, match="misaligned 16-byte global store"):
         _words(misaligned)
     past = _program(STORE_PER_THREAD.format(stride=4) + "\tst.global.b32 [%rd3+256], %r1;\n\tret;")
-    with pytest.raises(PtxError, match="outside every tensor"):
+    with pytest.raises(PtxError, match="outside the tensor its address came from"):
         _words(past)
+
+
+def test_an_access_past_its_tensor_into_the_next_one_is_refused():
+    """Two tensors side by side in one allocation: a store past the first lands inside the second,
+    which a check against "any tensor" would let through."""
+    storage = torch.zeros(128, dtype=torch.int32)
+    first, second = storage[:64], storage[64:]
+    kernel = _program(
+        STORE_PER_THREAD.format(stride=4) + "\tst.global.b32 [%rd3+4], %r1;\n\tret;",
+        params=".param .u64 out_param,\n\t.param .u64 other_param",
+    )
+    with pytest.raises(PtxError, match="outside the tensor its address came from"):
+        kernel.run((1, 1, 1), (64, 1, 1), [first.data_ptr(), second.data_ptr()], Memory([first, second]))
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "add.rz.f32 %r2, %r1, %r1;",  # a rounding mode other than nearest
+        "cvt.rni.s32.f32 %r2, %r1;",  # float to integer
+        "cvt.rm.bf16.f32 %rs1, %r1;",
+        "mad.hi.s32 %r2, %r1, %r1, %r1;",
+        "fma.rz.f32 %r2, %r1, %r1, %r1;",
+        "shfl.bfly.b32 %r2, %r1, 1, 31;",  # the pre-sync shuffle, no member mask
+        "ex2.f32 %r2, %r1;",
+        "ld.global.volatile.b32 %r2, [%rd3];",
+        "tanh.approx.f32 %r2, %r1;",
+    ],
+)
+def test_unmodelled_instructions_and_modifiers_are_refused(line):
+    with pytest.raises(PtxError, match=r"modelled|not supported"):
+        _program(STORE_PER_THREAD.format(stride=4) + f"\t{line}\n\tret;")
+
+
+def test_round_toward_zero_and_flush_to_zero_are_modelled():
+    x = 1 + 2**-8 + 2**-12  # bf16 to nearest: 1 + 2**-7; toward zero: 1
+    body = STORE_PER_THREAD.format(stride=16) + (
+        f"\tcvt.rn.bf16.f32 %rs1, 0f{_hex(x)};\n"
+        f"\tcvt.rz.bf16.f32 %rs2, 0f{_hex(x)};\n"
+        "\tmov.b32 %r2, {%rs1, %rs2};\n"
+        f"\tmul.f32 %r3, 0f{_hex(2**-100)}, 0f{_hex(2**-30)};\n"  # 2**-130: an fp32 subnormal
+        f"\tmul.ftz.f32 %r4, 0f{_hex(2**-100)}, 0f{_hex(2**-30)};\n"  # flushed to zero
+        "\tmov.b32 %r5, 0f00400000;\n"  # a subnormal input (2**-127)
+        "\tadd.ftz.f32 %r5, %r5, 0f00000000;\n"
+        "\tst.global.v4.b32 [%rd3], {%r2, %r3, %r4, %r5};\n\tret;"
+    )
+    words = _words(_program(body), words=4)
+    assert (words[:, 0] == 0x3F80_3F81).all()  # high half: .rz 0x3F80; low half: .rn 0x3F81
+    assert (words[:, 1].view(np.float32) == np.float32(2**-130)).all()
+    assert (words[:, 2] == 0).all()
+    assert (words[:, 3] == 0).all()
+
+
+def test_shuffle_clamp_segments_and_member_mask():
+    body = STORE_PER_THREAD.format(stride=16) + (
+        "\tmov.u32 %r2, %laneid;\n"
+        "\tshfl.sync.down.b32 %r3, %r2, 4, 31, -1;\n"  # lanes 28-31 are past the clamp: they read themselves
+        "\tshfl.sync.up.b32 %r4, %r2, 1, 0, -1;\n"  # lane 0 reads itself
+        "\tshfl.sync.idx.b32 %r5, %r2, 3, 6175, -1;\n"  # c = 0x181f: segments of 8 lanes, lane 3 of each
+        "\tshfl.sync.bfly.b32 %r6, %r2, 8, 6175, -1;\n"  # reaches earlier segments only (as __shfl_xor_sync)
+        "\tst.global.v4.b32 [%rd3], {%r3, %r4, %r5, %r6};\n\tret;"
+    )
+    words = _words(_program(body), words=4)[:32].astype(np.int64)
+    lane = np.arange(32)
+    assert (words[:, 0] == np.where(lane + 4 <= 31, lane + 4, lane)).all()
+    assert (words[:, 1] == np.maximum(lane - 1, 0)).all()
+    assert (words[:, 2] == (lane & ~7) | 3).all()
+    assert (words[:, 3] == np.where(lane ^ 8 <= (lane & 0x18) | 7, lane ^ 8, lane)).all()
+    assert (words[8:16, 3] == lane[:8]).all()
+    assert (words[:8, 3] == lane[:8]).all()
+    half = STORE_PER_THREAD.format(stride=4) + "\tshfl.sync.bfly.b32 %r3, %r1, 1, 31, 65535;\n\tret;"
+    with pytest.raises(PtxError, match="outside the member mask"):
+        _words(_program(half))
+    diverged = STORE_PER_THREAD.format(stride=4) + (
+        "\tmov.u32 %r2, %laneid;\n\tsetp.lt.u32 %p1, %r2, 16;\n\t@%p1 shfl.sync.bfly.b32 %r3, %r2, 1, 31, -1;\n\tret;"
+    )
+    with pytest.raises(PtxError, match="does not execute the shuffle"):
+        _words(_program(diverged))
+
+
+def test_mul_hi_and_ordered_float_compares():
+    body = STORE_PER_THREAD.format(stride=16) + (
+        "\tmul.hi.u32 %r2, -2147483648, 6;\n"  # 2**31 * 6 = 3 * 2**32: high half 3
+        "\tmul.hi.s32 %r3, -1, 5;\n"  # -5: high half all ones
+        "\tsetp.ne.f32 %p1, 0f7FC00000, 0f3F800000;\n"  # NaN != 1, ordered: false
+        "\tsetp.neu.f32 %p2, 0f7FC00000, 0f3F800000;\n"  # unordered: true
+        "\tselp.u32 %r4, 1, 0, %p1;\n\tselp.u32 %r5, 1, 0, %p2;\n"
+        "\tst.global.v4.b32 [%rd3], {%r2, %r3, %r4, %r5};\n\tret;"
+    )
+    words = _words(_program(body), words=4)
+    assert (words == np.array([3, 0xFFFFFFFF, 0, 1], dtype=np.uint32)).all()
+
+
+def test_fma_rounds_once_where_fp64_would_round_twice():
+    """(8 + 2**-20)(8 - 2**-20) + (2**30 + 128) is 2**30 + 192 - 2**-40: just under the midpoint of
+    2**30 + 128 and 2**30 + 256.  Rounded to fp64 first it lands on the midpoint, which then rounds
+    to even, 2**30 + 256; rounded once it is 2**30 + 128.  Random cases against exact rationals."""
+    from fractions import Fraction
+
+    a, b, c = np.float32(8 + 2**-20), np.float32(8 - 2**-20), np.float32(2**30 + 128)
+    body = STORE_PER_THREAD.format(stride=4) + (
+        f"\tfma.rn.f32 %r2, 0f{_hex(a)}, 0f{_hex(b)}, 0f{_hex(c)};\n\tst.global.b32 [%rd3], %r2;\n\tret;"
+    )
+    assert (_words(_program(body))[:, 0].view(np.float32) == np.float32(2**30 + 128)).all()
+    assert np.float32(float(a) * float(b) + float(c)) == np.float32(2**30 + 256)  # what rounding twice gives
+    generator = np.random.default_rng(3)
+    x, y, z = (
+        generator.standard_normal(2000).astype(np.float32) * 2.0 ** generator.integers(-20, 20, 2000) for _ in range(3)
+    )
+    want = [
+        _round_f32(Fraction(float(i)) * Fraction(float(j)) + Fraction(float(k)))
+        for i, j, k in zip(x, y, z, strict=True)
+    ]
+    assert (fma_f32(x, y, z) == np.array(want, dtype=np.float32)).all()
+
+
+def test_races_and_bank_conflicts_are_seen():
+    racy = (
+        "\t.shared .align 16 .b8 buffer[256];\n"
+        + STORE_PER_THREAD.format(stride=4)
+        + (
+            "\tmov.b32 %r2, buffer;\n\tmul.lo.s32 %r3, %r1, 4;\n\tadd.s32 %r4, %r2, %r3;\n"
+            "\tst.shared.b32 [%r4], %r1;\n"
+            "\txor.b32 %r6, %r3, 128;\n\tadd.s32 %r7, %r2, %r6;\n"
+            "\tld.shared.b32 %r8, [%r7];\n\tst.global.b32 [%rd3], %r8;\n\tret;"
+        )
+    )
+    out = torch.zeros(64, dtype=torch.int32)
+    for schedule in ("in order", "reverse", "round robin"):
+        with pytest.raises(PtxError, match="shared-memory race"):
+            _program(racy).run((1, 1, 1), (64, 1, 1), [out.data_ptr()], Memory([out]), schedule=schedule)
+    lanes = np.arange(32, dtype=np.uint64)
+    assert bank_conflict(lanes * 16, 16) == 1  # 512 contiguous bytes: conflict-free
+    assert bank_conflict(lanes * 64, 16) == 4  # 64 bytes a lane, as the old layout: 4-way
+    assert bank_conflict(lanes * 64, 4) == 16  # scalar reads 64 bytes apart: 16-way
+    assert bank_conflict(np.zeros(32, dtype=np.uint64), 4) == 1  # a broadcast
 
 
 def _hex(value: float) -> str:
     return struct.pack(">f", value).hex().upper()
+
+
+def _round_f32(value) -> float:
+    """The fp32 nearest to an exact rational (ties to even), by bisection over the two neighbours."""
+    from fractions import Fraction
+
+    guess = np.float32(float(value))
+    below = guess if Fraction(float(guess)) <= value else np.nextafter(guess, np.float32(-np.inf))
+    above = np.nextafter(below, np.float32(np.inf))
+    low, high = value - Fraction(float(below)), Fraction(float(above)) - value
+    if low != high:
+        return float(below if low < high else above)
+    return float(below if (below.view(np.uint32) & 1) == 0 else above)

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-torch = pytest.importorskip("torch")
+from tests.conftest import require
+
+torch = require("torch", "kernels")
 
 from diagtools.kernels.reference import compress_norm_rope_store_reference, make_inputs  # noqa: E402
 

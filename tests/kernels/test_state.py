@@ -11,11 +11,14 @@ import math
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
+from tests.conftest import require
+
 os.environ.setdefault("TRITON_INTERPRET", "1")  # read when a kernel is decorated, so before the import
-torch = pytest.importorskip("torch")
+torch = require("torch", "kernels")
 
 from diagtools.kernels import compress_state_store  # noqa: E402
 from diagtools.kernels.reference import FP8_ROW_BYTES, quantize_fp8_ds_mla  # noqa: E402
@@ -33,7 +36,11 @@ from diagtools.kernels.state_reference import (  # noqa: E402
 )
 
 from .test_fp8_ds_mla import fp8_ds_mla_cases  # noqa: E402
-from .tolerances import assert_state_store_matches_reference  # noqa: E402
+from .tolerances import (  # noqa: E402
+    assert_state_bytes_match_reference,
+    assert_state_store_matches_reference,
+    with_edge_tiles,
+)
 
 try:  # the encoders' test kernel; the interpreter resolves its callees from this module's globals
     import triton
@@ -136,7 +143,7 @@ def test_torch_backend_matches_float64(ratio):
 
 @pytest.mark.parametrize(("ratio", "requests", "state_block"), CASES)
 def test_triton_matches_float64_reference(ratio, requests, state_block):
-    pytest.importorskip("triton")
+    require("triton", "kernels")
     inputs = make_state_inputs(ratio, requests, padding=0.25, state_block=state_block)
     assert inputs.working().any()
     compress_state_store(*inputs.args(), ratio=ratio, backend="triton")
@@ -146,7 +153,7 @@ def test_triton_matches_float64_reference(ratio, requests, state_block):
 @pytest.mark.parametrize("backend", ["torch", "triton"])
 def test_only_boundary_tokens_with_a_slot_write(backend):
     if backend == "triton":
-        pytest.importorskip("triton")
+        require("triton", "kernels")
     inputs = make_state_inputs(4, ((0, 12), (3, 1)), padding=0.0, seed=11)  # boundaries at 3, 7, 11 and 3
     boundary = (inputs.positions + 1) % 4 == 0
     inputs.slot_mapping[boundary.nonzero().flatten()[1]] = -1  # position 7: skipped
@@ -163,7 +170,7 @@ def test_only_boundary_tokens_with_a_slot_write(backend):
 
 
 def test_no_working_token_writes_nothing():
-    pytest.importorskip("triton")
+    require("triton", "kernels")
     inputs = make_state_inputs(128, ((0, 100),))  # no position reaches 127
     compress_state_store(*inputs.args(), ratio=128, backend="triton")
     assert (inputs.kv_cache == POISON).all()
@@ -172,7 +179,7 @@ def test_no_working_token_writes_nothing():
 @pytest.mark.parametrize("backend", ["torch", "triton"])
 def test_cache_layout_puts_scales_after_the_block_data(backend):
     if backend == "triton":
-        pytest.importorskip("triton")
+        require("triton", "kernels")
     inputs = make_state_inputs(4, ((0, 4),), padding=0.0, block_size=4, seed=3)
     assert inputs.kv_cache.shape[1:] == (4, 576 + 8)  # vLLM's [num_blocks, block_size, 584]
     compress_state_store(*inputs.args(), ratio=4, backend=backend)
@@ -197,7 +204,7 @@ def test_cache_layout_puts_scales_after_the_block_data(backend):
 def test_flat_cache_shape_stores_the_same_bytes(backend):
     """The 2-D ``[num_blocks, block_size * 584]`` cache is accepted and gets the same bytes as vLLM's 3-D one."""
     if backend == "triton":
-        pytest.importorskip("triton")
+        require("triton", "kernels")
     paged = make_state_inputs(4, C4_REQUESTS, padding=0.25, seed=5)
     flat_cache = paged.kv_cache.view(paged.kv_cache.shape[0], -1).clone()
     flat = StateInputs(*paged.args()[:-1], flat_cache, ratio=4)
@@ -207,13 +214,61 @@ def test_flat_cache_shape_stores_the_same_bytes(backend):
     assert_state_store_matches_reference(flat)
 
 
+@pytest.mark.parametrize(("ratio", "requests", "state_block"), CASES)
+def test_triton_stores_the_reference_bytes(ratio, requests, state_block):
+    """Every stored byte of the whole kernel (scale bytes, FP8 bytes, the bf16 tail) against the
+    reference quantizer, with tiles sent down the zero, tiny (below the amax floor), large-exponent
+    and negative paths."""
+    require("triton", "kernels")
+    inputs = with_edge_tiles(make_state_inputs(ratio, requests, padding=0.25, state_block=state_block))
+    compress_state_store(*inputs.args(), ratio=ratio, backend="triton")
+    assert_state_store_matches_reference(inputs)
+    checked = assert_state_bytes_match_reference(inputs)
+    assert checked.ambiguous_fraction < 0.01, checked
+
+
+# In the Triton source: the UE8M0 exponent one too large (consistently in the byte and the inverse
+# scale), and the amax floor removed.
+TRITON_MUTATIONS = {
+    "exponent+1": ("exponent = _ue8m0_exponent(amax)", "exponent = _ue8m0_exponent(amax) + 1"),
+    "no-amax-floor": (
+        "amax = tl.maximum(tl.max(tl.abs(rounded), axis=1), 1e-4)",
+        "amax = tl.max(tl.abs(rounded), axis=1)",
+    ),
+}
+
+
+@pytest.mark.parametrize("ratio", [4, 128])
+@pytest.mark.parametrize("mutation", sorted(TRITON_MUTATIONS))
+def test_triton_scale_mutations_are_caught(ratio, mutation, tmp_path, monkeypatch):
+    require("triton", "kernels")
+    import importlib.util
+
+    from diagtools.kernels import state_triton
+
+    old, new = TRITON_MUTATIONS[mutation]
+    source = Path(state_triton.__file__).read_text()
+    assert source.count(old) == 1, old
+    path = tmp_path / "mutated_state_triton.py"
+    path.write_text(source.replace(old, new))
+    spec = importlib.util.spec_from_file_location("mutated_state_triton", path)
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, module)  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    requests = ((0, 8), (6, 2)) if ratio == 4 else ((100, 28),)
+    inputs = with_edge_tiles(make_state_inputs(ratio, requests, padding=0.0, seed=4))
+    module.compress_state_store_triton(*inputs.args(), ratio=ratio)
+    with pytest.raises(AssertionError, match="scale bytes outside the reference's"):
+        assert_state_bytes_match_reference(inputs)
+
+
 def test_triton_store_equals_the_torch_quantizer_bit_for_bit():
     """The kernel's fp8_ds_mla store of given fp32 rows writes exactly the bytes of
     ``quantize_fp8_ds_mla`` and a zero padding byte: bf16 rounding before the FP8 rounding, amax
     from the rounded values (one that rounds down onto 448 keeps the smaller scale), the 1e-4
     amax floor, an all-zero tile, exact power-of-two amax, and random tiles over 80 binades."""
     if store_rows is None:
-        pytest.skip("triton is not installed")
+        require("triton", "kernels")
     rows = fp8_ds_mla_cases()
     out = torch.full((rows.shape[0], 584), POISON, dtype=torch.uint8)
     store_rows[(rows.shape[0],)](rows, out, out.view(torch.int16), D=512)
@@ -258,7 +313,7 @@ def test_encoders_are_bit_exact_against_torch():
     """The kernel's integer FP8 e4m3 and bf16 rounding equals torch's round-to-nearest-even, on
     every e4m3 value, every midpoint between neighbours (ties), subnormals, zero and random values."""
     if encode is None:
-        pytest.skip("triton is not installed")
+        require("triton", "kernels")
     grid = torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn).float()
     grid = grid[torch.isfinite(grid)].unique()
     midpoints = (grid[1:] + grid[:-1]) / 2
@@ -275,7 +330,7 @@ def test_scale_exponent_is_exact():
     """The kernel's ``ceil(log2(amax / 448))`` from the bits equals the exact value for every positive
     normal bf16 amax (powers of two times 448 included) and for random fp32 ones."""
     if exponents is None:
-        pytest.skip("triton is not installed")
+        require("triton", "kernels")
     generator = torch.Generator().manual_seed(1)
     bf16 = torch.arange(0x0080, 0x7F80, dtype=torch.int32).to(torch.int16).view(torch.bfloat16).float()
     random = torch.rand(4096, generator=generator) * torch.exp2(torch.randint(-100, 100, (4096,), generator=generator))
@@ -289,7 +344,7 @@ def test_scale_exponent_is_exact():
 
 def test_triton_kernel_compiles_for_sm90_without_local_memory():
     """The real compile for an H200 (PTX for sm_90), on this CPU, in a child without the interpreter."""
-    pytest.importorskip("triton")
+    require("triton", "kernels")
     code = (
         "import json; from diagtools.kernels.state_triton import compile_ptx; "
         "print(json.dumps({r: compile_ptx(r) for r in (4, 128)}))"
@@ -304,13 +359,17 @@ def test_triton_kernel_compiles_for_sm90_without_local_memory():
         assert ".local" not in ptx, f"C{ratio} spills to local memory"
 
 
-def test_bench_sizes_match_the_floors_in_the_notes():
-    # KERNEL-NOTES: C4 decode 1024 ~34 MB, C4 prefill 32768 ~276 MB, C128 256 boundary ~134 MB
-    floors = {"C4 decode 1024": 34e6, "C4 prefill 32768": 276e6, "C128 256 boundary": 134e6}
+def test_bench_sizes_are_realistic_batches():
+    """The prefills match the floors in the notes (C4 prefill 32768 ~276 MB, C128 with 256 boundary
+    tokens ~134 MB); every batch has the real boundary density, one token in R."""
+    floors = {"C4 prefill 32768": 276e6, "C128 prefill 32768": 134e6}
     for name, (ratio, requests) in BENCH_SIZES.items():
         _, positions = request_tokens(requests)
-        moved = min_bytes(ratio, positions, torch.zeros_like(positions), state_block=16)
-        assert abs(moved / floors[name] - 1) < 0.02, (name, moved)
+        boundaries = int(((positions + 1) % ratio == 0).sum())
+        assert boundaries * ratio == positions.numel(), (name, boundaries)
+        if name in floors:
+            moved = min_bytes(ratio, positions, torch.zeros_like(positions), state_block=16)
+            assert abs(moved / floors[name] - 1) < 0.02, (name, moved)
 
 
 def test_min_bytes_counts_only_working_tokens():

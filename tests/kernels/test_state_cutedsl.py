@@ -20,7 +20,9 @@ from pathlib import Path
 
 import pytest
 
-torch = pytest.importorskip("torch")
+from tests.conftest import require
+
+torch = require("torch", "kernels")
 
 from diagtools.kernels import compress_state_store, cuda_launch, state_cutedsl  # noqa: E402
 from diagtools.kernels.cuda_launch import LoadedKernel, entry_of, launch_kernel  # noqa: E402
@@ -59,12 +61,15 @@ def test_ptx_moves_128_bit_vectors(ptx, ratio):
     config = StateLaunchConfig(ratio)
     assert ".target sm_90a" in text
     assert f".reqntid {config.threads}, 1, 1" in text
-    # per window row of the warp: 4 vectors of kv and 4 of scores; then the weight (4) and cos/sin (2 + 2)
-    assert _count(r"ld\.global\.v4\.b32", text) == config.rows_per_warp * 8 + 4 + 4
+    # per window row of the warp: 4 vectors of kv and 4 of scores; then the weight (4); cos/sin two 8-byte pairs
+    assert _count(r"ld\.global\.v4\.b32", text) == config.rows_per_warp * 8 + 4
+    assert _count(r"ld\.global\.v2\.b32", text) == 2
     assert _count(r"ld\.global(?:\.\w+)*\.(?:u16|b16|s16|f16|bf16)\b", text) == 0  # no 16-bit scalar loads
     assert _count(r"ld\.global(?:\.\w+)*\.f32\b", text) == 0  # no scalar loads of state values
-    assert _count(r"st\.global\.v4\.b32", text) == 3  # 16 FP8 bytes, and the bf16 tail in two
-    assert _count(r"st\.global\.(?:u8|b8)", text) == 2  # the scale byte and the padding byte
+    # 4 FP8 bytes a lane per quarter (a warp stores 128 contiguous bytes), the bf16 tail 8 bytes a lane
+    assert _count(r"st\.global\.v2\.b16", text) == 4
+    assert _count(r"st\.global\.v2\.b32", text) == 1
+    assert _count(r"st\.global\.(?:u8|b8)", text) == 5  # four scale bytes from lanes 0 and 16, the padding byte
     assert _count(r"cvt\.rn\.satfinite\.e4m3x2\.f32", text) == 8  # 16 values a lane, two at a time
     assert ".local" not in text
 
@@ -80,7 +85,7 @@ def test_ptx_reductions_and_special_functions(ptx, ratio):
     assert _count(r"rcp\.approx", text) == 16  # c = total / denominator, once per feature
     assert _count(r"div\.(?:rn|full|approx)\.f32", text) == 0
     assert _count(r"rsqrt\.approx", text) == 1
-    assert _count(r"shfl\.sync\.bfly", text) == 5 + 2  # sum of squares over 32 lanes, tile maxima over 4
+    assert _count(r"shfl\.sync\.bfly", text) == 5 + 4 * 4  # sum of squares over 32 lanes, 4 tile maxima over 16
     assert _count(r"\bdiv\.s64|\brem\.s64", text) == 0  # index arithmetic in 32 bits
     if config.splits == 1:
         assert _count(r"bar\.sync", text) == 0
@@ -184,9 +189,11 @@ def test_the_plan_is_computed_from_the_real_tensors(ratio):
     assert launch is not None
     config = StateLaunchConfig(ratio)
     tokens = inputs.positions.numel()
-    assert launch.grid == (config.grid(tokens), 1, 1)
+    work = inputs.working().nonzero().flatten()
+    assert launch.grid == (config.grid(work.numel()), 1, 1)
+    assert launch.grid[0] == -(-work.numel() // config.tokens_per_cta)  # no CTA without a working token
     assert launch.block == (config.threads, 1, 1)
-    pointers, sizes, eps = launch.arguments[:8], launch.arguments[8:16], launch.arguments[16]
+    pointers, sizes, eps = launch.arguments[:9], launch.arguments[9:18], launch.arguments[18]
     state, cache = inputs.state_cache, inputs.kv_cache
     block_size = cache.shape[1] if cache.dim() == 3 else cache.shape[1] // 584
     table = launch.keep_alive[1]
@@ -194,6 +201,7 @@ def test_the_plan_is_computed_from_the_real_tensors(ratio):
     assert torch.equal(table.long(), inputs.block_table.long())
     assert sizes == (
         tokens,
+        work.numel(),
         state.shape[0] * state.shape[1],
         table.numel(),
         table.stride(0),
@@ -209,6 +217,10 @@ def test_the_plan_is_computed_from_the_real_tensors(ratio):
     assert positions.dtype == torch.int64
     assert pointers[3] == positions.data_ptr()
     assert torch.equal(positions, inputs.positions.long())
+    compacted = launch.keep_alive[8]
+    assert compacted.dtype == torch.int32
+    assert pointers[8] == compacted.data_ptr()
+    assert torch.equal(compacted.long(), work)  # the working tokens, in token order
     assert all(p % 16 == 0 for p in pointers)
 
 
@@ -234,17 +246,38 @@ def test_an_odd_block_size_or_a_misaligned_cache_is_refused():
 def test_the_driver_receives_the_real_sizes(monkeypatch):
     fake = FakeDriver(PARAM_TYPES)
     monkeypatch.setattr(cuda_launch, "cuda_driver", lambda: fake)
-    inputs = make_state_inputs(128, ((0, 260), (255, 1)))
+    inputs = make_state_inputs(128, ((0, 1024), (255, 1)), padding=0.0)  # 9 working tokens of 1025
     launch = plan_launch(*inputs.args(), 128, 1e-6)
     launch_kernel(LoadedKernel(77, 1), launch, stream=1234)
     (call,) = fake.calls
-    assert call["grid"] == (261, 1, 1)  # one CTA per C128 token
+    assert call["grid"] == (9, 1, 1)  # one CTA per working C128 token, none for the 1016 others
     assert call["block"] == (256, 1, 1)
     assert call["stream"] == 1234
     assert call["function"] == 77
-    assert call["values"][:16] == list(launch.arguments[:16])
-    assert call["values"][8] == 261
-    assert call["values"][16] == pytest.approx(1e-6)
+    assert call["values"][:18] == list(launch.arguments[:18])
+    assert call["values"][9:11] == [1025, 9]
+    assert call["values"][18] == pytest.approx(1e-6)
+
+
+def test_a_plan_is_launched_again_without_host_work(monkeypatch):
+    """Plan once, launch twice (as a CUDA graph replays it): the same grid and arguments, and the
+    inputs are not looked at again (a changed slot mapping does not move the launch)."""
+    fake = FakeDriver(PARAM_TYPES)
+    monkeypatch.setattr(cuda_launch, "cuda_driver", lambda: fake)
+    monkeypatch.setattr(state_cutedsl, "_load", lambda device, ratio: LoadedKernel(5, 1))
+    inputs = make_state_inputs(4, ((0, 64),), padding=0.0)
+    launch = plan_launch(*inputs.args(), 4, 1e-6)
+    state_cutedsl.launch_planned(launch, 0, stream=7)
+    inputs.slot_mapping.fill_(-1)
+    state_cutedsl.launch_planned(launch, 0, stream=7)
+    first, second = fake.calls
+    assert first == second
+    assert first["grid"] == (4, 1, 1)  # 16 working tokens, four a CTA
+
+
+def test_no_working_token_means_no_launch():
+    inputs = make_state_inputs(128, ((0, 100),))  # no position reaches 127
+    assert plan_launch(*inputs.args(), 128, 1e-6) is None
 
 
 def test_without_cutlass_the_shipped_ptx_is_used(monkeypatch):

@@ -6,9 +6,11 @@ import os
 
 import pytest
 
+from tests.conftest import require
+
 os.environ.setdefault("TRITON_INTERPRET", "1")  # read when the kernel is decorated, so before the import
-torch = pytest.importorskip("torch")
-pytest.importorskip("triton")
+torch = require("torch", "kernels")
+require("triton", "kernels")
 
 from diagtools.kernels import compress_norm_rope_store  # noqa: E402
 from diagtools.kernels.reference import make_inputs  # noqa: E402

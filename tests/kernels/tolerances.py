@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 # The output is stored in bf16 (8 significand bits): each element is off by at most half an ulp,
@@ -68,3 +70,103 @@ def assert_state_store_matches_reference(inputs) -> None:
     written[blocks, scale_record + torch.arange(8)] = True
     assert (cache[blocks, scale_record + 7] == 0).all(), "a working token's scale padding byte is not 0"
     assert (cache[~written] == POISON).all(), "a byte outside the working tokens' rows was written"
+
+
+# Every stored byte, against the reference quantizer.  The kernels compute the values they store in
+# fp32 with approximate exp2/rcp/rsqrt, so their values differ from the float64 reference by a few
+# fp32 ulps: the reference quantizer is run on the float64 values moved by that much either way
+# (``STORED_VALUE_ERROR``: relative to the value, plus a small part of the RMSNorm weight for the
+# values that cancel).  A stored byte must be one the quantizer gives for a value in that bracket; where the
+# whole bracket rounds alike (all but a few bytes in ten thousand) that is one exact byte.
+STORED_VALUE_ERROR = {"relative": 2e-6, "of_weight": 2e-6}
+# On a GPU, ex2/rcp/rsqrt .approx are off by an ulp or two and sums run in other orders (and cancel):
+# wider, still far inside the factor of two a wrong scale exponent makes.
+GPU_STORED_VALUE_ERROR = {"relative": 3e-5, "of_weight": 1e-4}
+
+
+@dataclass(frozen=True)
+class ByteCheck:
+    """How many stored bytes were checked, and how many of those had a single allowed value."""
+
+    scale_bytes: int
+    data_bytes: int
+    exact: int  # bytes whose bracket allowed one value only
+
+    @property
+    def ambiguous_fraction(self) -> float:
+        return 1 - self.exact / max(1, self.scale_bytes + self.data_bytes)
+
+
+def _exponents(values: torch.Tensor) -> torch.Tensor:
+    """The reference's scale exponent of each 64-value tile of ``[N, 448]`` values (via the quantizer)."""
+    from diagtools.kernels.reference import quantize_fp8_ds_mla
+
+    padded = torch.cat((values.float(), values.new_zeros(values.shape[0], 64).float()), dim=1)
+    return quantize_fp8_ds_mla(padded)[1].long() - 127
+
+
+def _fp8_at(values: torch.Tensor, exponent: torch.Tensor) -> torch.Tensor:
+    """The reference quantizer's stored value (as a float) of ``[N, 7, 64]`` values at given exponents:
+    rounded to bf16, scaled, clamped to 448, rounded to e4m3."""
+    scale = torch.exp2(exponent.double())[..., None]
+    scaled = (values.float().to(torch.bfloat16).double() / scale).clamp(-448, 448).float()
+    return scaled.to(torch.float8_e4m3fn).double() * scale
+
+
+def assert_state_bytes_match_reference(inputs, error_bound: dict[str, float] = STORED_VALUE_ERROR) -> ByteCheck:
+    """Every stored scale byte, FP8 byte and bf16 tail byte of the working tokens is one the
+    reference quantizer gives for the float64 value moved by at most ``error_bound``."""
+    from diagtools.kernels.state_reference import read_fp8_ds_mla_cache
+
+    work = inputs.working().cpu()
+    data, scales = read_fp8_ds_mla_cache(inputs.kv_cache.cpu(), inputs.slot_mapping.cpu()[work])
+    y = inputs.expected().cpu()  # float64 [N, 512]
+    rows = y.shape[0]
+    # y = c / rms(c) * weight (then RoPE on pairs): an error in c of a small part of rms(c) moves y by
+    # that part of |weight|; a RoPE pair mixes its two weights
+    weight = inputs.weight.cpu().double().abs()
+    pairs = weight[448:].view(32, 2).amax(dim=1).repeat_interleave(2)
+    reach = torch.cat((weight[:448], pairs))
+    error = y.abs() * error_bound["relative"] + reach * error_bound["of_weight"]
+    low, high = y - error, y + error
+    # the scale: from the tile maxima at the smallest and the largest magnitudes in the bracket
+    small = y.sign() * (y.abs() - error).clamp_min(0)
+    big = y.sign() * (y.abs() + error)
+    lowest, highest = _exponents(small[:, :448]), _exponents(big[:, :448])
+    stored = scales[:, :7].long() - 127
+    bad = (stored < lowest) | (stored > highest)
+    assert not bad.any(), f"{int(bad.sum())} scale bytes outside the reference's, e.g. {_first(bad, stored, lowest)}"
+    # the FP8 bytes, at the stored scale: the reference quantizer is monotone in the value
+    got = data[:, :448].contiguous().view(torch.float8_e4m3fn).double().reshape(rows, 7, 64)
+    got = got * torch.exp2(stored.double())[..., None]
+    lo = _fp8_at(low[:, :448].reshape(rows, 7, 64), stored)
+    hi = _fp8_at(high[:, :448].reshape(rows, 7, 64), stored)
+    bad = (got < lo) | (got > hi) | got.isnan()
+    assert not bad.any(), f"{int(bad.sum())} FP8 bytes outside the reference's, e.g. {_first(bad, got, lo, hi)}"
+    # the bf16 tail, rounded once to nearest even
+    tail = data[:, 448:].contiguous().view(torch.bfloat16).double()
+    lo_tail, hi_tail = (v[:, 448:].to(torch.bfloat16).double() for v in (low, high))
+    bad = (tail < lo_tail) | (tail > hi_tail) | tail.isnan()
+    assert not bad.any(), f"{int(bad.sum())} bf16 values outside the reference's, e.g. {_first(bad, tail, lo_tail)}"
+    exact = int((lowest == highest).sum()) + int((lo == hi).sum()) + 2 * int((lo_tail == hi_tail).sum())
+    return ByteCheck(scale_bytes=rows * 7, data_bytes=rows * 576, exact=exact)
+
+
+def _first(bad: torch.Tensor, *tensors: torch.Tensor) -> tuple[float, ...]:
+    index = tuple(int(i) for i in bad.nonzero()[0])
+    return tuple(float(t[index]) for t in tensors)
+
+
+def with_edge_tiles(inputs):
+    """The inputs with the RMSNorm weight changed so that the store's rare paths are reached: FP8
+    tile 0 stores zeros (weight 0: the zero tile), tile 1 values near 1e-7, far below the 1e-4
+    amax floor (the tiny tile), tile 2 values near 3e3 (a large scale exponent), tile 3 the
+    values negated.  (The clamp to +-448 is reached only by a tile whose largest value scales to
+    exactly 448, the boundary: with the smallest power-of-two scale that fits, nothing exceeds it.)
+    Returns ``inputs``, changed in place."""
+    weight = inputs.weight.view(7 + 1, 64)
+    weight[0] = 0.0
+    weight[1] *= 1e-7
+    weight[2] *= 3e3
+    weight[3] *= -1.0
+    return inputs

@@ -2,20 +2,35 @@
 
 from __future__ import annotations
 
+import html
 import json
+import re
 from pathlib import Path
 
 import pytest
 
-pytest.importorskip("nbclient")
+from tests.conftest import require
 
-from diagtools.frontends.demo import NOTEBOOKS, run_notebook
+require("nbclient", "notebook")
+
+from diagtools.frontends.demo import NOTEBOOKS, run_notebook  # noqa: E402
 
 NOTEBOOK_FILES = sorted(NOTEBOOKS.glob("*.ipynb"))
 EXPECTED = {
     "00_onboarding": ["deepseek_v4_ops", "this process: libcuda not loaded"],
-    "01_root_cause": ['class="node culprit"', "vmodels.platforms", "driver.cuInit(0)", "no longer initializes CUDA"],
-    "02_fork_replay": ["CUDA_ERROR_NOT_INITIALIZED", "after the fix every start method passes", "Poisoned fork: pid"],
+    "01_root_cause": [
+        'class="node culprit"',
+        "vmodels.platforms",
+        "driver.cuInit(0)",
+        "no longer initializes CUDA",
+        "line to change: diagtools/specimens/common_ops/before/vmodels/platforms.py:8 in vmodels.platforms",
+        "cuda.*</del>: 47 modules",
+    ],
+    "02_fork_replay": [
+        "CUDA_ERROR_NOT_INITIALIZED",
+        "Reproduced: before/fork fails; fixed: after passes fork and spawn",
+        "Poisoned fork: pid",
+    ],
     "03_kernels_after_fix": [
         "compress_norm_rope_store",
         "does not initialize CUDA",
@@ -24,6 +39,19 @@ EXPECTED = {
     ],
     "04_postmortem": ["postmortem.html", "Regression guard"],
 }
+
+
+ROOT = NOTEBOOKS.parent
+SHOWN_LINE = re.compile(r'title="(diagtools/specimens/[^"]+?):(\d+)">.*?</code></td><td[^>]*><code>([^<]*)</code></td>')
+
+
+def assert_lines_are_the_specimens_own(text: str) -> None:
+    """Each line the specimen table shows is a line of the specimen's own file, with the text shown beside it."""
+    shown = SHOWN_LINE.findall(text)
+    assert len(shown) >= 3, text[:3000]
+    for path, number, source in shown:
+        lines = (ROOT / path).read_text().splitlines()
+        assert lines[int(number) - 1].strip() == html.unescape(source), (path, number, source)
 
 
 def outputs_text(notebook: Path) -> str:
@@ -49,6 +77,10 @@ def test_notebook_executes_and_shows_its_findings(source, tmp_path):
     for expected in EXPECTED[source.stem]:
         assert expected in text, expected
     assert outcome.html.read_text().startswith("<!DOCTYPE html>")
+    for wrong in ("VBox(", "press the button", "replay_child.py", "^^^^", str(ROOT)):
+        assert wrong not in text, wrong
+    if source.stem == "00_onboarding":
+        assert_lines_are_the_specimens_own(text)
     if source.stem == "04_postmortem":
         page = (tmp_path / "out" / "postmortem.html").read_text()
         for section in (

@@ -14,8 +14,10 @@ from urllib.parse import unquote, urlsplit
 
 import pytest
 
-html5lib = pytest.importorskip("html5lib")
-pytest.importorskip("nbclient")
+from tests.conftest import require
+
+html5lib = require("html5lib", "dev")
+require("nbclient", "notebook")
 
 from diagtools.frontends.demo import write_demo_report  # noqa: E402
 
@@ -68,10 +70,9 @@ def leaks_of(page: Path, cache_dir: str) -> list[str]:
     """Paths a reader elsewhere cannot use: temporary folders, the driver cache, the repository's absolute path."""
     text = page.read_text(encoding="utf-8")
     problems = []
-    if page.name in OWN_PAGES and str(ROOT) in text:
+    if str(ROOT) in text:  # exported notebooks too: repository-relative paths only
         problems.append(f"{page.name}: an absolute path into the repository")
-    # an executed notebook may print where the repository's own files are; the repository may sit under /tmp
-    text = text.replace(str(ROOT), "<repository>")
+    text = text.replace(str(ROOT), "<repository>")  # the repository itself may sit under /tmp
     problems += [f"{page.name}: mentions {leak}" for leak in ("/tmp/", cache_dir) if leak in text]
     return problems
 
@@ -91,6 +92,22 @@ def test_every_report_page_is_well_formed_and_self_contained(report):
     assert len(pages) >= 7  # index, postmortem and the five notebooks
     problems = [problem for page in pages for problem in problems_of(page, cache_dir)]
     assert problems == []
+
+
+def test_exported_notebooks_hold_no_machine_local_path_nor_widget_repr(report):
+    for notebook in sorted((report / "notebooks").glob("*.ipynb")):
+        text = notebook.read_text(encoding="utf-8")
+        assert str(ROOT) not in text, notebook.name
+        assert "VBox(" not in text, notebook.name
+        assert "press the button" not in text, notebook.name
+
+
+def test_index_is_styled_and_links_the_postmortem_markdown(report):
+    index = (report / "index.html").read_text(encoding="utf-8")
+    assert "<style>" in index
+    assert 'href="postmortem.md"' in index
+    assert 'href="postmortem.html"' in index
+    assert '<span class="bad">initializes-cuda</span>' in index
 
 
 def test_postmortem_markdown_images_sit_beside_it(report):

@@ -14,7 +14,7 @@ from diagtools.errors import (
     SchemaError,
     UsageError,
 )
-from diagtools.model.scan import Culprit, DriverInfo, ImportNode, RunError, ScanResult, Site, StartupInfo
+from diagtools.model.scan import Culprit, DriverInfo, ImportNode, ScanResult, Site, StartupInfo, TargetError
 
 
 def sample_result() -> ScanResult:
@@ -30,7 +30,7 @@ def sample_result() -> ScanResult:
         ),
         culprits=(Culprit("pkg.leaf", ("pkg", "pkg.leaf"), site, (site,), "import", "MainThread", "driver-hook"),),
         startup=StartupInfo(False, 12, 0.02),
-        error=RunError("import-error", "pkg: ValueError: x", "Traceback", "/src/pkg/x.py", 3),
+        error=TargetError("import-error", "pkg: ValueError: x", "Traceback", "/src/pkg/x.py", 3),
         torch_cuda_initialized=None,
         exitcode=0,
         stdout="out",

@@ -15,9 +15,11 @@ from diagtools.model.replay import ChildOutcome, ParentState, ReplayComparison, 
 from diagtools.model.scan import Culprit, DriverInfo, ImportNode, ScanResult, Site
 from diagtools.model.sweep import SweepResult, SweepRow
 from diagtools.render.graphview import graph_view_html, node_details, prepare_svg
+from diagtools.render.html import comparison_html
 from diagtools.render.ordering import group_modules, is_stdlib, picker_options
 from diagtools.render.paths import display_path, import_roots, shareable
 from diagtools.render.text import paint, render_diff, text_table, use_color
+from tests.conftest import require
 
 ROOT = "/tmp/work/src"
 DRIVER = DriverInfo("simulated", "auto", "/root/.cache/diagtools/simdriver/x/libcuda.so.1")
@@ -138,11 +140,21 @@ def test_replay_results_print_as_text_with_a_short_verdict():
         ),
     )
     text = str(comparison)
-    verdict = next(line for line in text.splitlines() if "verdict" in line)
-    assert verdict.strip() == "verdict (after the fix): clean"
-    assert "    before/fork failed" in text.splitlines()
-    assert "    - after the fix every start method passes" in text
-    assert all(len(line) < 120 for line in text.splitlines())
+    headline = "Reproduced: before/fork fails; fixed: after passes fork and spawn"
+    assert comparison.headline() == headline
+    assert f"  {headline}" in text.splitlines()
+    assert "verdict (after the fix)" not in text
+    assert "clean (after the fix)" not in text
+    assert all(len(line) <= 100 for line in text.splitlines()), text
+    painted = paint(text)
+    assert "\x1b[31mReproduced: before/fork fails\x1b[0m" in painted
+    assert "\x1b[32mfixed: after passes fork and spawn\x1b[0m" in painted
+    html = comparison_html(comparison)
+    assert html.count(headline.split(";", maxsplit=1)[0]) == 1
+    assert '<span class="bad">Reproduced: before/fork fails</span>' in html
+    assert '<span class="good">fixed: after passes fork and spawn</span>' in html
+    assert "Verdict:" not in html
+    assert "(after the fix)" not in html
     assert str(comparison.runs[0][1]).startswith("diagtools replay pkg --start-method fork")
 
 
@@ -157,6 +169,24 @@ def test_sweep_results_print_as_a_table():
     assert re.search(r"\b12\.000  ok", lines[1])
     assert re.search(r"\s 0\.500  ok", lines[2])
     assert lines[-1].startswith("2 modules: 1 initialize CUDA")
+
+
+def test_sweep_rows_fit_100_columns_and_zero_failures_are_not_amber():
+    deep = "/home/someone/projects/" + "very-long-folder-name/" * 6
+    site = Site(f"{deep}pkg/leaf.py", 4, "probe", "lib.cuInit(0)")
+    culprit = Culprit("pkg.leaf", ("pkg", "pkg.leaf"), site, (site,), "import", module_site=site)
+    rows = (
+        SweepRow("pkg.leaf", "ok", True, culprit, 0.5),
+        *(SweepRow(f"pkg.leaf.sub{i}", "ok", True, culprit, 0.1, cuda_source="parent") for i in range(3)),
+    )
+    text = str(SweepResult("pkg", rows, seconds=1.0))
+    assert all(len(line) <= 100 for line in text.splitlines()), text
+    assert text.count(deep[:30]) <= 1  # the absolute path is not repeated on every row
+    assert "leaf.py:4" in text.splitlines()[1]  # the middle goes, the file and its line stay
+    assert sum(line.rstrip().endswith("through pkg") for line in text.splitlines()) == 3
+    painted = paint(text)
+    assert "0 failed" in text
+    assert "\x1b[33mfailed" not in painted
 
 
 SVG = (
@@ -182,7 +212,8 @@ def test_graph_view_is_self_contained_and_escapes_what_it_embeds():
 
 def test_node_details_carry_the_culprit_line_and_stack_with_relative_paths():
     details = node_details(result(BEFORE))
-    assert details["pkg.leaf"]["line"] == "pkg/leaf.py:4: lib.cuInit(0)"
+    assert details["pkg.leaf"]["line to change"] == "pkg/leaf.py:4: lib.cuInit(0)"
+    assert "via" not in details["pkg.leaf"]
     assert details["pkg.leaf"]["stack"] == ["pkg/leaf.py:4 in probe"]
     assert details["pkg"]["file"] == "pkg.py"
 
@@ -202,7 +233,7 @@ def test_stopwatch_names_phases_by_subkernel_call():
 
 
 def test_postmortem_markdown_is_paste_ready(tmp_path):
-    pytest.importorskip("graphviz")
+    require("graphviz", "notebook")
     from diagtools.render.postmortem import postmortem
 
     before = result(BEFORE)
@@ -229,3 +260,60 @@ def test_postmortem_is_public_and_lazy():
 
     assert "postmortem" in diagtools.__all__
     assert callable(diagtools.postmortem)
+
+
+def test_every_view_headlines_the_line_to_change_and_the_library_line_only_as_via():
+    library = Site(f"{ROOT}/libdsl/cuda.py", 163, "get_arch", "cuInit(0)")
+    own = Site(f"{ROOT}/pkg/leaf.py", 4, "<module>", "import libdsl")
+    culprit = Culprit("pkg.leaf", ("pkg", "pkg.ops", "pkg.leaf"), library, (own, library), "import", module_site=own)
+    plain = result(BEFORE)
+    modules = tuple(replace(n, initializes_cuda=n.name == "pkg.leaf") for n in plain.modules)
+    scan = replace(plain, culprits=(culprit,), modules=modules)
+    details = node_details(scan)["pkg.leaf"]
+    assert details["line to change"] == "pkg/leaf.py:4: import libdsl"
+    assert details["via"].endswith("cuda.py:163: cuInit(0)")
+    from diagtools.render.graph import scan_graph
+    from diagtools.render.html import scan_html, scan_status_html
+
+    pytest.importorskip("graphviz")
+    assert "leaf.py:4: import libdsl" in scan_graph(scan).source
+    assert "cuda.py:163" not in scan_graph(scan).source
+    html = scan_html(scan)
+    assert html.index("Line to change") < html.index("leaf.py:4") < html.index("Via")
+    assert "leaf.py:4" in scan_status_html(scan)
+    assert "163" not in scan_status_html(scan)
+
+
+def test_long_paths_lose_their_middle_never_their_file_name():
+    from diagtools.render.html import path_html
+    from diagtools.render.paths import short_path
+
+    path = "diagtools/specimens/common_ops/before/vmodels/platforms.py"
+    assert short_path(path, 50) == "diagtools/\u2026/common_ops/before/vmodels/platforms.py"
+    assert short_path("a/" + "b" * 70 + ".py").endswith("bbb.py")
+    assert len(short_path("a/" + "b" * 70 + ".py")) <= 56
+    html = path_html(path, 8)
+    assert 'title="diagtools/specimens/common_ops/before/vmodels/platforms.py:8"' in html  # the whole path on hover
+    assert "platforms.py:8</code>" in html
+
+
+def test_the_child_failure_shows_the_users_frames_and_the_drivers_answer_only():
+    from diagtools.model.replay import user_traceback
+
+    traceback = (
+        "Traceback (most recent call last):\n"
+        '  File "/x/diagtools/agents/replay_child.py", line 130, in run_child\n'
+        "    outcome.update(status='ok', detail=_resolve(action)(calls))\n"
+        "                                       ^^^^^^^^^^^^^^^^^^^^^^^\n"
+        '  File "/src/acts.py", line 2, in act\n'
+        "    lib.cuInit(0)\n"
+        "    ~~~~~~~~~~^^^\n"
+        "diagtools.agents.replay_child.DriverCallError: cuInit(0) failed with CUDA_ERROR_NOT_INITIALIZED (3)\n"
+    )
+    shown = user_traceback(traceback)
+    assert shown.splitlines() == [
+        "Traceback (most recent call last):",
+        '  File "/src/acts.py", line 2, in act',
+        "    lib.cuInit(0)",
+        "DriverCallError: cuInit(0) failed with CUDA_ERROR_NOT_INITIALIZED (3)",
+    ]

@@ -22,7 +22,7 @@ from diagtools.errors import SchemaError
 from diagtools.model.bisect import BisectResult, BisectStep
 from diagtools.model.replay import ChildOutcome, DriverCall, ParentState, ReplayComparison, ReplayResult
 from diagtools.model.run import ChildSaw, DriverRefusal, Finding, ProcessRecord, ProcessStart, RunResult
-from diagtools.model.scan import Culprit, DriverInfo, ImportNode, RunError, ScanResult, Site, StartupInfo
+from diagtools.model.scan import Culprit, DriverInfo, ImportNode, ScanResult, Site, StartupInfo, TargetError
 
 ANY_CHARACTER = st.characters(exclude_categories=())  # surrogates and controls included
 TEXT = st.text(ANY_CHARACTER, max_size=40)
@@ -147,7 +147,7 @@ SCANS = st.builds(
     ).map(tuple),
     culprits=st.lists(CULPRITS, max_size=1).map(tuple),
     startup=st.builds(StartupInfo, st.booleans(), st.integers(0, 99), st.floats(0, 10)),
-    error=st.none() | st.builds(RunError, NAMES, TEXT, TEXT, st.none() | TEXT, st.none() | st.integers(0, 99)),
+    error=st.none() | st.builds(TargetError, NAMES, TEXT, TEXT, st.none() | TEXT, st.none() | st.integers(0, 99)),
     stdout=TEXT,
 )
 REPLAYS = st.builds(

@@ -11,5 +11,4 @@ from pathlib import Path
 from diagtools.protocol import RUN_AGENT_MODULE
 
 HOOK_DIR = Path(__file__).resolve().parent
-AGENT_MODULE = RUN_AGENT_MODULE
-AGENT_FILE = HOOK_DIR / f"{AGENT_MODULE}.py"
+AGENT_FILE = HOOK_DIR / f"{RUN_AGENT_MODULE}.py"

@@ -44,6 +44,19 @@ def _hidden(filename):
     return filename in _HIDDEN or filename.startswith(_HERE)
 
 
+def _caller(thread):
+    """The innermost frame of the thread that called the driver (two calls up), and that thread's id.
+
+    The driver calls a hook on the calling thread when that thread holds the GIL,
+    and otherwise from a helper thread while the caller waits inside the driver,
+    its frames unchanged (see driver/simcuda.c).
+    """
+    tid = _thread.get_ident()
+    if thread is None or thread == tid:
+        return sys._getframe(2), tid
+    return sys._current_frames().get(thread), thread
+
+
 def _visible_frames(frame):
     """Frames from ``frame`` outwards, innermost first, without importlib's and the agent's."""
     frames = []
@@ -224,9 +237,9 @@ class Agent:
 
     # -- what was running --
 
-    def describe(self, frame):
+    def describe(self, frame, tid=None):
         """The protocol's first-cuInit fields: the module, chain, stack, thread and phase."""
-        tid = _thread.get_ident()
+        tid = _thread.get_ident() if tid is None else tid
         frames = _visible_frames(frame)
         chain, module = _chain(frames)
         started = self.threads.get(tid) if tid != self.main_thread else None
@@ -255,12 +268,13 @@ class Agent:
 
     # -- driver hooks --
 
-    def on_cuinit(self):
-        """Called by the driver during the first cuInit of this process, on the calling thread."""
+    def on_cuinit(self, thread=None):
+        """Called by the driver during the first cuInit of this process, with the calling thread's id."""
         if self.cuinit_seen:
             return
         self.cuinit_seen = True
-        self.emit("cuinit", inferred=self._init_inferred(), **self.describe(sys._getframe(1)))
+        frame, tid = _caller(thread)
+        self.emit("cuinit", inferred=self._init_inferred(), **self.describe(frame, tid))
 
     def _init_inferred(self):
         """True when the simulated driver inferred this cuInit from a real runtime's export-table request."""
@@ -268,12 +282,12 @@ class Agent:
         found = module.simulation_refusals() if module is not None else None
         return bool(found and found[0] & _INIT_INFERRED)
 
-    def on_refused(self, call):
+    def on_refused(self, call, thread=None):
         """Called by the simulated driver when it refuses a call in a poisoned child."""
         if self.probing or self.refusals >= _MAX_REFUSALS:
             return
         self.refusals += 1
-        frames = _visible_frames(sys._getframe(1))
+        frames = _visible_frames(_caller(thread)[0])
         self.emit("refusal", call=str(call), code=protocol.CUDA_ERROR_NOT_INITIALIZED, stack=[_row(f) for f in frames])
 
     def check_state(self, phase="startup"):

@@ -179,19 +179,24 @@ def run_zygote(
     jobs: int,
     timeout: float,
     on_child: ChildDone,
+    scan_first: Sequence[str] = (),
 ) -> ZygoteOutcome:
     """Preload in one subkernel, then scan each of ``modules`` in a child forked from it.
 
     ``request.timeout`` bounds the start-up and the preloading; ``timeout``
     bounds each child.  ``on_child(index, raw, outcome)`` is called as each child
     ends, and with ``raw=None`` for a module the zygote had already loaded.
+    A module of both ``preload`` and ``scan_first`` (and ``modules``) is scanned
+    by a child forked just before the zygote preloads it.
     """
+    first = {name: index for index, name in enumerate(modules) if name in set(scan_first)}
+    items = [f"{name}\t{first[name]}" if name in first else name for name in preload]
     workdir = Path(tempfile.mkdtemp(prefix="diagtools-zygote-"))
     try:
         (workdir / "modules").write_text("\n".join(modules) + "\n", encoding="utf-8")
         settings = {
             protocol.SWEEP_MODULES_FILE: str(workdir / "modules"),
-            protocol.SWEEP_PRELOAD: "\n".join(preload),
+            protocol.SWEEP_PRELOAD: "\n".join(items),
             protocol.SWEEP_PACKAGE: package,
             protocol.SWEEP_JOBS: str(jobs),
             protocol.SWEEP_WORKDIR: str(workdir),

@@ -1,0 +1,1 @@
+"""The JIT compiler's settings."""

@@ -1,0 +1,314 @@
+"""Sweep through the preloading zygote: the heavy imports once, one forked child per module.
+
+Each child's events are assembled exactly as a fresh subkernel's, so the
+verdicts match fresh mode.  When the zygote refuses (preloading initialized
+CUDA, started a thread, or failed) the pass is retried with the preloads
+before the one that failed, and when none is left the modules go back to
+fresh subkernels; the reasons are kept for the result.  Modules whose
+culprit was caught only by the state probe are also left to a fresh scan,
+which refines the site with a line-traced rerun.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+
+from diagtools import agents, protocol
+from diagtools.driver import DriverSetup, build_probe_extension
+from diagtools.model.scan import ScanResult
+from diagtools.model.sweep import SweepRow
+from diagtools.runner.subkernel import RawRun, SubkernelRequest
+from diagtools.runner.zygote_host import ZygoteOutcome, run_zygote
+from diagtools.usecases.assemble import assemble
+from diagtools.usecases.scan import DEFAULT_SETTLE_S, SCAN_PROBE
+from diagtools.usecases.sweep_discover import SweptTree
+
+__all__ = ["ADAPT_MIN_MODULES", "SWEEP_ZYGOTE", "ZygotePass", "in_package_deps", "zygote_pass"]
+
+SWEEP_ZYGOTE = agents.program("sweep_zygote")
+PRELOAD_TIMEOUT_MIN_S = 300.0
+# OpenBLAS (loaded by numpy under torch) starts a worker thread at load unless told to use one;
+# the zygote must have no thread but its own when it forks.  A value the user set is kept.
+_ONE_THREAD = ("OPENBLAS_NUM_THREADS",)
+
+
+@dataclass(frozen=True)
+class ZygotePass:
+    """What one zygote pass did: the modules it preloaded, why it fell back, what is left to scan fresh."""
+
+    preload: tuple[str, ...]
+    fallback: str
+    leftover: tuple[str, ...]
+    used: bool = True  # False: the zygote was refused and every module went to fresh subkernels
+    notes: tuple[str, ...] = ()  # what was preloaded beyond the list given, and why
+
+
+def in_package_deps(tree: SweptTree, files: Sequence[str | None]) -> tuple[str, ...]:
+    """The files among ``files`` that lie inside the swept package, relative to its import root."""
+    return tuple(sorted({rel for rel in (tree.relative(f) for f in files) if rel is not None}))
+
+
+def _row(
+    module: str, raw: RawRun, setup: DriverSetup, tree: SweptTree, outcome: ZygoteOutcome, *, own: tuple[str, ...]
+) -> tuple[SweepRow, ScanResult]:
+    result: ScanResult = assemble(raw, (module,), setup.info, own)
+    row = SweepRow.from_scan(module, result, raw.started_at, time.time(), mode="zygote")
+    files = [node.file for node in result.modules] + [file for _, file in outcome.inside]
+    return _with_deps(row, in_package_deps(tree, files)), result
+
+
+class _Learned(Exception):  # noqa: N818 - control flow that stops a zygote, not an error
+    """Raised from a zygote's child callback once the sample has shown what to preload: stops that zygote."""
+
+
+class _Learner:
+    """What the first children imported of ``package``: the candidates for a larger preload.
+
+    After ``sample`` children it decides once: when some module of the package
+    was imported by at least ``share`` of them, :meth:`decide` raises
+    :class:`_Learned` (the zygote is stopped and a larger one started);
+    otherwise the same zygote goes on.
+    """
+
+    def __init__(self, package: str, sample: int = 0, share: float = 1.0, exclude: Sequence[str] = ()) -> None:
+        self.package, self.sample, self.share, self.exclude = package, sample, share, tuple(exclude)
+        self.decided = False
+        self.counts: dict[str, int] = {}  # first-import order: a package before its modules
+        self.importers: dict[str, str | None] = {}  # who imported each module, the first time it was seen
+        self.children = 0
+        self.unsafe: set[str] = set()
+
+    def observe(self, module: str, result: ScanResult) -> None:
+        if self.decided:
+            return
+        self.children += 1
+        for culprit in result.culprits:
+            self.unsafe.update(culprit.chain)
+        for node in result.modules:
+            inside = node.name == self.package or node.name.startswith(self.package + ".")
+            if inside and node.name != module and node.complete and node.phase == "import":
+                self.counts[node.name] = self.counts.get(node.name, 0) + 1
+                self.importers.setdefault(node.name, node.parent)
+
+    def decide(self) -> None:
+        """Once ``sample`` children were seen: raise :class:`_Learned` when there is something to preload."""
+        if self.decided or self.children < self.sample:
+            return
+        self.decided = True
+        if self.candidates(self.share, self.exclude):
+            raise _Learned
+
+    def candidates(self, share: float, exclude: Sequence[str]) -> list[tuple[str, int]]:
+        """Modules most children imported (at least ``share`` of them), clean in every child, in import order."""
+        floor = max(2, share * self.children)
+        skip = set(exclude) | self.unsafe
+        return [(name, count) for name, count in self.counts.items() if count >= floor and name not in skip]
+
+
+def _with_deps(row: SweepRow, deps: tuple[str, ...]) -> SweepRow:
+    return replace(row, deps=deps)
+
+
+def _needs_fresh_scan(row: SweepRow) -> bool:
+    return row.culprit is not None and row.culprit.evidence == "state-probe"
+
+
+class _Collector:
+    """Turns the zygote's children into rows; remembers the modules a fresh scan must redo."""
+
+    def __init__(
+        self,
+        modules: Sequence[str],
+        setup: DriverSetup,
+        tree: SweptTree,
+        on_row: Callable[[SweepRow], None],
+        *,
+        own: tuple[str, ...] = (),
+        learner: _Learner | None = None,
+    ):
+        self.modules, self.setup, self.tree, self.on_row, self.own = modules, setup, tree, on_row, own
+        self.learner = learner
+        self.redo: list[str] = []
+
+    def __call__(self, index: int, raw: RawRun | None, outcome: ZygoteOutcome) -> None:
+        module = self.modules[index]
+        if raw is None:
+            seconds = dict(outcome.preloaded).get(module, 0.0)
+            row = SweepRow.preloaded_in_zygote(module, seconds, time.time())
+            self.on_row(_with_deps(row, in_package_deps(self.tree, [f for _, f in outcome.inside])))
+            return
+        row, result = _row(module, raw, self.setup, self.tree, outcome, own=self.own)
+        if self.learner is not None:
+            self.learner.observe(module, result)
+        if _needs_fresh_scan(row):
+            self.redo.append(module)
+        else:
+            self.on_row(row)
+        if self.learner is not None:
+            self.learner.decide()
+
+
+def _request(setup: DriverSetup, roots: tuple[str, ...], timeout: float, python: str) -> SubkernelRequest:
+    settings = {
+        protocol.CUPROBE: str(build_probe_extension()),
+        protocol.SCAN_PATH: "\n".join(roots),
+        protocol.SCAN_SETTLE: repr(DEFAULT_SETTLE_S),  # as a fresh scan waits for the threads a module started
+    }
+    env = {**{name: os.environ.get(name) or "1" for name in _ONE_THREAD}, **setup.env}
+    limit = max(timeout, PRELOAD_TIMEOUT_MIN_S)
+    return SubkernelRequest(SWEEP_ZYGOTE, settings, env, limit, flags=("-S",), python=python)
+
+
+@dataclass(frozen=True)
+class _Sweep:
+    """What every pass of one sweep shares: the tree, the driver, the limits, where rows go."""
+
+    tree: SweptTree
+    setup: DriverSetup
+    request: SubkernelRequest
+    jobs: int
+    timeout: float
+    on_row: Callable[[SweepRow], None]
+    own: tuple[str, ...]
+
+
+def zygote_pass(
+    modules: Sequence[str],
+    *,
+    tree: SweptTree,
+    roots: tuple[str, ...],
+    setup: DriverSetup,
+    preload: Sequence[str],
+    jobs: int,
+    timeout: float,
+    on_row: Callable[[SweepRow], None],
+    own: tuple[str, ...] = (),
+    python: str = sys.executable,
+    adapt: bool = False,
+) -> ZygotePass:
+    """Scan ``modules`` in children of a zygote that preloaded ``preload``; ``on_row`` gets each row.
+
+    With ``adapt`` (and at least :data:`ADAPT_MIN_MODULES` modules), the
+    preload grows: see :func:`_adaptive_pass`.
+    """
+    sweep = _Sweep(tree, setup, _request(setup, roots, timeout, python), jobs, timeout, on_row, own)
+    if adapt and len(modules) >= ADAPT_MIN_MODULES:
+        return _adaptive_pass(sweep, modules, list(preload))
+    return _pass(sweep, modules, list(preload))
+
+
+ADAPT_MIN_MODULES = 100  # below this, learning costs more zygote starts than it saves
+ADAPT_SAMPLE = 24  # children observed before choosing what else to preload
+ADAPT_SHARE = 0.5  # a module at least this share of them imported is preloaded
+
+
+def _spread(modules: Sequence[str], count: int) -> list[str]:
+    """``count`` modules spread evenly over the sorted list, so every part of the package is seen."""
+    step = len(modules) / count
+    return list(dict.fromkeys(modules[int(i * step)] for i in range(count)))
+
+
+def _adaptive_pass(sweep: _Sweep, modules: Sequence[str], preload: list[str]) -> ZygotePass:
+    """Learn from a sample of children which in-package modules most of them import, then preload those.
+
+    1. A zygote with ``preload`` scans an evenly spread sample first, counting
+       the package's modules each child imported (never one on a culprit
+       chain); when none is worth preloading, the same zygote goes on with the
+       rest, so learning costs nothing more.
+    2. Otherwise that zygote is stopped, and one that also preloads the
+       candidates scans what is left (children it had in flight included); it checks each
+       one clean (no CUDA, no thread) as it preloads, and a refused one is
+       dropped with those after it, as for any preload.  A candidate whose own
+       row is still to do is scanned by a child forked just before the zygote
+       preloads it, so no row is a preloaded one and every row is what a fresh
+       subkernel would give.
+    """
+    sample = _spread(modules, ADAPT_SAMPLE)
+    top = sweep.tree.package.split(".", 1)[0]  # a subpackage's sweep learns from its whole package
+    learner = _Learner(top, len(sample), ADAPT_SHARE, preload)
+    ordered = [*sample, *(m for m in modules if m not in set(sample))]
+    recorded: set[str] = set()
+
+    def record(row: SweepRow) -> None:
+        recorded.add(row.module)
+        sweep.on_row(row)
+
+    try:
+        first = _pass(replace(sweep, on_row=record), ordered, preload, learner)
+    except _Learned:
+        pass
+    else:  # nothing worth preloading: the one zygote scanned everything
+        return replace(first, notes=_adapt_notes(learner, [], first.preload, len(sample)))
+    chosen = learner.candidates(ADAPT_SHARE, preload)
+    rest = [m for m in ordered if m not in recorded]
+    grown = [*preload, *(name for name, _ in chosen)]
+    second = _pass(sweep, rest, grown, scan_first=[name for name, _ in chosen])
+    notes = _adapt_notes(learner, chosen, second.preload, len(sample))
+    return replace(second, notes=notes)
+
+
+def _adapt_notes(
+    learner: _Learner, chosen: list[tuple[str, int]], used: Sequence[str], sampled: int
+) -> tuple[str, ...]:
+    if not chosen:
+        return (f"learned from {learner.children} of {sampled} sampled children: no module most of them import",)
+    kept, names = set(used), {name for name, _ in chosen}
+    roots: dict[str, int] = {}
+    for name, _ in chosen:
+        root = name
+        while learner.importers.get(root) in names and learner.importers.get(root) != root:
+            root = str(learner.importers[root])
+        roots[root] = roots.get(root, 0) + (root != name)
+    counts = dict(chosen)
+    notes = [
+        f"{root}"
+        + (f" (+{below} module{'s' if below > 1 else ''} it imports)" if below else "")
+        + f": imported by {counts[root]} of {learner.children} sampled children"
+        + ("" if root in kept else " (refused by the zygote's check, not preloaded)")
+        for root, below in roots.items()
+    ]
+    return tuple(notes)
+
+
+def _pass(
+    sweep: _Sweep,
+    modules: Sequence[str],
+    preload: list[str],
+    learner: _Learner | None = None,
+    *,
+    scan_first: Sequence[str] = (),
+) -> ZygotePass:
+    """One zygote over ``modules``, retried with a shorter preload while the zygote refuses one."""
+    attempt, notes = list(preload), []
+    tree, setup, request, on_row, own = sweep.tree, sweep.setup, sweep.request, sweep.on_row, sweep.own
+    jobs, timeout = sweep.jobs, sweep.timeout
+    while True:
+        collector = _Collector(modules, setup, tree, on_row, own=own, learner=learner)
+        outcome = run_zygote(
+            request,
+            modules,
+            preload=attempt,
+            package=tree.package,
+            probe=SCAN_PROBE,
+            jobs=jobs,
+            timeout=timeout,
+            on_child=collector,
+            scan_first=scan_first,
+        )
+        if outcome.ready:
+            break
+        notes.append(outcome.refused)
+        cut = attempt.index(outcome.refused_item) if outcome.refused_item in attempt else 0
+        if cut == 0:
+            notes.append("every module was scanned in a fresh subkernel")
+            return ZygotePass((), "; ".join(notes), tuple(modules), used=False)
+        attempt = attempt[:cut]
+        notes.append(f"preloaded {', '.join(attempt)} only")
+    leftover = [modules[i] for i in outcome.unfinished] + collector.redo
+    if outcome.unfinished:
+        notes.append(f"{outcome.detail}; those were scanned in fresh subkernels")
+    return ZygotePass(tuple(attempt), "; ".join(notes), tuple(leftover))

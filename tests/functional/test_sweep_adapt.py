@@ -1,0 +1,99 @@
+"""Adaptive preload: learn from the first children what most of them import, preload it, same rows."""
+
+from __future__ import annotations
+
+import pytest
+
+from diagtools.model.sweep import SweepRow, cuda_source
+from diagtools.usecases.scan import scan
+from diagtools.usecases.sweep import sweep
+from diagtools.usecases.sweep_forked import ADAPT_MIN_MODULES
+
+CUINIT = "import ctypes\nctypes.CDLL('libcuda.so.1').cuInit(0)\n"
+LEAVES = ADAPT_MIN_MODULES + 10
+
+
+@pytest.fixture
+def shared_package(make_tree):
+    files = {
+        "ad/__init__.py": "",
+        "ad/common.py": "import json\nTABLE = {n: n * n for n in range(1000)}\n",
+        "ad/config.py": "import ad.common\nSETTINGS = dict(ad.common.TABLE)\n",
+        "ad/gpu_a.py": "import ad.config\n" + CUINIT,
+        "ad/gpu/__init__.py": "import ad.config\n" + CUINIT,
+        "ad/gpu/leaf.py": "VALUE = 1\n",
+        "ad/worker.py": "import ad.config, threading\n\ndef _run():\n    import ctypes\n"
+        "    ctypes.CDLL('libcuda.so.1').cuInit(0)\n\n"
+        "T = threading.Thread(target=_run, name='w')\nT.start()\nT.join()\n",
+    }
+    files.update({f"ad/leaves/m{n:03}.py": f"import ad.config\nVALUE = {n}\n" for n in range(LEAVES)})
+    files["ad/leaves/__init__.py"] = ""
+    return make_tree(files)
+
+
+def verdict(row: SweepRow) -> tuple:
+    culprit = row.culprit
+    return (
+        row.status,
+        row.cuda_initialized,
+        row.cuda_source,
+        culprit.module if culprit else None,
+        culprit.chain if culprit else None,
+        culprit.line_to_change.line if culprit and culprit.line_to_change else None,
+        culprit.thread if culprit else None,
+        culprit.evidence if culprit else None,
+    )
+
+
+def test_adaptive_preload_learns_the_shared_modules_and_keeps_the_rows(shared_package):
+    result = sweep("ad", path=[shared_package], driver="simulated", jobs=2, timeout=30)
+    assert result.mode == "zygote", result.fallback
+    assert result.preload[:1] == ("ad",)
+    assert {"ad.common", "ad.config"} <= set(result.preload), result.preload_notes
+    assert not {"ad.gpu", "ad.gpu_a", "ad.worker"} & set(result.preload)
+    assert any(note.startswith("ad.config (+1 module it imports): imported by ") for note in result.preload_notes)
+    assert "preload: ad.config (+1 module it imports): imported by" in str(result)
+    assert result.to_json()["preload_notes"] == list(result.preload_notes)
+    sample = ["ad.common", "ad.config", "ad.gpu_a", "ad.gpu", "ad.gpu.leaf", "ad.worker", "ad.leaves.m000"]
+    sample += [f"ad.leaves.m{n:03}" for n in (7, 55, LEAVES - 1)]
+    for module in sample:
+        fresh = scan(module, path=[shared_package], driver="simulated", timeout=30)
+        expected = SweepRow.from_scan(module, fresh, 0.0, 0.0)
+        assert verdict(result.row(module)) == verdict(expected), module
+        assert result.row(module).cuda_source == cuda_source(module, fresh)
+    assert not result.row("ad.config").preloaded  # its own row came from a child, before it was preloaded
+    assert len(result.rows) == LEAVES + 8
+
+
+def test_no_adapt_keeps_the_preload_as_given(shared_package):
+    result = sweep("ad", path=[shared_package], driver="simulated", jobs=2, timeout=30, adapt=False)
+    assert result.preload == ("ad",)
+    assert result.preload_notes == ()
+
+
+def test_nothing_to_learn_costs_no_second_zygote(make_tree, monkeypatch):
+    from diagtools.usecases import sweep_forked
+
+    root = make_tree({"pl/__init__.py": "", **{f"pl/m{n:03}.py": f"VALUE = {n}\n" for n in range(LEAVES)}})
+    started = []
+    real = sweep_forked.run_zygote
+    monkeypatch.setattr(sweep_forked, "run_zygote", lambda *a, **k: started.append(1) or real(*a, **k))
+    result = sweep("pl", path=[root], driver="simulated", jobs=2, timeout=30)
+    assert len(started) == 1
+    assert result.preload == ("pl",)
+    assert result.preload_notes == ("learned from 24 of 24 sampled children: no module most of them import",)
+    assert len(result.rows) == LEAVES + 1
+    assert all(row.mode == "zygote" for row in result.rows)
+
+
+def test_learning_stops_the_first_zygote_and_every_module_gets_one_row(shared_package, monkeypatch):
+    from diagtools.usecases import sweep_forked
+
+    started = []
+    real = sweep_forked.run_zygote
+    monkeypatch.setattr(sweep_forked, "run_zygote", lambda *a, **k: started.append(k["preload"]) or real(*a, **k))
+    result = sweep("ad", path=[shared_package], driver="simulated", jobs=2, timeout=30)
+    assert len(started) == 2
+    assert "ad.config" in started[1]
+    assert len(result.rows) == LEAVES + 8
+    assert {row.status for row in result.rows} == {"ok"}
