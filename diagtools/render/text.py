@@ -346,12 +346,11 @@ def render_guard_failure(result: ScanResult) -> str:
 def _sweep_where(row: SweepRow) -> str:
     """The row's last column: the line to change (repository-relative), the parent it inherits from, or the error."""
     if row.culprit is not None and row.inherited_from:
-        return _one_line(f"through {row.inherited_from}")
+        return _one_line(f"(inherited from {row.inherited_from})")  # the README's words
     if row.culprit is not None:
-        line, initialized = row.culprit.line_to_change, row.culprit.initialized_in
+        line = row.culprit.line_to_change  # the initializer's own line is in the root causes below
         site = f" at {display_path(line.file)}:{line.line}" if line else ""
-        init = f" (initialized in {display_path(initialized.file)}:{initialized.line})" if initialized else ""
-        return _one_line(f"{row.culprit.module}{site}{init}")
+        return _one_line(f"{row.culprit.module}{site}")
     if row.preloaded:
         return "(preloaded by the zygote)"
     return _one_line(row.error)

@@ -10,9 +10,10 @@ import pytest
 
 import diagtools
 from diagtools.specimens import get
+from tests.conftest import require
 
-markdown_it = pytest.importorskip("markdown_it")
-pytest.importorskip("graphviz")
+markdown_it = require("markdown_it", "dev")
+require("graphviz", "notebook")
 
 ROOT = Path(__file__).resolve().parents[2]
 

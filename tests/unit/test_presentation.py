@@ -183,7 +183,7 @@ def test_sweep_rows_fit_100_columns_and_zero_failures_are_not_amber():
     assert all(len(line) <= 100 for line in text.splitlines()), text
     assert text.count(deep[:30]) <= 1  # the absolute path is not repeated on every row
     assert "leaf.py:4" in text.splitlines()[1]  # the middle goes, the file and its line stay
-    assert sum(line.rstrip().endswith("through pkg") for line in text.splitlines()) == 3
+    assert sum(line.rstrip().endswith("(inherited from pkg)") for line in text.splitlines()) == 3
     painted = paint(text)
     assert "0 failed" in text
     assert "\x1b[33mfailed" not in painted
@@ -275,7 +275,7 @@ def test_every_view_headlines_the_line_to_change_and_the_library_line_only_as_vi
     from diagtools.render.graph import scan_graph
     from diagtools.render.html import scan_html, scan_status_html
 
-    pytest.importorskip("graphviz")
+    require("graphviz", "notebook")
     assert "leaf.py:4: import libdsl" in scan_graph(scan).source
     assert "cuda.py:163" not in scan_graph(scan).source
     html = scan_html(scan)

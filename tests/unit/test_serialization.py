@@ -23,6 +23,7 @@ from diagtools.model.bisect import BisectResult, BisectStep
 from diagtools.model.replay import ChildOutcome, DriverCall, ParentState, ReplayComparison, ReplayResult
 from diagtools.model.run import ChildSaw, DriverRefusal, Finding, ProcessRecord, ProcessStart, RunResult
 from diagtools.model.scan import Culprit, DriverInfo, ImportNode, ScanResult, Site, StartupInfo, TargetError
+from tests.conftest import require
 
 ANY_CHARACTER = st.characters(exclude_categories=())  # surrogates and controls included
 TEXT = st.text(ANY_CHARACTER, max_size=40)
@@ -296,7 +297,7 @@ def test_a_bad_run_document_names_the_field():
 
 
 def test_results_print_as_their_text_report_in_ipython():
-    from IPython.lib.pretty import pretty
+    pretty = require("IPython.lib.pretty", "notebook").pretty
 
     run = RunResult(("python", "app.py"), 0, DriverInfo("none"), (), (), "clean")
     assert pretty(run) == str(run)
