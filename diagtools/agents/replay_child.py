@@ -71,12 +71,15 @@ def action_ctypes(calls: list[list]) -> str:
 
 
 def action_torch(calls: list[list]) -> str:
-    """torch.cuda.init() and a tiny tensor op; only real with a CUDA torch and a real GPU."""
-    if os.environ.get(protocol.DRIVER_KIND) != "real":
-        raise ActionUnavailableError(
-            "torch needs the real CUDA driver; this replay uses the "
-            f"{os.environ.get(protocol.DRIVER_KIND, 'unknown')} driver"
-        )
+    """torch.cuda.init() and a tiny tensor: an op on a real GPU, an allocation and a copy on the simulated one.
+
+    The simulated runtime serves allocations and copies from host memory but runs no
+    kernels (a launch is refused and recorded as a simulation gap), so there the child
+    stops short of an op; torch's own fork check, the point of the action, is the same.
+    """
+    driver = os.environ.get(protocol.DRIVER_KIND, "unknown")
+    if driver not in ("real", "simulated"):
+        raise ActionUnavailableError(f"torch needs a CUDA driver; this replay uses the {driver} driver")
     try:
         import torch
     except ImportError as exc:
@@ -84,8 +87,12 @@ def action_torch(calls: list[list]) -> str:
     if torch.version.cuda is None:
         raise ActionUnavailableError(f"torch {torch.__version__} is a CPU build")
     torch.cuda.init()
-    value = (torch.ones(4, device="cuda") * 2).sum().item()
-    calls.append(["torch.cuda.init() + tensor op", 0, f"sum = {value}"])
+    if driver == "real":
+        value = (torch.ones(4, device="cuda") * 2).sum().item()
+        calls.append(["torch.cuda.init() + tensor op", 0, f"sum = {value}"])
+    else:
+        value = torch.tensor([1.0, 2.0, 3.0, 4.0]).cuda().cpu().sum().item()
+        calls.append(["torch.cuda.init() + tensor copy (simulated GPU: no kernels)", 0, f"sum = {value}"])
     return f"torch on {torch.cuda.get_device_name(0)}"
 
 

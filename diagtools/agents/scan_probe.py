@@ -204,6 +204,15 @@ def _refine_thread(starter):
 # ---- the driver hook and threads --------------------------------------------
 
 
+_INIT_INFERRED = 4  # simcuda.c: cuInit made on the runtime's behalf at its export-table request
+
+
+def _init_inferred():
+    """True when the simulated driver inferred this cuInit from a real runtime's export-table request."""
+    found = _cuprobe.simulation_refusals()
+    return bool(found and found[0] & _INIT_INFERRED)
+
+
 def _caller(thread, depth):
     """The innermost Python frame of the thread that called the driver, and that thread's id.
 
@@ -243,6 +252,7 @@ def _on_cuinit(thread=None):
         origin=_State.origins.get(tid),
         name=started["name"] if started else None,
         started=started["stack"] if started else None,
+        inferred=_init_inferred(),
     )
 
 
@@ -443,7 +453,11 @@ def _simulation_refusals():
     if found is None:
         return None
     driver, first, nvml, nvml_first = found
-    return {"driver": driver, "first": first, "nvml": nvml, "nvml_first": nvml_first}
+    refusals = {"driver": driver, "first": first, "nvml": nvml, "nvml_first": nvml_first}
+    runtime = getattr(_cuprobe, "runtime_refusals", lambda: None)()
+    if runtime is not None:
+        refusals["runtime"], refusals["runtime_first"] = runtime
+    return refusals
 
 
 def _torch_cuda_initialized():

@@ -115,10 +115,10 @@ def _compile(what: str, source: Path | list[Path], output: Path, extra: list[str
     try:
         done = subprocess.run(command, capture_output=True, text=True, check=False)
     except OSError as exc:
-        os.unlink(tmp)
+        Path(tmp).unlink(missing_ok=True)  # the compiler may have removed it already
         raise DriverBuildError(what, shlex.join(command), str(exc)) from None
     if done.returncode != 0:
-        os.unlink(tmp)
+        Path(tmp).unlink(missing_ok=True)  # the compiler may have removed it already
         raise DriverBuildError(what, shlex.join(command), done.stderr or done.stdout)
     os.replace(tmp, output)
     return output
@@ -132,7 +132,10 @@ def build_simulated_driver() -> Path:
 def _input_stamp() -> tuple[object, ...]:
     """Cheap identity of everything the build reads: stats, not contents."""
     stamps: list[object] = [str(cache_dir()), *_compiler()]
-    for path in (*(_SOURCES / name for name in ("simcuda.c", "simnvml.c", "simworld.h")), *_generate.input_files()):
+    for path in (
+        *(_SOURCES / name for name in ("simcuda.c", "simnvml.c", "simcudart.c", "simworld.h")),
+        *_generate.input_files(),
+    ):
         try:
             info = path.stat()
         except OSError:
@@ -160,24 +163,30 @@ def _link_alias(directory: Path, alias: str, target: str) -> None:
 
 
 def build_simulated_world() -> SimulatedWorld:
-    """Build (once) the simulated driver and NVML, with stubs for every entry point known here.
+    """Build (once) the simulated driver, NVML and runtime, with stubs for every entry point known here.
 
-    Both libraries are linked ``-z nodelete``: a caller that ``dlclose``s the
+    The libraries are linked ``-z nodelete``: a caller that ``dlclose``s the
     driver and opens it again finds the init state it left, as with the real one.
     """
     stamp = _input_stamp()
     cached = _world_cache.get(stamp) or _recorded_world(stamp)
-    if cached is not None and all((cached.directory / name).exists() for name in (*SIMULATED_LIBRARIES, *_ALIASES)):
+    if cached is not None and all((cached.directory / name).exists() for name in (*cached.libraries, *_ALIASES)):
         _world_cache[stamp] = cached
         return cached
     simcuda = (_SOURCES / "simcuda.c").read_text()
     simnvml = (_SOURCES / "simnvml.c").read_text()
+    simcudart = (_SOURCES / "simcudart.c").read_text()
     world_header = (_SOURCES / "simworld.h").read_text()
     driver_stubs = _generate.driver_stubs(simcuda)
     nvml_stubs = _generate.nvml_stubs(simnvml)
-    key = _build_key(simcuda, simnvml, world_header, driver_stubs.text, nvml_stubs.text, *_compiler())
+    runtimes, runtime_notes = _generate.runtime_stubs(simcudart)
+    runtime_parts = [part for r in runtimes for part in (r.stubs, r.version_script, str(r.include))]
+    key = _build_key(
+        simcuda, simnvml, simcudart, world_header, driver_stubs.text, nvml_stubs.text, *runtime_parts, *_compiler()
+    )
     directory = cache_dir() / "simdriver" / key
-    if not all((directory / name).exists() for name in SIMULATED_LIBRARIES):
+    settled = [*SIMULATED_LIBRARIES, *(r.soname for r in runtimes)]
+    if not all((directory / name).exists() or (directory / f"{name}.failed").exists() for name in settled):
         directory.mkdir(parents=True, exist_ok=True)
         include = f"-I{_SOURCES}"
         for what, soname, source, stubs, name in (
@@ -187,12 +196,53 @@ def build_simulated_world() -> SimulatedWorld:
             generated = _write_if_changed(directory / name, stubs.text)
             extra = [include, f"-Wl,-soname,{soname}", "-Wl,-z,nodelete", "-ldl"]
             _compile(what, [_SOURCES / source, generated], directory / soname, extra)
+        for runtime in runtimes:
+            _build_runtime(directory, runtime)
     for alias, target in _ALIASES.items():
         _link_alias(directory, alias, target)
-    world = SimulatedWorld(directory, SIMULATED_LIBRARIES, (driver_stubs.note, nvml_stubs.note))
+    built = tuple(r.soname for r in runtimes if (directory / r.soname).exists())
+    failed = tuple(
+        f"the simulated {r.soname} did not build, so the real runtime is used: {_first_error(directory, r.soname)}"
+        for r in runtimes
+        if r.soname not in built
+    )
+    notes = (driver_stubs.note, nvml_stubs.note, *runtime_notes, *failed)
+    world = SimulatedWorld(directory, (*SIMULATED_LIBRARIES, *built), notes)
     _world_cache[stamp] = world
     _record_world(stamp, world)
     return world
+
+
+def _first_error(directory: Path, soname: str) -> str:
+    """The compiler's first error line from a failed runtime build (kept in ``SONAME.failed``)."""
+    try:
+        lines = (directory / f"{soname}.failed").read_text(errors="replace").splitlines()
+    except OSError:
+        return "(no record of the failure)"
+    return next((line for line in lines if "error" in line), lines[0] if lines else "")[:300]
+
+
+def _build_runtime(directory: Path, runtime: _generate.GeneratedRuntime) -> None:
+    """Compile one simulated ``libcudart.so.N``: its SONAME, version node and names are the real one's."""
+    stem = runtime.soname.replace(".", "_")
+    stubs = _write_if_changed(directory / f"{stem}_stubs.c", runtime.stubs)
+    script = _write_if_changed(directory / f"{stem}.map", runtime.version_script)
+    extra = [
+        f"-I{_SOURCES}",
+        f"-I{runtime.include}",
+        f"-I{_SOURCES / 'include'}",  # crt/host_defines.h, when the runtime wheel ships no crt/ headers
+        f"-Wl,-soname,{runtime.soname}",
+        f"-Wl,--version-script={script}",
+        "-Wl,-z,nodelete",
+        "-ldl",
+        "-lpthread",
+    ]
+    what = f"the simulated CUDA runtime {runtime.soname}"
+    try:
+        _compile(what, [_SOURCES / "simcudart.c", stubs], directory / runtime.soname, extra)
+    except DriverBuildError as exc:
+        # the driver and NVML stand without it (headers of a release simcudart.c does not know)
+        _write_if_changed(directory / f"{runtime.soname}.failed", f"{exc.output}\n{exc}\n")
 
 
 def _stamp_file(stamp: tuple[object, ...]) -> Path:
@@ -208,7 +258,8 @@ def _recorded_world(stamp: tuple[object, ...]) -> SimulatedWorld | None:
     try:
         record = json.loads(_stamp_file(stamp).read_text(encoding="utf-8"))
         directory = cache_dir() / "simdriver" / str(record["key"])
-        return SimulatedWorld(directory, SIMULATED_LIBRARIES, tuple(map(str, record["notes"])))
+        libraries = tuple(map(str, record.get("libraries", SIMULATED_LIBRARIES)))
+        return SimulatedWorld(directory, libraries, tuple(map(str, record["notes"])))
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
@@ -217,7 +268,8 @@ def _record_world(stamp: tuple[object, ...], world: SimulatedWorld) -> None:
     with contextlib.suppress(OSError):
         path = _stamp_file(stamp)
         path.parent.mkdir(parents=True, exist_ok=True)
-        _write_if_changed(path, json.dumps({"key": world.directory.name, "notes": list(world.notes)}))
+        record = {"key": world.directory.name, "libraries": list(world.libraries), "notes": list(world.notes)}
+        _write_if_changed(path, json.dumps(record))
 
 
 def build_injection_library() -> Path:
@@ -284,9 +336,19 @@ def _is_simulated(path: str) -> bool:
         return False
 
 
+def _is_simulated_world(directory: str) -> bool:
+    return bool(directory) and _is_simulated(f"{directory}/libcuda.so.1")
+
+
 def _without_simulated_paths(env: dict[str, str]) -> dict[str, str]:
-    entries = [p for p in env.get("LD_LIBRARY_PATH", "").split(":") if p and not _is_simulated(f"{p}/libcuda.so.1")]
+    entries = [p for p in env.get("LD_LIBRARY_PATH", "").split(":") if p and not _is_simulated_world(p)]
     env["LD_LIBRARY_PATH"] = ":".join(entries)
+    preload = [p for p in env.get("LD_PRELOAD", "").replace(" ", ":").split(":") if p]
+    kept = [p for p in preload if not _is_simulated_world(os.path.dirname(p))]
+    if kept:
+        env["LD_PRELOAD"] = ":".join(kept)
+    else:
+        env.pop("LD_PRELOAD", None)
     return env
 
 
@@ -308,13 +370,25 @@ def resolve_driver(requested: str = "auto") -> DriverSetup:
 
 
 def _simulated_setup(requested: str) -> DriverSetup:
+    """The simulated world's environment: its directory first on the library path, its runtime preloaded.
+
+    A library that finds the CUDA runtime through its own DT_RPATH (torch's
+    ``libtorch_cuda.so`` does, to the nvidia wheel's ``libcudart.so.13``) would
+    never see the simulated one on ``LD_LIBRARY_PATH``; but the loader reuses an
+    already-loaded library whose SONAME matches, so the simulated runtime is
+    preloaded (``LD_PRELOAD``) into every process of the subkernel: the agents,
+    a spawned child, a worker the target starts.  It does nothing until called.
+    """
     world = build_simulated_world()
     directory = world.directory
-    current = _without_simulated_paths(dict(os.environ)).get("LD_LIBRARY_PATH", "")
+    current = _without_simulated_paths(dict(os.environ))
+    runtimes = [str(directory / name) for name in world.libraries if name.startswith("libcudart.")]
     env = {
-        "LD_LIBRARY_PATH": ":".join(p for p in (str(directory), current) if p),
+        "LD_LIBRARY_PATH": ":".join(p for p in (str(directory), current.get("LD_LIBRARY_PATH", "")) if p),
         "TRITON_LIBCUDA_PATH": str(directory),
         "DIAGTOOLS_DRIVER": "simulated",
     }
+    # set even when empty: a preload of an older simulated world must not be inherited
+    env["LD_PRELOAD"] = ":".join(p for p in (*runtimes, current.get("LD_PRELOAD", "")) if p)
     info = DriverInfo("simulated", requested, str(directory / "libcuda.so.1"), world.libraries)
     return DriverSetup(info, env, libraries=world.libraries, notes=world.notes)

@@ -113,6 +113,34 @@ static PyObject *simulation_refusals(PyObject *self, PyObject *args)
     return Py_BuildValue("(ININ)", driver_mask, first, nvml_mask, second);
 }
 
+/*
+ * What the simulated CUDA runtime refused so far: (bitmask, first refused call), or None when
+ * no simulated runtime is loaded.  Never loads one: a process that never used the runtime
+ * has nothing to report.
+ */
+static PyObject *runtime_refusals(PyObject *self, PyObject *args)
+{
+    (void)self;
+    (void)args;
+    static const char *const sonames[] = {"libcudart.so.13", "libcudart.so.12"};
+    for (size_t i = 0; i < sizeof(sonames) / sizeof(sonames[0]); i++) {
+        void *runtime = dlopen(sonames[i], RTLD_NOW | RTLD_NOLOAD);
+        if (runtime == NULL)
+            continue;
+        refusals_fn mask = (refusals_fn)dlsym(runtime, "diagtools_simcudart_refusals");
+        first_refusal_fn first = (first_refusal_fn)dlsym(runtime, "diagtools_simcudart_first_refusal");
+        PyObject *result = NULL;
+        if (mask != NULL && first != NULL) {
+            PyObject *text = text_or_none(first());
+            result = text == NULL ? NULL : Py_BuildValue("(IN)", mask(), text);
+        }
+        dlclose(runtime);
+        if (mask != NULL && first != NULL)
+            return result;
+    }
+    Py_RETURN_NONE;
+}
+
 /* cuDeviceGetCount's answer from a libcuda.so.1 the process already loaded; -1 when none is.
  * Never loads the library, so asking cannot change the process. */
 static PyObject *loaded_driver_state(PyObject *self, PyObject *args)
@@ -143,6 +171,8 @@ static PyMethodDef methods[] = {
     {"driver_path", driver_path, METH_NOARGS, "Path of the loaded libcuda.so.1, or None."},
     {"simulation_refusals", simulation_refusals, METH_NOARGS,
      "(driver bitmask, first refused driver call, NVML bitmask, first refused NVML call), or None."},
+    {"runtime_refusals", runtime_refusals, METH_NOARGS,
+     "(bitmask, first refused call) of the simulated CUDA runtime, or None when none is loaded."},
     {"loaded_driver_state", loaded_driver_state, METH_NOARGS,
      "cuDeviceGetCount's result code from an already-loaded driver, -1 when none is loaded."},
     {"die_with_parent", die_with_parent, METH_NOARGS, "Ask for SIGKILL when the parent process exits."},

@@ -1005,6 +1005,24 @@ CUresult cuMemGetInfo(unsigned int *free_bytes, unsigned int *total_bytes)
     return result;
 }
 
+/* ---- log callbacks: accepted; the simulated driver has nothing to log ---- */
+
+static int log_callback_token = 0;
+
+CUresult cuLogsRegisterCallback(void *callback, void *user_data, void **handle)
+{
+    (void)user_data;
+    if (callback == NULL || handle == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    *handle = &log_callback_token;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuLogsUnregisterCallback(void *handle)
+{
+    return handle == &log_callback_token ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
 /* ---- errors ---- */
 
 static const char *error_name(CUresult error)

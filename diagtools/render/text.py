@@ -109,6 +109,9 @@ def _cuda_lines(result: ScanResult) -> list[str]:
     if result.cuda_initialized:
         phase = result.culprit.phase if result.culprit else "unknown"
         lines.append(f"  CUDA initialized: YES (during {phase})")
+        if result.simulation_gaps:  # the verdict stands, but later code may have failed at the simulation's edge
+            lines.append("  simulation gaps (where the simulated GPU could not play along):")
+            lines += [f"    - {_one_line(gap)}" for gap in result.simulation_gaps]
     elif result.doubts():
         lines.append("  CUDA initialized: unknown (not seen, but the run could not see everything):")
         lines += [f"    - {_one_line(reason)}" for reason in result.doubts()]

@@ -272,10 +272,11 @@ def assemble(raw: RawRun, targets: Sequence[str], driver: DriverInfo, own: Itera
 
 
 _EXPORT_TABLE_REFUSED, _UNMODELLED_CALLED, _INIT_INFERRED = 1, 2, 4
+_KERNEL_LAUNCH_REFUSED = 1  # the simulated runtime's bit for a refused launch (driver/simcudart.c)
 
 
 def simulation_gaps(refusals: object) -> tuple[str, ...]:
-    """Where the simulated driver or NVML could not play along, in words (see ``driver/simcuda.c``)."""
+    """Where the simulated driver, NVML or runtime could not play along, in words (``driver/sim*.c``)."""
     if not isinstance(refusals, dict):
         return ()
     driver, nvml = refusals.get("driver"), refusals.get("nvml")
@@ -289,7 +290,20 @@ def simulation_gaps(refusals: object) -> tuple[str, ...]:
         gaps.append(f"an unmodelled NVML function was called ({nvml_first}) and answered NVML_ERROR_NOT_SUPPORTED")
     if isinstance(driver, int) and driver & _INIT_INFERRED:
         gaps.append("cuInit was inferred from the runtime's export-table request, not called by name")
+    gaps += _runtime_gaps(refusals.get("runtime"), refusals.get("runtime_first") or "?")
     return tuple(gaps)
+
+
+def _runtime_gaps(runtime: object, first: str) -> list[str]:
+    """The simulated CUDA runtime's refusals: kernel launches (no GPU code runs) and unmodelled calls."""
+    if not isinstance(runtime, int):
+        return []
+    gaps = []
+    if runtime & _KERNEL_LAUNCH_REFUSED:
+        gaps.append(f"a kernel launch was refused: no GPU code runs on the simulated GPU (first refusal: {first})")
+    if runtime & _UNMODELLED_CALLED:
+        gaps.append(f"an unmodelled CUDA runtime function answered cudaErrorNotSupported (first refusal: {first})")
+    return gaps
 
 
 def _alive_threads(events: Sequence[dict[str, Any]]) -> tuple[AliveThread, ...]:

@@ -27,6 +27,7 @@ from diagtools.model.scan import Culprit, Site
 __all__ = [
     "EVIDENCE",
     "FRAME_LIMIT",
+    "INFERRED_EVIDENCE",
     "TEXT_LIMIT",
     "Modules",
     "StackChain",
@@ -56,6 +57,8 @@ _HIDDEN_FILES = frozenset(
 _HIDDEN_FOLDERS = (str(Path(agents.__file__).resolve().parent / "run_hook") + "/",)
 #: the event kinds that report the first cuInit, most precise first, and the evidence each is
 EVIDENCE = {"cuinit": "driver-hook", "refined": "trace", "transition": "state-probe"}
+#: a cuInit the simulated driver inferred from a real CUDA runtime's export-table request (simcuda.c)
+INFERRED_EVIDENCE = "driver-hook, inferred from the CUDA runtime's export-table request (no cuInit call was seen)"
 TEXT_LIMIT = 2000  # characters kept of a source line or a message
 FRAME_LIMIT = 200  # frames kept of a stack (the innermost ones)
 _THREAD_MACHINERY = ("/threading.py",)
@@ -214,7 +217,7 @@ def attribute(
         stack=stack_sites(stack),
         phase=event.get("ph", "import"),
         thread=_thread_label(event, main_thread),
-        evidence=EVIDENCE[event["e"]],
+        evidence=INFERRED_EVIDENCE if event.get("inferred") else EVIDENCE[event["e"]],
         module_site=_module_site(stack, modules.file_of(module)),
         thread_started_at=started_at,
         stack_dropped=max(0, len(shown) - FRAME_LIMIT),

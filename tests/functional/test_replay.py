@@ -65,12 +65,24 @@ def test_ctypes_child_sees_the_same_poisoned_driver(sim_replay, make_tree):
     assert result.child.driver_calls[0].code == 3
 
 
-def test_torch_child_is_unavailable_without_a_real_gpu(sim_replay, make_tree):
+def test_torch_child_on_the_simulated_gpu_needs_a_cuda_build_of_torch(sim_replay, make_tree):
+    """The simulated runtime serves a CUDA torch (benchmarks/vllm_runtime.py); a CPU torch has none to use."""
+    require_installed("torch", "kernels")
     root = make_tree({"plain.py": "X = 1\n"})
     result = sim_replay("plain", path=[root], child="torch")
-    assert result.status == "unavailable"
-    assert "real CUDA driver" in result.child.detail
     assert not result.reproduced
+    if result.status == "unavailable":
+        assert "CPU build" in result.child.detail
+    else:  # a CUDA build of torch: it runs on the simulated GPU
+        assert result.status == "ok", result.child
+        assert "simulated GPU" in result.child.detail
+
+
+def test_torch_child_is_unavailable_without_a_driver(runner, make_tree):
+    root = make_tree({"plain.py": "X = 1\n"})
+    result = replay.replay_fork("plain", path=[root], child="torch", driver="none", runner=runner, timeout=60.0)
+    assert result.status == "unavailable"
+    assert "needs a CUDA driver" in result.child.detail
 
 
 CHILD_FAILURES = {

@@ -15,8 +15,9 @@ from diagtools.driver import resolve_driver
 from diagtools.model.run import RunResult
 from diagtools.render.run_html import run_html
 from diagtools.render.run_text import render_run
+from diagtools.usecases.attribution import INFERRED_EVIDENCE
 from diagtools.usecases.run import run
-from tests.conftest import DIAGTOOLS, MARK, marked_line
+from tests.conftest import DIAGTOOLS, MARK, marked_line, require_installed
 
 REGISTRY = f"""
     import ctypes
@@ -319,3 +320,27 @@ def test_pytest_cuda_watch_names_the_collection_node_and_the_forking_test(make_t
     assert "while: collecting test_models.py" in out
     assert "while: test_models.py::test_forks" in out
     assert f"test_models.py:{marked_line(root / 'test_models.py', '# <- fork')}" in out
+
+
+def test_a_cuinit_inferred_from_the_cuda_runtime_is_reported_as_inferred(make_tree):
+    """cuda-python's runtime (a static cudart) reaches the driver through its export tables, not cuInit."""
+    require_installed("cuda.bindings", "cuda")
+    root = make_tree(
+        {
+            "main.py": f"""
+                import os
+                from cuda.bindings import runtime
+
+                runtime.cudaGetDeviceCount()  {MARK}
+                pid = os.fork()
+                if pid == 0:
+                    os._exit(0)
+                os.waitpid(pid, 0)
+            """
+        }
+    )
+    result = sim_run([sys.executable, str(root / "main.py")])
+    assert result.exitcode == 0, result.stderr
+    cuinit = result.findings[0].cuinit
+    assert cuinit.evidence == INFERRED_EVIDENCE
+    assert cuinit.module_site.line == marked_line(root / "main.py")

@@ -185,9 +185,15 @@ def test_scan_with_no_driver_sees_no_driver(sim_scan, make_tree):
 
 def test_resolve_driver_reports_the_simulated_libraries_and_puts_them_first(tmp_path, monkeypatch):
     monkeypatch.setenv("LD_LIBRARY_PATH", str(tmp_path))
+    monkeypatch.setenv("LD_PRELOAD", str(tmp_path / "libother.so"))
     setup = resolve_driver("simulated")
-    assert setup.libraries == ("libcuda.so.1", "libnvidia-ml.so.1")
+    assert setup.libraries[:2] == ("libcuda.so.1", "libnvidia-ml.so.1")
+    assert set(setup.libraries[2:]) <= {"libcudart.so.13", "libcudart.so.12"}  # the runtimes installed here
     assert setup.notes
+    preload = setup.env.get("LD_PRELOAD", "").split(":")
+    # the simulated runtimes first, then what the caller preloaded; nothing when none is built
+    assert preload[:-1] == [str(Path(setup.info.library).parent / name) for name in setup.libraries[2:]]
+    assert preload[-1] == str(tmp_path / "libother.so")
     first, *rest = setup.env["LD_LIBRARY_PATH"].split(":")
     assert rest == [str(tmp_path)]
     for name in ("libcuda.so.1", "libcuda.so", "libnvidia-ml.so.1", "libnvidia-ml.so"):

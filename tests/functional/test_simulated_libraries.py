@@ -13,6 +13,8 @@ import sys
 import textwrap
 
 from diagtools.driver import resolve_driver
+from diagtools.render.text import render_scan
+from diagtools.usecases.attribution import INFERRED_EVIDENCE
 from tests.conftest import MARK, marked_line, require_installed
 
 # The extra that installs each library these tests drive.
@@ -42,7 +44,7 @@ def final_event(runner) -> dict:
     return next(event for event in runner.runs[-1].events if event["e"] == "final")
 
 
-def assert_attributed(result, module: str, file, *, exact_site: bool = False) -> None:
+def assert_attributed(result, module: str, file, *, exact_site: bool = False, inferred: bool = False) -> None:
     """The culprit is ``module``, and the marked line of ``file`` is on the stack that called cuInit.
 
     ``exact_site``: no Python frame lies between that line and the driver (a compiled
@@ -51,7 +53,7 @@ def assert_attributed(result, module: str, file, *, exact_site: bool = False) ->
     assert result.cuda_initialized, result.error
     culprit = result.culprit
     assert culprit.module == module
-    assert culprit.evidence == "driver-hook"
+    assert culprit.evidence == (INFERRED_EVIDENCE if inferred else "driver-hook")
     line = marked_line(file)
     assert any(frame.file == str(file) and frame.line == line for frame in culprit.stack), culprit.stack
     if exact_site:
@@ -234,7 +236,8 @@ def test_scan_attributes_cudart_init_to_the_calling_line(sim_scan, runner, make_
     )
     result = sim_scan("rtapp", path=[root])
     assert result.status == "ok", result.error
-    assert_attributed(result, "rtapp.probe", root / "rtapp/probe.py", exact_site=True)
+    assert_attributed(result, "rtapp.probe", root / "rtapp/probe.py", exact_site=True, inferred=True)
+    assert "inferred from the CUDA runtime's export-table request" in render_scan(result)
     refusals = final_event(runner)["refusals"]
     assert refusals["driver"] & 1
     assert refusals["driver"] & 4
@@ -257,7 +260,7 @@ def test_scan_attributes_cupy_init_even_though_cupy_then_fails(sim_scan, runner,
     )
     result = sim_scan("cpapp", path=[root], timeout=120.0)
     assert result.status == "ok", result.error
-    assert_attributed(result, "cpapp", root / "cpapp.py")
+    assert_attributed(result, "cpapp", root / "cpapp.py", inferred=True)
     assert final_event(runner)["refusals"]["driver"] & 4
 
 
@@ -411,7 +414,14 @@ def test_scan_of_nvml_detection_finds_no_cuda_init(sim_scan, runner, make_tree):
     assert result.status == "ok", result.error
     assert not result.cuda_initialized
     assert result.culprits == ()
-    assert final_event(runner)["refusals"] == {"driver": 0, "first": None, "nvml": 0, "nvml_first": None}
+    refusals = final_event(runner)["refusals"]
+    assert {key: refusals[key] for key in ("driver", "first", "nvml", "nvml_first")} == {
+        "driver": 0,
+        "first": None,
+        "nvml": 0,
+        "nvml_first": None,
+    }
+    assert (refusals.get("runtime"), refusals.get("runtime_first")) in ((0, None), (None, None))
 
 
 def test_platform_gated_init_is_caught_at_the_right_line(sim_scan, make_tree):

@@ -1,0 +1,314 @@
+"""The simulated CUDA runtime (libcudart.so.N): built from the installed real one, and what it models.
+
+The real runtime the tests compare against is the one ``make test`` installs
+(nvidia-cuda-runtime, the ``dev`` extra); without it no simulated runtime is built
+and these tests skip with the reason.  What the repository's venv cannot show:
+
+- torch: its CPU build has no libtorch_cuda.so, so nothing in it binds to a runtime;
+  the CUDA build is exercised by ``benchmarks/vllm_runtime.sh`` (not in CI: GBs).
+- cupy and cuda-python's runtime bindings (``cuda.bindings.runtime``) link the runtime
+  statically and export none of it, so no shared runtime can stand in for theirs: they
+  reach the simulated driver's export-table door, which ``test_simulated_libraries``
+  covers (the inferred cuInit, the recorded refusal).  cuda-pathfinder, which finds the
+  shared runtime for the libraries that load it, is covered here.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from diagtools.driver import _elf, _generate, build_simulated_world, resolve_driver
+from diagtools.driver._elf import read_dynamic_identity
+from diagtools.render.text import render_scan
+from tests.conftest import MARK, _missing, marked_line
+from tests.functional.test_simulated_libraries import needs, run_simulated
+
+RUNTIME_SOURCE = Path(_generate.__file__).with_name("simcudart.c").read_text()
+
+
+def built_runtime() -> tuple[Path, Path]:
+    """(the simulated libcudart.so.N, the real one it imitates); skips when none is installed."""
+    runtimes, notes = _generate.runtime_stubs(RUNTIME_SOURCE)
+    if not runtimes:  # nvidia-cuda-runtime comes with the dev extra: under CI its absence fails
+        _missing("nvidia-cuda-runtime", "dev", "; ".join(notes))
+    world = build_simulated_world()
+    return world.directory / runtimes[0].soname, runtimes[0].real
+
+
+def exported(library: Path) -> set[str]:
+    """``name@version`` of every defined dynamic function, as binutils' nm sees it (not our reader)."""
+    if shutil.which("nm") is None:
+        pytest.skip("binutils' nm is not installed")
+    done = subprocess.run(
+        ["nm", "-D", "--defined-only", "--with-symbol-versions", str(library)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    found = set()
+    for line in done.stdout.splitlines():
+        parts = line.split()
+        if len(parts) == 3 and parts[1] in ("T", "W"):
+            found.add(parts[2].replace("@@", "@"))
+    return found
+
+
+def test_soname_version_node_and_exports_match_the_real_runtime():
+    simulated, real = built_runtime()
+    ours, theirs = read_dynamic_identity(simulated), read_dynamic_identity(real)
+    assert ours.soname == theirs.soname
+    assert ours.versions == theirs.versions
+    extra = exported(simulated) - exported(real)
+    assert exported(real) <= exported(simulated)
+    assert {name.split("@")[0] for name in extra} == {
+        "diagtools_simcudart_refusals",
+        "diagtools_simcudart_first_refusal",
+    }
+
+
+CONSUMER = r"""
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <stdio.h>
+int cudaGetDeviceCount(int *);
+int cudaRuntimeGetVersion(int *);
+const char *cudaGetErrorName(int);
+int main(void)
+{
+    int count = -1, version = 0;
+    int status = cudaGetDeviceCount(&count);
+    cudaRuntimeGetVersion(&version);
+    Dl_info info;
+    dladdr((void *)cudaGetDeviceCount, &info);
+    printf("%s %d %d\n%s\n", cudaGetErrorName(status), count, version, info.dli_fname);
+    return 0;
+}
+"""
+
+
+def linked_consumer(tmp_path: Path, real: Path, *, rpath: bool) -> Path:
+    """A program linked against the real runtime, so its references carry the real version node.
+
+    With ``rpath``, it finds the real runtime through DT_RPATH as torch's libtorch_cuda.so does.
+    """
+    if shutil.which(os.environ.get("CC", "cc")) is None:
+        pytest.skip("no C compiler")
+    source = tmp_path / "consumer.c"
+    source.write_text(CONSUMER)
+    program = tmp_path / "consumer"
+    flags = [f"-Wl,-rpath,{real.parent}", "-Wl,--disable-new-dtags"] if rpath else []
+    subprocess.run(
+        [os.environ.get("CC", "cc"), "-o", str(program), str(source), f"-L{real.parent}", f"-l:{real.name}", *flags],
+        check=True,
+        capture_output=True,
+    )
+    return program
+
+
+def run_consumer(program: Path, env: dict[str, str]) -> list[str]:
+    done = subprocess.run([str(program)], env=env, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.splitlines()
+
+
+def test_a_program_linked_against_the_real_runtime_binds_to_the_simulated_one(tmp_path):
+    simulated, real = built_runtime()
+    program = linked_consumer(tmp_path, real, rpath=False)
+    env = dict(os.environ, **resolve_driver("simulated").env)
+    env["LD_PRELOAD"] = ""  # found on LD_LIBRARY_PATH alone: the version node must match
+    status, library = run_consumer(program, env)
+    assert status.split()[:2] == ["cudaSuccess", "1"]
+    assert Path(library).resolve() == simulated.resolve()
+
+
+def test_the_preloaded_runtime_wins_over_the_real_one_an_rpath_names(tmp_path):
+    simulated, real = built_runtime()
+    program = linked_consumer(tmp_path, real, rpath=True)
+    env = dict(os.environ, **resolve_driver("simulated").env)
+    status, library = run_consumer(program, env)
+    assert status.split()[:2] == ["cudaSuccess", "1"]
+    assert Path(library).resolve() == simulated.resolve()
+    # without the preload, DT_RPATH wins: the real runtime, which stops at the driver's export tables
+    env["LD_PRELOAD"] = ""
+    status, library = run_consumer(program, env)
+    assert Path(library).resolve() == real.resolve()
+    assert status.split()[0] != "cudaSuccess"
+
+
+def test_devices_memory_and_copies_are_modelled_and_launches_refused():
+    simulated, _ = built_runtime()
+    lines = run_simulated(
+        f"""
+        import ctypes
+        rt = ctypes.CDLL({str(simulated)!r}, ctypes.RTLD_GLOBAL)
+        """
+        + """
+        rt.cudaGetErrorName.restype = ctypes.c_char_p
+        rt.diagtools_simcudart_first_refusal.restype = ctypes.c_char_p
+        count = ctypes.c_int(-1)
+        print(rt.cudaGetDeviceCount(ctypes.byref(count)), count.value)
+        props = ctypes.create_string_buffer(4096)
+        print(rt.cudaGetDeviceProperties(props, 0), props.value.decode())
+        major, minor = ctypes.c_int(), ctypes.c_int()
+        rt.cudaDeviceGetAttribute(ctypes.byref(major), 75, 0)  # cudaDevAttrComputeCapabilityMajor
+        rt.cudaDeviceGetAttribute(ctypes.byref(minor), 76, 0)
+        print(major.value, minor.value)
+        free, total = ctypes.c_size_t(), ctypes.c_size_t()
+        pointer = ctypes.c_void_p()
+        print(rt.cudaMalloc(ctypes.byref(pointer), 1 << 20), rt.cudaMemGetInfo(ctypes.byref(free), ctypes.byref(total)),
+              total.value - free.value >= 1 << 20)
+        source = ctypes.create_string_buffer(b"simulated", 16)
+        back = ctypes.create_string_buffer(16)
+        rt.cudaMemcpy(pointer, source, 16, 1)  # host to "device"
+        rt.cudaMemcpy(back, pointer, 16, 2)    # and back
+        print(back.value.decode(), rt.cudaFree(pointer))
+        print(rt.cudaFree(source), rt.cudaFree(ctypes.c_void_p(4096)))  # never handed out: refused
+        print(rt.diagtools_simcudart_refusals())
+        launched = rt.cudaLaunchKernel(None, 0, 0, 0, 0, 0, 0, None, 0, None)
+        print(launched, rt.cudaGetErrorName(rt.cudaGetLastError()).decode())
+        graph = rt.cudaGraphCreate(None, 0)
+        print(graph, rt.diagtools_simcudart_refusals(), rt.diagtools_simcudart_first_refusal().decode())
+        """
+    )
+    assert lines == [
+        "0 1",
+        "0 diagtools simulated GPU (no hardware)",
+        "9 0",
+        "0 0 True",
+        "simulated 0",
+        "1 1",  # cudaErrorInvalidValue, and nothing unmapped
+        "0",  # nothing refused yet
+        "801 cudaErrorNotSupported",  # a kernel launch: refused, and the last error says so
+        "801 3 cudaLaunchKernel",  # an unmodelled call too: both kinds recorded, the first named
+    ]
+
+
+def test_a_child_forked_after_the_runtime_initialized_cuda_fails_as_on_a_gpu():
+    simulated, _ = built_runtime()
+    lines = run_simulated(
+        f"""
+        import ctypes, os
+        rt = ctypes.CDLL({str(simulated)!r}, ctypes.RTLD_GLOBAL)
+        count = ctypes.c_int()
+        print(rt.cudaGetDeviceCount(ctypes.byref(count)))
+        pid = os.fork()
+        if pid == 0:
+            os._exit(rt.cudaGetDeviceCount(ctypes.byref(count)))
+        print(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+        """
+    )
+    assert lines == ["0", "3"]  # cudaErrorInitializationError in the child
+
+
+def test_cuda_pathfinder_finds_the_simulated_runtime():
+    needs("cuda.pathfinder")
+    simulated, _ = built_runtime()
+    lines = run_simulated(
+        """
+        from cuda.pathfinder import load_nvidia_dynamic_lib
+        print(load_nvidia_dynamic_lib("cudart").abs_path)
+        """
+    )
+    assert Path(lines[0]).resolve() == simulated.resolve()
+
+
+def test_scan_names_the_runtime_caller_and_shows_the_gaps_in_the_text(sim_scan, runner, make_tree):
+    simulated, _ = built_runtime()
+    root = make_tree(
+        {
+            "rtlaunch.py": f"""
+                import ctypes
+
+                RT = ctypes.CDLL({str(simulated)!r})
+                COUNT = ctypes.c_int()
+                RT.cudaGetDeviceCount(ctypes.byref(COUNT))  {MARK}
+                LAUNCHED = RT.cudaLaunchKernel(None, 0, 0, 0, 0, 0, 0, None, 0, None)
+            """
+        }
+    )
+    result = sim_scan("rtlaunch", path=[root])
+    assert result.status == "ok", result.error
+    assert result.culprit.module == "rtlaunch"
+    assert result.culprit.evidence == "driver-hook"  # the simulated runtime calls cuInit by name
+    line = marked_line(root / "rtlaunch.py")
+    assert any(frame.line == line for frame in result.culprit.stack)
+    assert any("kernel launch was refused" in gap for gap in result.simulation_gaps), result.simulation_gaps
+    text = render_scan(result)
+    assert "simulation gaps" in text
+    assert "kernel launch was refused" in text
+
+
+def test_without_runtime_headers_no_runtime_is_built_and_a_note_says_why(monkeypatch, tmp_path):
+    _, real = built_runtime()
+    fake = tmp_path / "nvidia" / "cu99" / "lib"
+    fake.mkdir(parents=True)
+    shutil.copy(real, fake / real.name)
+    monkeypatch.setattr(_generate, "_real_runtimes", lambda: iter([fake / real.name]))
+    monkeypatch.setattr(_generate, "_runtime_headers", lambda real, major: None)
+    runtimes, notes = _generate.runtime_stubs(RUNTIME_SOURCE)
+    assert runtimes == []
+    assert any("no CUDA" in note and "headers" in note for note in notes), notes
+
+
+def test_the_repository_venv_torch_cannot_use_it():
+    """A CPU torch has no CUDA runtime to bind; said here so the gap is explicit, not silent."""
+    needs("torch")
+    lines = run_simulated("import torch; print(torch.version.cuda, torch.cuda.is_available())")
+    if lines[0].split()[0] == "None":
+        assert lines == ["None False"]
+    else:  # a CUDA torch binds to the simulated runtime (benchmarks/vllm_runtime.py)
+        assert lines[0].endswith("True")
+
+
+def test_unmodelled_functions_answer_not_supported_and_modelled_ones_are_not_stubbed():
+    runtimes, notes = _generate.runtime_stubs(RUNTIME_SOURCE)
+    if not runtimes:
+        _missing("nvidia-cuda-runtime", "dev", "; ".join(notes))
+    stubs = runtimes[0].stubs
+    # a call the header declares returning cudaError_t answers 801
+    assert 'int cudaGraphCreate(void) { return diagtools_simcudart_unmodelled("cudaGraphCreate"); }' in stubs
+    assert " cudaMalloc(void)" not in stubs  # modelled by hand, never stubbed
+
+
+def test_a_call_the_header_renames_is_modelled_under_the_new_name_and_the_old_one_stubbed(monkeypatch, tmp_path):
+    """CUDA 12's header maps cudaGetDeviceProperties to _v2 (a newer cudaDeviceProp); the old name stays, refused."""
+    include = tmp_path / "include"
+    include.mkdir()
+    (include / "cuda_runtime_api.h").write_text(
+        "#define CUDART_VERSION 12090\n"
+        "#define cudaGetDeviceProperties cudaGetDeviceProperties_v2\n"
+        "extern cudaError_t CUDARTAPI cudaGetDeviceProperties(struct cudaDeviceProp *prop, int device);\n"
+    )
+    real = tmp_path / "libcudart.so.12"
+    identity = _elf.DynamicIdentity(
+        "libcudart.so.12",
+        ("libcudart.so.12",),
+        {"cudaGetDeviceProperties": "libcudart.so.12", "cudaGetDeviceProperties_v2": "libcudart.so.12"},
+    )
+    monkeypatch.setattr(_generate, "_real_runtimes", lambda: iter([real]))
+    monkeypatch.setattr(_generate, "read_dynamic_identity", lambda path: identity)
+    monkeypatch.setattr(_generate, "_runtime_headers", lambda real, major: include)
+    (runtime,), _ = _generate.runtime_stubs(RUNTIME_SOURCE)
+    assert "int cudaGetDeviceProperties(void)" in runtime.stubs  # the old layout: refused
+    assert "cudaGetDeviceProperties_v2(void)" not in runtime.stubs  # simcudart.c defines it
+    assert "cudaGetDeviceProperties_v2;" in runtime.version_script
+
+
+def test_a_runtime_that_does_not_compile_leaves_the_driver_standing_with_a_note(monkeypatch, tmp_path):
+    _, real = built_runtime()
+    broken = tmp_path / "include"
+    broken.mkdir()
+    (broken / "cuda_runtime_api.h").write_text('#error "a release simcudart.c cannot build"\n')
+    monkeypatch.setenv("DIAGTOOLS_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(_generate, "_real_runtimes", lambda: iter([real]))
+    monkeypatch.setattr(_generate, "_runtime_headers", lambda real, major: broken)
+    world = build_simulated_world()
+    assert world.libraries == ("libcuda.so.1", "libnvidia-ml.so.1")
+    assert any("did not build" in note and "cannot build" in note for note in world.notes), world.notes
+    setup = resolve_driver("simulated")
+    assert setup.env["LD_PRELOAD"] == os.environ.get("LD_PRELOAD", "")
