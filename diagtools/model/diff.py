@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
-from diagtools.model._display import TextReport, present
+from diagtools.model._display import present
 from diagtools.model.scan import ScanResult
+from diagtools.model.serial import Serial
 from diagtools.model.verdict import Verdict
 
 __all__ = ["DIFF_SCHEMA", "ScanDiff", "diff_scans"]
@@ -15,12 +16,19 @@ DIFF_SCHEMA = "diagtools.diff/1"
 
 
 @dataclass(frozen=True)
-class ScanDiff(TextReport):
+class ScanDiff(Serial):
     """Modules and importer edges the fix removed or added, and where the culprit chain broke.
 
     ``broken_edge`` is the first importer -> imported edge of the before
     culprit chain that the after scan no longer has: the line the fix cut.
+
+    The document holds both scans (``before``, ``after``) so it reads back
+    whole, beside the derived keys it has always had (``verdict``,
+    ``summary``, ``fixed``, ``before_culprit``, ``after_culprit``), which
+    readers ignore and compute again.
     """
+
+    SCHEMA: ClassVar[str] = DIFF_SCHEMA
 
     before: ScanResult
     after: ScanResult
@@ -70,19 +78,13 @@ class ScanDiff(TextReport):
     def __str__(self) -> str:
         return str(present("diff.text", self))
 
-    def to_json(self) -> dict[str, Any]:
+    def _json_extra(self) -> dict[str, Any]:
         return {
-            "schema": DIFF_SCHEMA,
-            "verdict": self.verdict.value,
+            "verdict": self.verdict,
             "summary": self.summary(),
             "fixed": self.fixed,
-            "removed_modules": list(self.removed_modules),
-            "added_modules": list(self.added_modules),
-            "removed_edges": [list(edge) for edge in self.removed_edges],
-            "added_edges": [list(edge) for edge in self.added_edges],
-            "broken_edge": list(self.broken_edge) if self.broken_edge else None,
-            "before_culprit": self.before.culprit.to_json() if self.before.culprit else None,
-            "after_culprit": self.after.culprit.to_json() if self.after.culprit else None,
+            "before_culprit": self.before.culprit,
+            "after_culprit": self.after.culprit,
         }
 
 

@@ -10,18 +10,19 @@ itself preloaded there (``preloaded``).
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
-from diagtools.model._display import TextReport, present
+from diagtools.model._display import present
 from diagtools.model.scan import Culprit, ScanResult, Site
-from diagtools.model.serial import Serial
+from diagtools.model.serial import Serial, load
 from diagtools.model.verdict import Verdict, combine
 
 __all__ = ["CUDA_SOURCES", "SWEEP_SCHEMA", "RootCause", "SweepResult", "SweepRow", "cause_key", "cuda_source"]
 
 SWEEP_SCHEMA = "diagtools.sweep/1"
 CUDA_SOURCES = ("none", "self", "parent", "startup", "unknown")
+SWEEP_MODES = ("fresh", "zygote")
 
 
 def _is_parent_package(name: str, module: str) -> bool:
@@ -50,8 +51,17 @@ def cuda_source(module: str, result: ScanResult) -> str:
 
 
 @dataclass(frozen=True)
-class SweepRow:
-    """One module's verdict: did importing it alone initialize CUDA, and who did."""
+class SweepRow(Serial):
+    """One module's verdict: did importing it alone initialize CUDA, and who did.
+
+    A journal line is this row's ``to_json``.  Rows written by older versions
+    may lack ``culprit``, ``import_s``, ``verdict``, ``cuda_source``, ``mode``
+    or ``deps``: they read with today's defaults, the verdict judged again
+    from the row and ``cuda_source`` taken as ``self`` when CUDA was initialized.
+    ``import_s`` is kept to the microsecond, as the journal has always written it.
+    """
+
+    _JSON_DEFAULTS: ClassVar[dict[str, Any]] = {"culprit": None, "import_s": 0.0}
 
     module: str
     status: str
@@ -62,19 +72,27 @@ class SweepRow:
     started: float = 0.0
     finished: float = 0.0
     verdict: Verdict = None  # type: ignore[assignment]  # not given: derived in __post_init__
-    cuda_source: str = "none"
-    mode: str = "fresh"
+    cuda_source: str = field(default="none", metadata={"choices": CUDA_SOURCES})
+    mode: str = field(default="fresh", metadata={"choices": SWEEP_MODES})
     preloaded: bool = False
     fingerprint: str = ""
     deps: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "import_s", round(self.import_s, 6))
         if self.verdict is not None:
             object.__setattr__(self, "verdict", Verdict(self.verdict))
         elif self.cuda_initialized:  # a row not built from a scan is judged by what it says
             object.__setattr__(self, "verdict", Verdict.INITIALIZES_CUDA)
         else:
             object.__setattr__(self, "verdict", Verdict.CLEAN if self.status == "ok" else Verdict.UNKNOWN)
+
+    @classmethod
+    def from_json(cls, data: Any) -> SweepRow:
+        """A journal row; :class:`SchemaError` (schema ``diagtools.sweep/1``) names the field that does not fit."""
+        if isinstance(data, dict) and "cuda_source" not in data and data.get("cuda_initialized") is True:
+            data = {**data, "cuda_source": "self"}  # written before the source was recorded
+        return load(cls, data, SWEEP_SCHEMA)
 
     @classmethod
     def from_scan(
@@ -117,44 +135,6 @@ class SweepRow:
         if self.cuda_source != "parent" or self.culprit is None or not self.culprit.chain:
             return None
         return self.culprit.chain[0]
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "module": self.module,
-            "verdict": self.verdict.value,
-            "status": self.status,
-            "cuda_initialized": self.cuda_initialized,
-            "culprit": self.culprit.to_json() if self.culprit else None,
-            "import_s": round(self.import_s, 6),
-            "error": self.error,
-            "started": self.started,
-            "finished": self.finished,
-            "cuda_source": self.cuda_source,
-            "mode": self.mode,
-            "preloaded": self.preloaded,
-            "fingerprint": self.fingerprint,
-            "deps": list(self.deps),
-        }
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> SweepRow:
-        culprit = data.get("culprit")
-        return cls(
-            module=data["module"],
-            status=data["status"],
-            cuda_initialized=bool(data["cuda_initialized"]),
-            culprit=Culprit.from_json(culprit) if culprit else None,
-            import_s=float(data.get("import_s", 0.0)),
-            error=data.get("error", ""),
-            started=float(data.get("started", 0.0)),
-            finished=float(data.get("finished", 0.0)),
-            verdict=Verdict(data["verdict"]) if "verdict" in data else None,  # type: ignore[arg-type]
-            cuda_source=data.get("cuda_source", "self" if data["cuda_initialized"] else "none"),
-            mode=data.get("mode", "fresh"),
-            preloaded=bool(data.get("preloaded", False)),
-            fingerprint=data.get("fingerprint", ""),
-            deps=tuple(data.get("deps", ())),
-        )
 
 
 UNKNOWN_CAUSE = "(no culprit was recorded)"
@@ -230,24 +210,33 @@ class RootCause(Serial):
 
 
 @dataclass(frozen=True)
-class SweepResult(TextReport):
+class SweepResult(Serial):
     """All rows of a sweep, sorted by module, and how many came from an earlier run.
 
     ``mode`` is ``zygote`` when a preloading worker forked the children (with
     ``preload`` the modules it imported once) and ``fresh`` when every module
     got a fresh subkernel; ``fallback`` says why the zygote was not (or not
     fully) used, and is empty when nothing went wrong.
+
+    The summary (``--summary``) is this result's ``to_json``: the fields, then
+    the derived ``verdict`` and ``causes`` (ignored on reading, computed again);
+    ``seconds`` is kept to the millisecond, as the summary has always written it.
     """
+
+    SCHEMA: ClassVar[str] = SWEEP_SCHEMA
 
     package: str
     rows: tuple[SweepRow, ...]
     resumed: int = 0
     seconds: float = 0.0
-    mode: str = "fresh"
+    mode: str = field(default="fresh", metadata={"choices": SWEEP_MODES})
     preload: tuple[str, ...] = ()
     fallback: str = ""
     interrupted: int = 0  # modules left unscanned by an interrupt (0: the sweep finished)
     preload_notes: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "seconds", round(self.seconds, 3))
 
     @property
     def causes(self) -> tuple[RootCause, ...]:
@@ -284,17 +273,5 @@ class SweepResult(TextReport):
     def _repr_html_(self) -> str:
         return str(present("sweep.html", self))
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "schema": SWEEP_SCHEMA,
-            "package": self.package,
-            "verdict": self.verdict.value,
-            "mode": self.mode,
-            "preload": list(self.preload),
-            "preload_notes": list(self.preload_notes),
-            "fallback": self.fallback,
-            "seconds": round(self.seconds, 3),
-            "interrupted": self.interrupted,
-            "causes": [cause.to_json() for cause in self.causes],
-            "rows": [row.to_json() for row in self.rows],
-        }
+    def _json_extra(self) -> dict[str, Any]:
+        return {"verdict": self.verdict, "causes": self.causes}

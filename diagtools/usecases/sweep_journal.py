@@ -18,7 +18,7 @@ import json
 from pathlib import Path
 from typing import IO, Any
 
-from diagtools.errors import DiagtoolsError, JournalLockedError, UsageError
+from diagtools.errors import JournalLockedError, SchemaError, UsageError
 from diagtools.model.sweep import SWEEP_SCHEMA, RootCause, SweepRow
 from diagtools.usecases.sweep_discover import SweptTree
 
@@ -108,8 +108,10 @@ class Journal:
     def _row(self, record: dict[str, Any], line: int) -> SweepRow:
         try:
             return SweepRow.from_json(record)
-        except (KeyError, TypeError, ValueError, AttributeError, DiagtoolsError) as exc:
-            raise UsageError(f"{self.path}:{line} is not a {SWEEP_SCHEMA} row ({exc!r}); fix or remove it") from None
+        except SchemaError as exc:
+            raise UsageError(
+                f"{self.path}:{line} is not a {SWEEP_SCHEMA} row: {exc.field} {exc.found}; fix or remove it"
+            ) from None
 
     def _check_header(self, record: dict[str, Any] | None) -> None:
         expected = (self.header["schema"], self.header["package"])
@@ -174,7 +176,7 @@ def _journal_keys(lines: list[str], path: str | Path) -> frozenset[str]:
         if record is not None and "module" in record:
             try:
                 row = SweepRow.from_json(record)
-            except (KeyError, TypeError, ValueError, AttributeError, DiagtoolsError):
+            except SchemaError:
                 continue  # a torn or foreign row says nothing about known causes
             rows[row.module] = row
     return frozenset(cause.key for cause in RootCause.group(rows.values()))

@@ -20,9 +20,12 @@ from hypothesis import strategies as st
 from diagtools import protocol
 from diagtools.errors import SchemaError
 from diagtools.model.bisect import BisectResult, BisectStep
+from diagtools.model.diff import ScanDiff
 from diagtools.model.replay import ChildOutcome, DriverCall, ParentState, ReplayComparison, ReplayResult
 from diagtools.model.run import ChildSaw, DriverRefusal, Finding, ProcessRecord, ProcessStart, RunResult
 from diagtools.model.scan import Culprit, DriverInfo, ImportNode, ScanResult, Site, StartupInfo, TargetError
+from diagtools.model.sweep import CUDA_SOURCES, SWEEP_MODES, SweepResult, SweepRow
+from diagtools.model.verdict import Verdict
 from tests.conftest import require
 
 ANY_CHARACTER = st.characters(exclude_categories=())  # surrogates and controls included
@@ -179,12 +182,47 @@ BISECTS = st.builds(
     st.none() | CULPRITS,
     st.lists(st.builds(BisectStep, NAMES, NAMES, NAMES), max_size=2).map(tuple),
 )
+NAME_LISTS = st.lists(NAMES, max_size=3).map(tuple)
+SWEEP_ROWS = st.builds(
+    SweepRow,
+    module=NAMES,
+    status=st.sampled_from(["ok", "import-error", "crashed", "timeout", "error"]),
+    cuda_initialized=st.booleans(),
+    culprit=st.none() | CULPRITS,
+    import_s=st.floats(0, 1e6),
+    error=TEXT,
+    started=FINITE,
+    finished=FINITE,
+    verdict=st.none() | st.sampled_from(list(Verdict)),
+    cuda_source=st.sampled_from(CUDA_SOURCES),
+    mode=st.sampled_from(SWEEP_MODES),
+    preloaded=st.booleans(),
+    fingerprint=TEXT,
+    deps=st.lists(TEXT, max_size=3).map(tuple),
+)
+SWEEPS = st.builds(
+    SweepResult,
+    NAMES,
+    st.lists(SWEEP_ROWS, max_size=3).map(tuple),
+    st.integers(0, 99),
+    st.floats(0, 1e6),
+    st.sampled_from(SWEEP_MODES),
+    NAME_LISTS,
+    TEXT,
+    st.integers(0, 99),
+    st.lists(TEXT, max_size=2).map(tuple),
+)
+EDGES = st.lists(st.tuples(NAMES, NAMES), max_size=2).map(tuple)
+DIFFS = st.builds(ScanDiff, SCANS, SCANS, NAME_LISTS, NAME_LISTS, EDGES, EDGES, st.none() | st.tuples(NAMES, NAMES))
 
 RESULTS: list[tuple[type[Any], Any]] = [
     (RunResult, RUNS),
     (ScanResult, SCANS),
     (ReplayResult, REPLAYS),
     (BisectResult, BISECTS),
+    (SweepRow, SWEEP_ROWS),
+    (SweepResult, SWEEPS),
+    (ScanDiff, DIFFS),
 ]
 
 
@@ -211,7 +249,19 @@ def test_a_comparison_round_trips():
 
 # ---- arbitrary documents ---------------------------------------------------------------------
 
-READERS = [RunResult, ScanResult, ReplayResult, ReplayComparison, BisectResult, Culprit, ProcessRecord, Finding]
+READERS = [
+    RunResult,
+    ScanResult,
+    ReplayResult,
+    ReplayComparison,
+    BisectResult,
+    Culprit,
+    ProcessRecord,
+    Finding,
+    SweepRow,
+    SweepResult,
+    ScanDiff,
+]
 
 
 @pytest.mark.parametrize("kind", READERS, ids=[kind.__name__ for kind in READERS])
@@ -293,6 +343,47 @@ def test_a_bad_run_document_names_the_field():
         BisectResult.from_json({"schema": "diagtools.bisect/1", "target": "t", "good": "a", "bad": "b", "first_bad": 3})
 
 
+OLD_ROW = {"module": "pkg.a", "status": "ok", "cuda_initialized": True, "culprit": None, "import_s": 0.5}
+
+
+def test_a_sweep_row_of_an_older_version_reads_with_todays_defaults():
+    row = SweepRow.from_json(OLD_ROW)
+    assert (row.cuda_source, row.verdict, row.mode, row.deps) == ("self", Verdict.INITIALIZES_CUDA, "fresh", ())
+    clean = SweepRow.from_json({"module": "pkg.b", "status": "import-error", "cuda_initialized": False})
+    assert (clean.cuda_source, clean.verdict, clean.culprit, clean.import_s) == ("none", Verdict.UNKNOWN, None, 0.0)
+
+
+def test_a_bad_sweep_or_diff_document_names_the_field():
+    with pytest.raises(SchemaError, match=r"diagtools\.sweep/1 document: cuda_initialized must be true or false"):
+        SweepRow.from_json({**OLD_ROW, "cuda_initialized": "yes"})
+    with pytest.raises(SchemaError, match="cuda_source must be one of"):
+        SweepRow.from_json({**OLD_ROW, "cuda_source": "elsewhere"})
+    with pytest.raises(SchemaError, match=r"deps\[1\] must be a string"):
+        SweepRow.from_json({**OLD_ROW, "deps": ["a.py", 3]})
+    with pytest.raises(SchemaError, match=r"rows\[0\]\.module is missing"):
+        SweepResult.from_json({"schema": "diagtools.sweep/1", "package": "pkg", "rows": [{"status": "ok"}]})
+    scan = ScanResult(("pkg",), "ok", DriverInfo("simulated"), False).to_json()
+    with pytest.raises(SchemaError, match=r"broken_edge must be a list of 2 items"):
+        ScanDiff.from_json(
+            {"schema": "diagtools.diff/1", "before": scan, "after": scan, "removed_modules": [], "added_modules": [],
+             "removed_edges": [], "added_edges": [], "broken_edge": ["a"]}
+        )  # fmt: skip
+
+
+def test_a_bad_journal_row_is_a_one_line_error_naming_line_and_field(tmp_path):
+    from diagtools.errors import UsageError
+    from diagtools.usecases.sweep_journal import Journal
+
+    path = tmp_path / "sweep.jsonl"
+    header = {"schema": "diagtools.sweep/1", "package": "pkg", "paths": []}
+    path.write_text(json.dumps(header) + "\n" + json.dumps({**OLD_ROW, "import_s": "slow"}) + "\n")
+    with Journal(path, "pkg", ()) as journal, pytest.raises(UsageError) as caught:
+        journal.valid_rows(None)  # type: ignore[arg-type]  # the bad row fails before any fingerprint is taken
+    message = str(caught.value)
+    assert "\n" not in message
+    assert f"{path}:2 is not a diagtools.sweep/1 row: import_s must be a finite number" in message
+
+
 # ---- presentation in IPython -----------------------------------------------------------------
 
 
@@ -307,8 +398,5 @@ def test_results_print_as_their_text_report_in_ipython():
     assert pretty(scan).startswith("diagtools scan pkg")
     bisect = BisectResult("pkg", "a" * 40, "b" * 40, None, "", (), None, (), ("c" * 40,))
     assert pretty(bisect).startswith("diagtools bisect pkg")
-    from diagtools.model.diff import ScanDiff
-    from diagtools.model.sweep import SweepResult
-
     for kind in (ScanDiff, SweepResult):
         assert "_repr_pretty_" in vars(kind)
