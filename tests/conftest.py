@@ -23,6 +23,17 @@ pytest_plugins = ["pytester"]
 MARK = "# <- here"
 DIAGTOOLS = str(Path(sys.executable).with_name("diagtools"))
 
+# A module whose import initializes CUDA at the marked line: what `diagtools run` programs import.
+RUN_REGISTRY = f"""
+    import ctypes
+
+    def _detect_platform():
+        lib = ctypes.CDLL("libcuda.so.1")
+        return lib.cuInit(0)  {MARK}
+
+    PLATFORM = _detect_platform()
+"""
+
 
 # The extras `make test` installed for this run (DIAGTOOLS_TEST_EXTRAS, comma-separated; the main venv
 # has them all, the per-interpreter core venvs none).  Under CI a module of one of them that is

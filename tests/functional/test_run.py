@@ -17,17 +17,7 @@ from diagtools.render.run_html import run_html
 from diagtools.render.run_text import render_run
 from diagtools.usecases.attribution import INFERRED_EVIDENCE
 from diagtools.usecases.run import run
-from tests.conftest import DIAGTOOLS, MARK, marked_line, require_installed
-
-REGISTRY = f"""
-    import ctypes
-
-    def _detect_platform():
-        lib = ctypes.CDLL("libcuda.so.1")
-        return lib.cuInit(0)  {MARK}
-
-    PLATFORM = _detect_platform()
-"""
+from tests.conftest import DIAGTOOLS, MARK, RUN_REGISTRY, marked_line, require_installed
 
 WORKER_APP = """
     import multiprocessing as mp
@@ -58,7 +48,7 @@ def sim_run(command, **kwargs) -> RunResult:
 
 @pytest.fixture
 def app(make_tree) -> Path:
-    return make_tree({"registry.py": REGISTRY, "app.py": WORKER_APP})
+    return make_tree({"registry.py": RUN_REGISTRY, "app.py": WORKER_APP})
 
 
 def test_fork_workers_after_a_registry_import_are_poisoned(app):
@@ -288,7 +278,7 @@ def test_cli_without_a_command_is_a_usage_error():
 def test_pytest_cuda_watch_names_the_collection_node_and_the_forking_test(make_tree):
     root = make_tree(
         {
-            "registry.py": REGISTRY,
+            "registry.py": RUN_REGISTRY,
             "test_models.py": """
                 import os
 

@@ -21,17 +21,7 @@ from diagtools.model.run import RunResult
 from diagtools.render.run_text import render_run
 from diagtools.usecases.run import run
 from diagtools.usecases.run_assemble import CONFTEST_CONTEXT
-from tests.conftest import DIAGTOOLS, MARK, marked_line
-
-REGISTRY = f"""
-    import ctypes
-
-    def _detect_platform():
-        lib = ctypes.CDLL("libcuda.so.1")
-        return lib.cuInit(0)  {MARK}
-
-    PLATFORM = _detect_platform()
-"""
+from tests.conftest import DIAGTOOLS, MARK, RUN_REGISTRY, marked_line
 
 FORKSERVER_APP = """
     import multiprocessing as mp
@@ -63,7 +53,7 @@ def python(script: Path, *args: str) -> list[str]:
 
 
 def test_forkserver_is_not_a_poisoned_fork_and_each_start_is_labelled(make_tree):
-    root = make_tree({"registry.py": REGISTRY, "app.py": FORKSERVER_APP})
+    root = make_tree({"registry.py": RUN_REGISTRY, "app.py": FORKSERVER_APP})
     result = sim_run(python(root / "app.py"), cwd=root)
     assert result.exitcode == 0, result.stderr
     assert "worker exit 0" in result.stdout
@@ -113,7 +103,7 @@ def test_forkserver_childs_cuinit_is_blamed_on_the_users_module(make_tree):
 def test_every_forked_childs_end_is_recorded(make_tree):
     root = make_tree(
         {
-            "registry.py": REGISTRY,
+            "registry.py": RUN_REGISTRY,
             "ends.py": """
                 import os, signal, sys
                 import registry
@@ -147,7 +137,7 @@ def test_every_forked_childs_end_is_recorded(make_tree):
 def test_a_conftest_cuinit_names_pytest_start_up(make_tree):
     root = make_tree(
         {
-            "registry.py": REGISTRY,
+            "registry.py": RUN_REGISTRY,
             "conftest.py": "import registry\n",
             "test_one.py": "def test_one():\n    pass\n",
         }
@@ -192,7 +182,7 @@ def test_the_agent_never_writes_into_a_file_the_program_owns(make_tree, tmp_path
     data = tmp_path / "data.txt"
     root = make_tree(
         {
-            "registry.py": REGISTRY,
+            "registry.py": RUN_REGISTRY,
             "owner.py": f"""
                 import os, sys
                 os.closerange(3, 65536)
@@ -225,7 +215,7 @@ def test_dev_null_over_every_low_descriptor_is_never_clean(make_tree, limit, ver
     and the lost records make the verdict unknown, with a note."""
     root = make_tree(
         {
-            "registry.py": REGISTRY,
+            "registry.py": RUN_REGISTRY,
             "blind.py": """
                 import ctypes, os
                 lib = ctypes.CDLL("libcuda.so.1")  # loaded first: with a limit of 1024 nothing opens afterwards
@@ -337,7 +327,7 @@ def test_two_hundred_identical_forks_are_one_block(make_tree):
     """200 workers forked after one cuInit: one block, x200; the keeper's long census does not stall the end."""
     root = make_tree(
         {
-            "registry.py": REGISTRY,
+            "registry.py": RUN_REGISTRY,
             "many.py": """
                 import os, time
                 import registry
@@ -425,7 +415,7 @@ def test_json_and_html_are_written_after_the_report(tmp_path):
 
 
 def test_the_report_uses_the_scans_words_once_and_colours_like_a_scan(make_tree):
-    root = make_tree({"registry.py": REGISTRY, "main.py": "import registry\n"})
+    root = make_tree({"registry.py": RUN_REGISTRY, "main.py": "import registry\n"})
     command = [DIAGTOOLS, "run", "--driver", "simulated", "--", *python(root / "main.py")]
     env = {key: value for key, value in os.environ.items() if key not in ("NO_COLOR", "FORCE_COLOR")}
     coloured = subprocess.run(command, capture_output=True, text=True, timeout=90, check=False,
@@ -446,7 +436,7 @@ def test_the_pytest_watch_names_a_conftest_cuinit(make_tree):
     from diagtools.driver import resolve_driver
 
     root = make_tree(
-        {"registry.py": REGISTRY, "conftest.py": "import registry\n", "test_a.py": "def test_a():\n    pass\n"}
+        {"registry.py": RUN_REGISTRY, "conftest.py": "import registry\n", "test_a.py": "def test_a():\n    pass\n"}
     )
     env = {**os.environ, **resolve_driver("simulated").env}
     done = subprocess.run(
@@ -465,7 +455,7 @@ def test_the_pytest_watch_names_a_conftest_cuinit(make_tree):
 def test_records_lost_with_no_descriptor_left_make_the_verdict_unknown(make_tree):
     root = make_tree(
         {
-            "registry.py": REGISTRY,
+            "registry.py": RUN_REGISTRY,
             "starved.py": """
                 import os, resource
                 import registry
