@@ -9,6 +9,7 @@ unless the child replaced itself with ``exec`` before touching the driver.
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 import sys
@@ -26,6 +27,10 @@ __all__ = ["CONFTEST_CONTEXT", "RunOutcome", "assemble_run", "looks_like_python"
 
 CONFTEST_CONTEXT = "pytest start-up: conftest.py"
 _PYTHON_NAME = re.compile(r"^python[0-9.]*$")
+# multiprocessing's resource tracker: the standard library's own helper, which runs no code of the
+# program's and never touches CUDA.  The keeper ends it with the tree when the command exits, and
+# on a loaded machine that can come before its interpreter reached the agent.
+_RESOURCE_TRACKER = "from multiprocessing.resource_tracker import main"
 
 
 @dataclass(frozen=True)
@@ -216,7 +221,11 @@ def _unwatched(
         notes.append(f"the command's Python process (pid {outcome.pid}) did not load the agent (python -I, -S or -E?)")
     named = {outcome.pid, *reported}
     execs = [item.start for image_starts in starts for item in image_starts if not item.start.copies_the_driver]
-    started = [(start.child, start.argv or ()) for start in execs if looks_like_python(start.argv)]
+    started = [
+        (start.child, start.argv or ())
+        for start in execs
+        if looks_like_python(start.argv) and not _is_resource_tracker(start.argv or ())
+    ]
     for pid, argv in [*started, *outcome.seen]:
         if pid is not None and pid not in named:
             named.add(pid)
@@ -224,6 +233,11 @@ def _unwatched(
                 f"pid {pid} ({' '.join(argv[:3])}) is a Python process that never reported; its CUDA use is unseen"
             )
     return notes
+
+
+def _is_resource_tracker(argv: Sequence[str]) -> bool:
+    """Whether ``argv`` starts multiprocessing's resource tracker (``python [flags] -c "from ..."``)."""
+    return any(word == "-c" and code.startswith(_RESOURCE_TRACKER) for word, code in itertools.pairwise(argv))
 
 
 def _lost_children(images: Sequence[_Image], starts: Sequence[list[_Start]]) -> list[str]:

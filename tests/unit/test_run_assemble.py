@@ -85,6 +85,19 @@ def test_a_python_child_that_never_reported_makes_the_verdict_unknown():
     assert assemble([], command=["sh", "-c", "true"]).verdict == "clean"
 
 
+def test_a_resource_tracker_ended_before_it_reported_leaves_the_verdict_alone():
+    # the keeper ends multiprocessing's own helper with the tree; on a loaded machine that can come
+    # before its interpreter reached the agent, and it runs no code of the program's
+    tracker = ["/usr/bin/python3", "-B", "-c", "from multiprocessing.resource_tracker import main;main(5)"]
+    start = {"e": "start", "kind": "subprocess", "seq": None, "child": 12, "argv": tracker,
+             "stack": FORK_STACK, "driver_initialized": False, "t": 2.0}  # fmt: skip
+    result = assemble([hello(10, 1), start])
+    assert result.verdict == "clean", result.notes
+    assert not result.notes
+    other = {**start, "argv": ["/usr/bin/python3", "-B", "-c", "import resource_tracker_lookalike"]}
+    assert assemble([hello(10, 1), other]).verdict == "unknown"
+
+
 def test_torn_and_foreign_lines_are_dropped(tmp_path):
     from diagtools.runner.watch import read_records
 
