@@ -16,18 +16,23 @@ process reads those declarations once (tens of milliseconds), then only
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import shlex
 import subprocess
 import sys
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from diagtools.driver import _generate
+from diagtools.driver._inputs import input_files
 from diagtools.errors import DriverBuildError, DriverUnavailableError, UsageError
+from diagtools.model.options import DRIVER_CHOICES
 from diagtools.model.scan import DriverInfo
+
+if TYPE_CHECKING:
+    from diagtools.driver._generate import GeneratedRuntime
 
 __all__ = [
     "DRIVER_CHOICES",
@@ -43,7 +48,6 @@ __all__ = [
     "resolve_driver",
 ]
 
-DRIVER_CHOICES = ("auto", "real", "simulated", "none")
 _SOURCES = Path(__file__).resolve().parent
 _real_driver_cache: dict[str, str | None] = {}
 # The simulated libraries, by soname, and the other names that resolve to each.
@@ -94,6 +98,8 @@ def _compiler() -> list[str]:
 
 
 def _build_key(*parts: str | bytes) -> str:
+    import hashlib  # only needed to build: a valid cache is found by its stamp (see _recorded)
+
     digest = hashlib.sha256()
     for part in parts:
         digest.update(part.encode() if isinstance(part, str) else part)
@@ -134,7 +140,7 @@ def _input_stamp() -> tuple[object, ...]:
     stamps: list[object] = [str(cache_dir()), *_compiler()]
     for path in (
         *(_SOURCES / name for name in ("simcuda.c", "simnvml.c", "simcudart.c", "simworld.h")),
-        *_generate.input_files(),
+        *input_files(),
     ):
         try:
             info = path.stat()
@@ -173,6 +179,8 @@ def build_simulated_world() -> SimulatedWorld:
     if cached is not None and all((cached.directory / name).exists() for name in (*cached.libraries, *_ALIASES)):
         _world_cache[stamp] = cached
         return cached
+    from diagtools.driver import _generate  # reading the declarations: only when the stamp is new
+
     simcuda = (_SOURCES / "simcuda.c").read_text()
     simnvml = (_SOURCES / "simnvml.c").read_text()
     simcudart = (_SOURCES / "simcudart.c").read_text()
@@ -222,7 +230,7 @@ def _first_error(directory: Path, soname: str) -> str:
     return next((line for line in lines if "error" in line), lines[0] if lines else "")[:300]
 
 
-def _build_runtime(directory: Path, runtime: _generate.GeneratedRuntime) -> None:
+def _build_runtime(directory: Path, runtime: GeneratedRuntime) -> None:
     """Compile one simulated ``libcudart.so.N``: its SONAME, version node and names are the real one's."""
     stem = runtime.soname.replace(".", "_")
     stubs = _write_if_changed(directory / f"{stem}_stubs.c", runtime.stubs)
@@ -245,8 +253,31 @@ def _build_runtime(directory: Path, runtime: _generate.GeneratedRuntime) -> None
         _write_if_changed(directory / f"{runtime.soname}.failed", f"{exc.output}\n{exc}\n")
 
 
-def _stamp_file(stamp: tuple[object, ...]) -> Path:
-    return cache_dir() / "simdriver" / "by-stamp" / _build_key(repr(stamp))
+def _stamp_file(kind: str, stamp: tuple[object, ...]) -> Path:
+    """Where the record of a ``kind`` build from inputs with this stamp lives.
+
+    The name is a cheap checksum (no ``hashlib``, whose OpenSSL costs a scan
+    milliseconds); the record holds the whole stamp, so two stamps that share
+    a name only cost a rebuild, never a wrong answer.
+    """
+    text = repr(stamp).encode("utf-8", "backslashreplace")
+    return cache_dir() / kind / "by-stamp" / f"{zlib.crc32(text):08x}{zlib.adler32(text):08x}"
+
+
+def _recorded(kind: str, stamp: tuple[object, ...]) -> dict[str, Any] | None:
+    """The record an earlier process wrote for a ``kind`` build with this exact stamp, or ``None``."""
+    try:
+        record = json.loads(_stamp_file(kind, stamp).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) and record.get("stamp") == repr(stamp) else None
+
+
+def _record(kind: str, stamp: tuple[object, ...], record: dict[str, Any]) -> None:
+    with contextlib.suppress(OSError):
+        path = _stamp_file(kind, stamp)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _write_if_changed(path, json.dumps({**record, "stamp": repr(stamp)}))
 
 
 def _recorded_world(stamp: tuple[object, ...]) -> SimulatedWorld | None:
@@ -255,21 +286,20 @@ def _recorded_world(stamp: tuple[object, ...]) -> SimulatedWorld | None:
     Reading one small file instead of generating the stubs again is most of
     the driver's share of a scan's fixed cost.
     """
+    record = _recorded("simdriver", stamp)
+    if record is None:
+        return None
     try:
-        record = json.loads(_stamp_file(stamp).read_text(encoding="utf-8"))
         directory = cache_dir() / "simdriver" / str(record["key"])
         libraries = tuple(map(str, record.get("libraries", SIMULATED_LIBRARIES)))
         return SimulatedWorld(directory, libraries, tuple(map(str, record["notes"])))
-    except (OSError, ValueError, KeyError, TypeError):
+    except (KeyError, TypeError):
         return None
 
 
 def _record_world(stamp: tuple[object, ...], world: SimulatedWorld) -> None:
-    with contextlib.suppress(OSError):
-        path = _stamp_file(stamp)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        record = {"key": world.directory.name, "libraries": list(world.libraries), "notes": list(world.notes)}
-        _write_if_changed(path, json.dumps(record))
+    record = {"key": world.directory.name, "libraries": list(world.libraries), "notes": list(world.notes)}
+    _record("simdriver", stamp, record)
 
 
 def build_injection_library() -> Path:
@@ -287,14 +317,25 @@ def build_probe_extension() -> Path:
     key names no interpreter: a scan with ``--python`` loads the same file.
     """
     source = _SOURCES / "cuprobe.c"
+    stamp = _file_stamp(source, "abi3", _ABI3_FLOOR)
+    recorded = _recorded("cuprobe", stamp)
+    if recorded is not None and Path(str(recorded.get("library"))).exists():
+        return Path(str(recorded["library"]))
     key = _build_key(source.read_bytes(), *_compiler(), "abi3", _ABI3_FLOOR)
     library = cache_dir() / "cuprobe" / key / "_diagtools_cuprobe.abi3.so"
-    if library.exists():
-        return library
-    import sysconfig  # only needed to compile: finding the headers costs a few ms
+    if not library.exists():
+        import sysconfig  # only needed to compile: finding the headers costs a few ms
 
-    include = sysconfig.get_paths()["include"]
-    return _compile("the CUDA state probe", source, library, [f"-I{include}", "-ldl"])
+        include = sysconfig.get_paths()["include"]
+        _compile("the CUDA state probe", source, library, [f"-I{include}", "-ldl"])
+    _record("cuprobe", stamp, {"library": str(library)})
+    return library
+
+
+def _file_stamp(source: Path, *parts: str) -> tuple[object, ...]:
+    """Cheap identity of a build from one source file: the cache, the compiler, the file's stat, ``parts``."""
+    info = source.stat()
+    return (str(cache_dir()), *_compiler(), str(source), info.st_mtime_ns, info.st_size, *parts)
 
 
 def real_driver_path() -> str | None:

@@ -23,12 +23,15 @@ from __future__ import annotations
 
 import os
 import re
-import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 from diagtools.driver._elf import ElfError, read_dynamic_identity
+from diagtools.driver._inputs import cuda_headers as _cuda_headers
+from diagtools.driver._inputs import first_in_site as _first_in_site
+from diagtools.driver._inputs import input_files
+from diagtools.driver._inputs import real_runtimes as _real_runtimes
 
 __all__ = ["GeneratedRuntime", "GeneratedSource", "driver_stubs", "input_files", "nvml_stubs", "runtime_stubs"]
 
@@ -59,34 +62,6 @@ class GeneratedSource:
     note: str
 
 
-def _site_dirs() -> Iterator[Path]:
-    seen: set[str] = set()
-    for entry in sys.path:
-        if entry and entry not in seen and os.path.isdir(entry):
-            seen.add(entry)
-            yield Path(entry)
-
-
-def _first_in_site(relative: str) -> Path | None:
-    for directory in _site_dirs():
-        candidate = directory / relative
-        if candidate.is_file():
-            return candidate
-    return None
-
-
-def _cuda_headers() -> Iterator[Path]:
-    """Every ``cuda.h`` an installed package (CUDA wheels, Triton) or toolkit ships."""
-    for directory in _site_dirs():
-        yield from directory.glob("nvidia/*/include/cuda.h")
-        yield from directory.glob("triton/backends/nvidia/include/cuda.h")
-    for variable in ("CUDA_HOME", "CUDA_PATH"):
-        root = os.environ.get(variable)
-        if root:
-            yield Path(root) / "include" / "cuda.h"
-    yield Path("/usr/local/cuda/include/cuda.h")
-
-
 def _newest_cuda_header() -> tuple[Path, int] | None:
     best: tuple[Path, int] | None = None
     for path in _cuda_headers():
@@ -99,18 +74,6 @@ def _newest_cuda_header() -> tuple[Path, int] | None:
         if best is None or version > best[1]:
             best = (path, version)
     return best
-
-
-def input_files() -> tuple[Path, ...]:
-    """The files the generated lists are read from; their stat is a cheap freshness key."""
-    found = [
-        _first_in_site("cuda/bindings/cydriver.pxd"),
-        _first_in_site("cuda/bindings/cynvml.pxd"),
-        _first_in_site("pynvml.py"),
-        *(path for path in _cuda_headers() if path.is_file()),
-        *_real_runtimes(),
-    ]
-    return tuple(path for path in found if path is not None)
 
 
 def _modelled(kind: str, source: str) -> list[str]:
@@ -288,13 +251,6 @@ class GeneratedRuntime:
     version_script: str
     exported: tuple[str, ...]
     note: str
-
-
-def _real_runtimes() -> Iterator[Path]:
-    """Every real ``libcudart.so.N`` an installed NVIDIA wheel ships, in ``sys.path`` order."""
-    for directory in _site_dirs():
-        for pattern in ("nvidia/*/lib/libcudart.so.[0-9]*", "nvidia/cuda_runtime/lib/libcudart.so.[0-9]*"):
-            yield from sorted(directory.glob(pattern))
 
 
 def _runtime_headers(real: Path, major: int) -> Path | None:

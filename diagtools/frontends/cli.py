@@ -13,10 +13,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from diagtools.driver import DRIVER_CHOICES
 from diagtools.errors import DiagtoolsError, SweepInterrupted, UsageError
-from diagtools.model.replay import REPLAY_BROKEN, START_METHODS
-from diagtools.usecases.scan import DEFAULT_SETTLE_S
+from diagtools.model.options import DEFAULT_SETTLE_S, DRIVER_CHOICES, START_METHODS
 
 __all__ = ["main"]
 
@@ -329,6 +327,7 @@ def _run_scan(args: argparse.Namespace) -> int:
 
 
 def _run_replay(args: argparse.Namespace) -> int:
+    from diagtools.model.replay import REPLAY_BROKEN
     from diagtools.render.text import render_comparison, render_replay
     from diagtools.usecases.replay import compare_replays, replay_fork
 

@@ -12,6 +12,7 @@ from typing import Any, ClassVar
 
 from diagtools.model._display import present
 from diagtools.model.common import check_schema
+from diagtools.model.options import START_METHODS
 from diagtools.model.scan import DriverInfo, TargetError
 from diagtools.model.serial import Serial, load
 from diagtools.model.verdict import Label, Verdict, combine
@@ -32,7 +33,6 @@ __all__ = [
 
 REPLAY_SCHEMA = "diagtools.replay/1"
 COMPARISON_SCHEMA = "diagtools.replay-comparison/1"
-START_METHODS = ("fork", "spawn", "forkserver")
 CHILD_ACTIONS = ("cuinit", "ctypes", "torch")
 
 

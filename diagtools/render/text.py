@@ -12,15 +12,17 @@ import functools
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
-from typing import ParamSpec
+from typing import TYPE_CHECKING, ParamSpec
 
-from diagtools.model.bisect import BisectResult
-from diagtools.model.diff import ScanDiff
-from diagtools.model.replay import ChildOutcome, ParentState, ReplayComparison, ReplayResult
-from diagtools.model.scan import Culprit, ScanResult, Site
-from diagtools.model.sweep import SweepResult, SweepRow
 from diagtools.render.ordering import ModuleGroups, group_modules
 from diagtools.render.paths import display_path, short_path
+
+if TYPE_CHECKING:  # the result types are only read here; a scan's report loads no replay, sweep or diff model
+    from diagtools.model.bisect import BisectResult
+    from diagtools.model.diff import ScanDiff
+    from diagtools.model.replay import ChildOutcome, ParentState, ReplayComparison, ReplayResult
+    from diagtools.model.scan import Culprit, ScanResult, Site
+    from diagtools.model.sweep import SweepResult, SweepRow
 
 __all__ = [
     "culprit_details",

@@ -13,6 +13,11 @@ again until it has no child left, and only then reports the target's exit
 code.  Descendants are found by walking ``/proc/*/stat`` parent links, so no
 cooperation of the target is needed.
 
+Every scan starts one keeper, so its start is part of a scan's fixed cost: it
+imports only C modules and ``os`` (``_signal`` rather than ``signal``, whose
+enums cost milliseconds; ``_ctypes`` rather than ``ctypes`` for its one call),
+and it leaves with ``os._exit`` once its last line is written.
+
 Options (each takes a descriptor number):
 
 ``--status FD``    where the keeper reports (default 1);
@@ -37,13 +42,17 @@ NUL-separated words, in hexadecimal) for each Python descendant seen alive in tw
 Standard library only; nothing of diagtools is imported.
 """
 
-import contextlib
 import os
 import resource
 import select
-import signal
 import sys
 import time
+
+TYPE_CHECKING = False  # not typing's: importing typing would cost the keeper more than all the rest
+if TYPE_CHECKING:
+    import signal
+else:
+    import _signal as signal  # the same functions and numbers, without the enum module
 
 PR_SET_CHILD_SUBREAPER = 36
 HIGH_FD = 2048  # the channel and dump descriptors move here, out of the range targets tend to close
@@ -60,11 +69,34 @@ def _stop(signum, frame):
 
 
 def set_subreaper():
-    import ctypes
-
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+    if _libc_prctl()(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
         os.write(2, b"diagtools keeper: PR_SET_CHILD_SUBREAPER failed; orphans may escape\n")
+
+
+def _libc_prctl():
+    """libc's ``prctl`` as ``ctypes.CDLL(None).prctl`` would give it, built from ``_ctypes`` directly.
+
+    ``ctypes`` is the same few lines over ``_ctypes`` plus imports that cost
+    the keeper milliseconds; an interpreter whose ``_ctypes`` differs gets ``ctypes``.
+    """
+    try:
+        import _ctypes
+
+        class Int(_ctypes._SimpleCData):
+            _type_ = "i"
+
+        class Function(_ctypes.CFuncPtr):
+            _flags_ = _ctypes.FUNCFLAG_CDECL
+            _restype_ = Int
+
+        class Libc:
+            _handle = _ctypes.dlopen(None, _ctypes.RTLD_LOCAL)  # type: ignore[arg-type] # None: the program itself
+
+        return Function(("prctl", Libc))  # type: ignore[arg-type] # any object with a _handle, as CDLL is
+    except (ImportError, AttributeError, TypeError, OSError):
+        import ctypes
+
+        return ctypes.CDLL(None).prctl
 
 
 def move_high(fd, minimum):
@@ -127,10 +159,12 @@ def start_target(options, argv):
     except BaseException as exc:
         errno = getattr(exc, "errno", None) or 0
         message = getattr(exc, "strerror", None) or str(exc)
-        with contextlib.suppress(OSError):
+        try:
             os.write(failed_w, f"{errno} {message}".encode())
             if "out" in options:
                 os.write(2, f"diagtools keeper: cannot start {argv[0]}: {message}\n".encode())
+        except OSError:
+            pass
     os._exit(127)
 
 
@@ -184,8 +218,10 @@ def sweep(statuses):
 
 
 def _kill(kill, target):
-    with contextlib.suppress(ProcessLookupError, PermissionError):
+    try:  # noqa: SIM105 - contextlib would cost every keeper its imports
         kill(target, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 class Census:
@@ -208,8 +244,7 @@ class Census:
         for pid, (count, argv) in sorted(self.sightings.items()):
             if count >= 2:
                 words = NUL.join(argv)[:600].hex()
-                with contextlib.suppress(OSError):
-                    os.write(status, f"python {pid} {words}\n".encode())
+                _say(status, f"python {pid} {words}\n")
 
 
 def _python_argv(pid):
@@ -295,9 +330,17 @@ def main(argv):
         clean = sweep(statuses)
     code = os.waitstatus_to_exitcode(statuses[pid]) if pid in statuses else 127
     census.report(status)
-    with contextlib.suppress(OSError):
-        os.write(status, f"exit {code}\n".encode() if clean else f"exit {code} leftover\n".encode())
+    _say(status, f"exit {code}\n" if clean else f"exit {code} leftover\n")
+
+
+def _say(status, line):
+    """Write one status line; a host that is gone is no reason to stop."""
+    try:  # noqa: SIM105 - contextlib would cost every keeper its imports
+        os.write(status, line.encode())
+    except OSError:
+        pass
 
 
 if __name__ == "__main__":
     main(sys.argv)
+    os._exit(0)  # everything is said and nothing is buffered: tearing the interpreter down only delays the host

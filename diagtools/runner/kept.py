@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["KEEPER", "Kept", "absolute_executable", "keeper_command", "start_kept"]
+__all__ = ["KEEPER", "Kept", "absolute_executable", "cached_code", "keeper_command", "start_kept"]
 
 KEEPER = Path(__file__).with_name("keeper.py")
 KEEPER_WAIT_S = 40.0  # the keeper's own sweep gives up after 30 s
@@ -51,7 +51,28 @@ def keeper_command(
         "census": census_ms,
     }
     words = [word for name, fd in options.items() if fd is not None for word in (f"--{name}", str(fd))]
-    return [absolute_executable(python), "-I", "-S", str(KEEPER), *words, "--", *command]
+    return [absolute_executable(python), "-I", "-S", "-c", _KEEPER_START, str(KEEPER), *words, "--", *command]
+
+
+def cached_code(path: str, name: str = "__main__") -> str:
+    """A Python expression: the code of the file ``path``, read from its bytecode cache, for module ``name``.
+
+    ``python FILE`` and ``exec(compile(...))`` compile the file on every start
+    (milliseconds for the keeper, the protocol and the probe, on every scan).
+    The import system's own source loader, present in every interpreter even
+    under ``-I -S``, reads and checks ``__pycache__`` instead (writing it on a
+    miss, unless bytecode writing is off) and imports nothing.  The
+    expression needs ``sys`` in scope.
+    """
+    return f"{_LOADER}({name!r}, {path!r}).get_code({name!r})"
+
+
+_LOADER = "sys.modules['_frozen_importlib_external'].SourceFileLoader"
+# ``python -c`` runs the keeper from its cached bytecode; its path stays on the command line (as ``ps`` shows
+# it) and becomes ``sys.argv[0]``, so the keeper sees the argv that ``python keeper.py`` would give it.
+_KEEPER_START = (
+    f"import sys\nsys.argv[:2] = sys.argv[1:2]\nexec({_LOADER}('__main__', sys.argv[0]).get_code('__main__'))\n"
+)
 
 
 def absolute_executable(python: str) -> str:

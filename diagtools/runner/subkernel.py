@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import select
 import selectors
 import signal
 import subprocess
@@ -28,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from diagtools import protocol
-from diagtools.runner.kept import absolute_executable, keeper_command
+from diagtools.runner.kept import absolute_executable, cached_code, keeper_command
 
 __all__ = [
     "RawRun",
@@ -173,18 +174,20 @@ def subkernel_env(request: SubkernelRequest, channel_fd: int, dump_fd: int, mark
 def bootstrap_code(program: Path) -> str:
     """Load the protocol module by hand (no import system: the probe's tree stays bare), then run ``program``.
 
-    ``python -c`` would make the working directory the first import root, so a
-    ``colorsys.py`` lying there would shadow the standard library's: it is removed.
+    Both come from their bytecode caches (:func:`~diagtools.runner.kept.cached_code`),
+    not compiled again on every start.  ``python -c`` would make the working
+    directory the first import root, so a ``colorsys.py`` lying there would
+    shadow the standard library's: it is removed.
     """
     module, source = protocol.PROTOCOL_MODULE, str(Path(protocol.__file__).resolve())
     return (
         "import sys\n"
         "if sys.path[:1] == ['']: del sys.path[0]\n"  # the caller's working directory is not an import root
         f"_m = type(sys)({module!r}); _m.__file__ = {source!r}\n"
-        f"exec(compile(open({source!r}, 'rb').read(), {source!r}, 'exec'), _m.__dict__)\n"
+        f"exec({cached_code(source, module)}, _m.__dict__)\n"
         f"sys.modules[{module!r}] = _m\n"
         "del _m\n"
-        f"exec(compile(open({str(program)!r}, 'rb').read(), {str(program)!r}, 'exec'))\n"
+        f"exec({cached_code(str(program))})\n"
     )
 
 
@@ -342,11 +345,20 @@ def _collect(fds: _Fds, started: float, timeout: float, clock: Callable[[], floa
                 spent = min(clock() - now, timeout - extended)
                 deadline, extended = deadline + spent, extended + spent
             elif moved < _FULL_READ and collected.keeper_said("exit") is None:
-                time.sleep(_BATCH_S)  # read events in batches: waking per event would slow the target
+                _await_keeper(fds.status_r, _BATCH_S)
         _drain(selector, sinks)
     said = collected.keeper_said("exit")
     collected.returncode = int(said[0]) if said else None
     return collected
+
+
+def _await_keeper(status: int, seconds: float) -> None:
+    """Pause between batches of events, but end the pause the moment the keeper says something.
+
+    Waking for every event would slow the target; sleeping through the
+    keeper's ``exit`` would add the rest of the pause to every run.
+    """
+    select.select([status], [], [], seconds)
 
 
 def _ask_for_stacks(collected: _Collected) -> None:

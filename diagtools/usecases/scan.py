@@ -10,6 +10,7 @@ from dataclasses import replace
 from diagtools import agents, protocol
 from diagtools.driver import build_probe_extension, resolve_driver
 from diagtools.errors import UsageError
+from diagtools.model.options import DEFAULT_SETTLE_S
 from diagtools.model.scan import Culprit, ScanResult
 from diagtools.runner.subkernel import RawRun, SubkernelRequest, run_subkernel
 from diagtools.usecases.assemble import assemble
@@ -29,7 +30,6 @@ __all__ = [
 MAX_TIMEOUT_S = 7 * 24 * 3600.0
 
 SCAN_PROBE = agents.program("scan_probe")
-DEFAULT_SETTLE_S = 1.0
 
 Runner = Callable[[SubkernelRequest], RawRun]
 

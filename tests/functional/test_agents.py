@@ -69,3 +69,24 @@ def test_probe_set_up_loads_nothing_beyond_a_bare_interpreter(tmp_path):
     seen = set(out.read_text(encoding="utf-8").split())
     extra = seen - bare_modules() - {"witness", protocol.PROTOCOL_MODULE}
     assert extra == set()
+
+
+def test_the_subkernel_runs_the_protocol_and_the_probe_from_their_bytecode_caches(tmp_path, monkeypatch):
+    """Compiled once, not on every start; read back through the import system's own loader, which imports nothing."""
+    monkeypatch.delenv("PYTHONDONTWRITEBYTECODE", raising=False)
+    prefix = tmp_path / "pycache"
+    settings = {protocol.CUPROBE: str(build_probe_extension()), protocol.SCAN_TARGETS: "colorsys"}
+    request = SubkernelRequest(SCAN_PROBE, settings, {"PYTHONPYCACHEPREFIX": str(prefix)}, 60.0, flags=("-S",))
+    first = run_subkernel(request)
+    assert first.returncode == 0, first.stderr.text
+    sources = [Path(protocol.__file__).resolve(), SCAN_PROBE.resolve()]
+    cached = {
+        source.stem: prefix / source.parent.relative_to("/") / f"{source.stem}.{sys.implementation.cache_tag}.pyc"
+        for source in sources
+    }
+    assert all(path.is_file() for path in cached.values()), sorted(prefix.rglob("*.pyc"))
+    written = {name: path.stat().st_mtime_ns for name, path in cached.items()}
+    second = run_subkernel(request)
+    assert second.returncode == 0, second.stderr.text
+    assert {name: path.stat().st_mtime_ns for name, path in cached.items()} == written  # read, not written again
+    assert [e["e"] for e in second.events] == [e["e"] for e in first.events]

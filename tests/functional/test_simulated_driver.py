@@ -135,6 +135,28 @@ def test_driver_is_built_once_and_cached(tmp_path, monkeypatch):
     assert first.is_relative_to(tmp_path)
 
 
+def test_a_cache_record_is_trusted_only_for_the_inputs_it_names(tmp_path, monkeypatch):
+    """Records are named by a cheap checksum of their inputs' stamp, so each holds the whole stamp and is checked."""
+    import json
+    import shutil
+
+    from diagtools import driver
+
+    monkeypatch.setenv("DIAGTOOLS_CACHE_DIR", str(tmp_path))
+    world, probe = driver.build_simulated_world(), driver.build_probe_extension()
+    elsewhere = shutil.copytree(world.directory, tmp_path / "elsewhere", symlinks=True)
+    shutil.copy(probe, elsewhere / probe.name)
+    records = sorted(tmp_path.glob("*/by-stamp/*"))
+    assert len(records) == 2
+    for record in records:  # what a record of other inputs, sharing the name, would say
+        document = json.loads(record.read_text())
+        document.update(stamp="other inputs", key="../elsewhere", library=str(elsewhere / probe.name))
+        record.write_text(json.dumps(document))
+    monkeypatch.setattr(driver, "_world_cache", {})
+    assert driver.build_simulated_world().directory == world.directory
+    assert driver.build_probe_extension() == probe
+
+
 def test_broken_compiler_is_a_clear_error(tmp_path, monkeypatch):
     from diagtools.errors import DriverBuildError
 
