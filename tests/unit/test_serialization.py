@@ -400,3 +400,25 @@ def test_results_print_as_their_text_report_in_ipython():
     assert pretty(bisect).startswith("diagtools bisect pkg")
     for kind in (ScanDiff, SweepResult):
         assert "_repr_pretty_" in vars(kind)
+
+
+def _datetime_iso(epoch: float) -> str:
+    from datetime import datetime, timezone
+
+    return datetime.fromtimestamp(epoch, timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+@FAST
+@given(
+    st.one_of(
+        st.floats(min_value=1e-6, max_value=4e9, allow_nan=False, allow_infinity=False),
+        # fractions that round up to the next second, or sit on a half microsecond
+        st.integers(1, 4_000_000_000).map(lambda s: s + 0.9999995),
+        st.integers(1, 4_000_000_000).map(lambda s: s + 0.0000005),
+    )
+)
+def test_timestamps_read_as_datetime_writes_them(epoch):
+    from diagtools.model.common import iso_time
+
+    assert iso_time(epoch) == _datetime_iso(epoch)
+    assert iso_time(0) == ""
