@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import gc
 import json
 import math
 import os
@@ -581,7 +582,14 @@ def _report_run(result: Any, args: argparse.Namespace) -> None:
 
 
 def run() -> NoReturn:
-    """The installed ``diagtools`` command: :func:`main` on ``sys.argv``, then the exit."""
+    """The installed ``diagtools`` command: :func:`main` on ``sys.argv``, then the exit.
+
+    The cyclic garbage collector runs every 100,000 new objects instead of
+    every 700 (mypy's command does the same): a scan's own imports and its
+    events would otherwise pay dozens of collections, milliseconds of a
+    scan's fixed cost, to free almost nothing (reference counting frees the rest).
+    """
+    gc.set_threshold(100_000, 50, 50)
     _leave(main())
 
 
