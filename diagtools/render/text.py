@@ -14,7 +14,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, ParamSpec
 
-from diagtools.render.ordering import ModuleGroups, group_modules
 from diagtools.render.paths import display_path, short_path
 
 if TYPE_CHECKING:  # the result types are only read here; a scan's report loads no replay, sweep or diff model
@@ -23,6 +22,7 @@ if TYPE_CHECKING:  # the result types are only read here; a scan's report loads 
     from diagtools.model.replay import ChildOutcome, ParentState, ReplayComparison, ReplayResult
     from diagtools.model.scan import Culprit, ScanResult, Site
     from diagtools.model.sweep import SweepResult, SweepRow
+    from diagtools.render.ordering import ModuleGroups
 
 __all__ = [
     "culprit_details",
@@ -302,6 +302,8 @@ def render_diff(diff: ScanDiff, *, limit: int = 20) -> str:
     if diff.after.culprit is not None:
         culprit = diff.after.culprit
         lines.append(f"  after:  culprit {_one_line(culprit.module)} via {' -> '.join(map(_one_line, culprit.chain))}")
+    from diagtools.render.ordering import group_modules  # a diff's grouping: a scan's report does not need it
+
     chain = diff.before.culprit.chain if diff.before.culprit else ()
     for label, names, sign in (
         ("no longer imported", diff.removed_modules, "-"),

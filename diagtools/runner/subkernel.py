@@ -231,7 +231,8 @@ def run_subkernel(
         _release(keeper, fds, marker)
         fds.close_all()
         raise
-    _release(keeper, fds, marker)
+    said = collected.keeper_said("exit")
+    _release(keeper, fds, marker, swept=said is not None and len(said) == 1)  # "exit CODE", no "leftover"
     fault_dump = fds.read_dump()
     decoded = collected.events.decoded()
     return RawRun(
@@ -387,8 +388,15 @@ def abort_runs() -> None:
         _tell_keeper(fds, b"k")
 
 
-def _release(keeper: subprocess.Popen[bytes] | None, fds: _Fds, marker: str) -> None:
-    """End the run on every path: the keeper kills the tree, then it is reaped; nothing is left open."""
+def _release(keeper: subprocess.Popen[bytes] | None, fds: _Fds, marker: str, *, swept: bool = False) -> None:
+    """End the run on every path: the keeper kills the tree, then it is reaped; nothing is left open.
+
+    ``swept``: the keeper reported that it swept the whole tree (as subreaper,
+    every descendant was its to kill).  Then, once it has left normally, no
+    process can carry the marker and reading every process's environment
+    (milliseconds, more on a busy machine) is skipped; on every other path
+    the marked processes are killed.
+    """
     if keeper is not None and keeper.poll() is None:
         _tell_keeper(fds, b"k")
     with _LIVE_LOCK:
@@ -400,7 +408,8 @@ def _release(keeper: subprocess.Popen[bytes] | None, fds: _Fds, marker: str) -> 
         except subprocess.TimeoutExpired:
             keeper.kill()
             keeper.wait()
-    kill_marked(marker)
+    if not (swept and keeper is not None and keeper.returncode == 0):
+        kill_marked(marker)
     for fd in list(fds.opened):
         if fd != fds.dump:  # read once the run is over, then closed
             fds.close(fd)

@@ -193,6 +193,53 @@ def test_keyboard_interrupt_in_the_python_api_kills_the_tree(tmp_path):
     assert_all_dead(folder)
 
 
+CHILD_THEN_HANG = """
+import os, time
+FOLDER = {folder!r}
+if os.fork() == 0:  # keeps the environment, hence the marker; orphaned when the subkernel dies
+    open(os.path.join(FOLDER, str(os.getpid())), "w").close()
+    time.sleep(600)
+    os._exit(0)
+while not os.listdir(FOLDER):
+    time.sleep(0.01)
+time.sleep(600)
+"""
+
+
+def test_a_killed_keeper_still_leaves_no_marked_process(tmp_path):
+    """The keeper never reports its sweep: the runner kills what carries the marker itself."""
+    import threading
+
+    from diagtools.driver import resolve_driver
+    from diagtools.runner.subkernel import run_subkernel
+    from diagtools.usecases.scan import probe_request
+
+    folder, root = tmp_path / "pids", tmp_path / "src"
+    folder.mkdir()
+    root.mkdir()
+    (root / "orphaning.py").write_text(CHILD_THEN_HANG.format(folder=str(folder)), encoding="utf-8")
+    keepers: list[subprocess.Popen[bytes]] = []
+
+    def popen(*args, **kwargs):
+        keepers.append(subprocess.Popen(*args, **kwargs))
+        return keepers[-1]
+
+    def kill_the_keeper() -> None:
+        stop = time.monotonic() + 60
+        while not recorded_pids(folder) and time.monotonic() < stop:
+            time.sleep(0.01)
+        keepers[0].kill()
+
+    setup = resolve_driver("simulated")
+    killer = threading.Thread(target=kill_the_keeper)
+    killer.start()
+    raw = run_subkernel(probe_request(("orphaning",), (str(root),), setup.env, 60.0), popen=popen)
+    killer.join()
+    assert raw.returncode is None  # the keeper never said how the subkernel ended
+    assert keepers[0].returncode == -signal.SIGKILL
+    assert_all_dead(folder)
+
+
 def test_replay_leaves_no_temporary_directory(tmp_path, make_tree, monkeypatch):
     scratch = tmp_path / "tmp"
     scratch.mkdir()
