@@ -59,11 +59,12 @@ def _version() -> str:
 
 
 def _build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
-    """The parser; given ``argv``, only the command it names gets its arguments.
+    """The parser; given ``argv``, only for the command it names.
 
-    Adding every command's arguments costs milliseconds on every start; one
+    Building every command's parser and arguments costs milliseconds on every
+    start (argparse looks up a translation for each parser's help texts); one
     command needs only its own.  When ``argv`` names no command (``--help``,
-    a typo) every command gets its arguments, so help and errors are unchanged.
+    ``--version``, a typo) every command is there, so help and errors are unchanged.
     """
     parser = _Parser(prog="diagtools", description="Find which import initializes the CUDA driver.")
     parser.add_argument("--debug", action="store_true", help="show tracebacks for diagtools' own errors")
@@ -71,9 +72,8 @@ def _build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     named = _command_named(argv)
     for name, (text, add_arguments) in _COMMANDS.items():
-        command = commands.add_parser(name, help=text)
         if named in (None, name):
-            add_arguments(command)
+            add_arguments(commands.add_parser(name, help=text))
     return parser
 
 

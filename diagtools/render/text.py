@@ -477,7 +477,12 @@ _PAINT = (
         r"|\btimeout\b|\bexited\b|\bFAILED\b",
     ),
 )
-_PAINTER = re.compile("|".join(f"(?P<c{i}>{pattern})" for i, (_, pattern) in enumerate(_PAINT)))
+
+
+@functools.cache
+def _painter() -> re.Pattern[str]:
+    """The colouring pattern, compiled on first use: a report to a pipe or a file is never painted."""
+    return re.compile("|".join(f"(?P<c{i}>{pattern})" for i, (_, pattern) in enumerate(_PAINT)))
 
 
 def paint(text: str) -> str:
@@ -487,7 +492,7 @@ def paint(text: str) -> str:
         group = next(name for name, value in match.groupdict().items() if value is not None)
         return f"{_PAINT[int(group[1:])][0]}{match.group(0)}{_RESET}"
 
-    return _PAINTER.sub(colour, text)
+    return _painter().sub(colour, text)
 
 
 def use_color(isatty: bool, environ: Mapping[str, str]) -> bool:
