@@ -45,6 +45,7 @@ class _State:
     origins = {}  # thread id -> the module whose code started that thread
     alive = {}  # thread id -> {"name", "by", "stack"} of threads started by traced code, while they run
     imported = set()  # modules imported after start-up: candidates for blame at shutdown
+    clean = []  # modules the main thread finished importing before the driver was initialized, in order
 
 
 def _innermost(tid):
@@ -139,6 +140,8 @@ def _traced_load(spec):
             sys.settrace(None)
         stack.pop()
         _check_state(tid, name, "end")
+        if ok and tid == _MAIN_THREAD and not _State.transition_seen:
+            _State.clean.append(name)
         _channel.send(f'{{"e":"end","n":{_encode_str(name)},"ok":{_encode(ok)},"t":{_clock()!r}}}')
 
 
@@ -509,6 +512,15 @@ def main():
 
 
 # ---- a forked start: the sweep zygote's children ------------------------------
+
+
+def imported_before_cuda():
+    """When the driver got initialized: the modules fully imported before that, in order; else ``[]``.
+
+    The sweep zygote preloads them for the modules below a package that
+    initializes CUDA, so each of those children runs only the rest.
+    """
+    return list(_State.clean) if _State.transition_seen else []
 
 
 def run_forked(channel, targets):
