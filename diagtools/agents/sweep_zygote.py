@@ -218,8 +218,9 @@ def _descend(index, modules, inside, jobs, running):
     this one imports it once (untraced, checked like any preload: no CUDA,
     no thread) and forks their children; nothing else it loads is visible to
     any other module.  When the package initializes CUDA, a second package
-    zygote preloads what the package's own row child imported before that,
-    and each child below imports the rest.  Returns ``(child, served)``:
+    zygote preloads what the package's own row child imported off the chain
+    that initialized it (outside the package, each checked CUDA-free), and
+    each child below imports the package again, the chain and the rest.  Returns ``(child, served)``:
     ``child`` is ``(index, module)`` in a scan child down there, ``served``
     whether a package zygote took the modules (else this zygote scans them).
     """
@@ -228,10 +229,10 @@ def _descend(index, modules, inside, jobs, running):
         return child, False
     if code == _NOT_SERVED:
         while index in running.values():
-            _reap_one(running)  # the package's own row: its child names what it imported first
-        first = _lines_of(_before_cuda_path(index))
-        if first:
-            start = lambda: _package_zygote(index, modules, inside, jobs, first)  # noqa: E731
+            _reap_one(running)  # the package's own row: its child names what it imported off the chain
+        off_chain = _lines_of(_off_chain_path(index))
+        if off_chain:
+            start = lambda: _package_zygote(index, modules, inside, jobs, off_chain)  # noqa: E731
             child, code = _fork_package_zygote(index, running, start)
             if child is not None:
                 return child, False
@@ -257,8 +258,8 @@ def _inside_path(index):
     return f"{_WORKDIR}/package-{index}.json"
 
 
-def _before_cuda_path(index):
-    return f"{_WORKDIR}/{index}.before-cuda"
+def _off_chain_path(index):
+    return f"{_WORKDIR}/{index}.off-chain"
 
 
 def _lines_of(path):
@@ -277,19 +278,19 @@ def _exists(path):
     return True
 
 
-def _package_zygote(index, modules, inside, jobs, first=None):
-    """In the package zygote: import the package (or only ``first``), check, then serve ``inside``.
+def _package_zygote(index, modules, inside, jobs, off_chain=None):
+    """In the package zygote: import the package (or only ``off_chain``), check, then serve ``inside``.
 
     Returns ``(index, module)`` in a child; the package zygote itself exits.
     """
     global _channel, _zygote_index
     module = modules[index]
     _channel = protocol.Channel(int(_ENV[protocol.CHANNEL_FD]))  # the parent's channel is quiet in a fork
-    _channel.emit("descend", i=index, pid=posix.getpid(), z=_zygote_index, first=first is not None)
+    _channel.emit("descend", i=index, pid=posix.getpid(), z=_zygote_index, off_chain=off_chain is not None)
     _zygote_index = index
     before = set(sys.modules)
     started = _clock()
-    problem = _import_checked([module] if first is None else first, skip_orphans=first is not None)
+    problem = _import_checked([module] if off_chain is None else off_chain, skip_orphans=off_chain is not None)
     if problem:
         _channel.emit("descent-refused", i=index, reason=problem)
         _flush_stdio()
@@ -419,9 +420,9 @@ def _run_child(probe, index, module):
         probe["run_forked"](channel, [module])
     except SystemExit as exc:
         code = _exit_code(exc)
-    before = probe["imported_before_cuda"]()
-    if before:
-        _write_new(_before_cuda_path(index), "\n".join(before))
+    beside = probe["imported_off_the_chain"]()
+    if beside:
+        _write_new(_off_chain_path(index), "\n".join(beside))
     _leave(code)
 
 

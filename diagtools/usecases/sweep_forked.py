@@ -324,8 +324,8 @@ def _pass(
 
 def package_notes(outcome: ZygoteOutcome, modules: Sequence[str]) -> tuple[str, ...]:
     """How the package zygotes went: the packages imported once for the modules below them, and the rest."""
-    whole = [p for p in outcome.packages.values() if p.seconds is not None and not p.first]
-    first = [p for p in outcome.packages.values() if p.seconds is not None and p.first]
+    whole = [p for p in outcome.packages.values() if p.seconds is not None and not p.off_chain]
+    beside = [p for p in outcome.packages.values() if p.seconds is not None and p.off_chain]
     refused = {i: p for i, p in outcome.packages.items() if p.seconds is None}
     notes = []
     if whole:
@@ -333,10 +333,10 @@ def package_notes(outcome: ZygoteOutcome, modules: Sequence[str]) -> tuple[str, 
             f"{len(whole)} package(s) imported once in a zygote of their own for the "
             f"{sum(p.served for p in whole)} module(s) below them ({sum(p.seconds or 0.0 for p in whole):.1f} s)"
         )
-    if first:
+    if beside:
         notes.append(
-            f"{len(first)} package(s) that initialize CUDA: what they import before that was imported once "
-            f"for the {sum(p.served for p in first)} module(s) below them, which import the rest"
+            f"{len(beside)} package(s) that initialize CUDA: what they import off the initializing chain "
+            f"was imported once for the {sum(p.served for p in beside)} module(s) below them"
         )
     if refused:
         shown = ", ".join(f"{modules[i]} ({p.refused})" for i, p in list(refused.items())[:3])

@@ -31,11 +31,14 @@ def tree(make_tree, tmp_path):
         "pz/heavy/sub/__init__.py": counted(log, "pz.heavy.sub"),
         "pz/heavy/sub/x.py": "VALUE = 3\n",
         "pz/heavy/sub/y.py": "import pz.helper\n",
-        "pz/gpu/__init__.py": counted(log, "pz.gpu", "import pz.gpu_deps\nimport pz.gpu.early\n" + CUINIT),
+        "pz/gpu/__init__.py": counted(
+            log, "pz.gpu", "import pz.gpu_deps\nimport pz.gpu.early\n" + CUINIT + "import pz.gpu_after\n"
+        ),
         "pz/gpu/early.py": "VALUE = 5\n",
         "pz/gpu/l1.py": "VALUE = 4\n",
         "pz/gpu/l2.py": "import pz.heavy\n",
         "pz/gpu_deps.py": counted(log, "pz.gpu_deps", "import json\n"),
+        "pz/gpu_after.py": counted(log, "pz.gpu_after"),
     }
     return make_tree(files), log
 
@@ -67,12 +70,14 @@ def test_a_package_is_imported_once_for_the_modules_below_it(tree):
     assert imports.count("pz.heavy.sub") == 2
     # pz.gpu initializes CUDA: its zygote refuses, so its row and each of its 3 modules import it...
     assert imports.count("pz.gpu") == 5
-    # ...but what it imports before that (pz.gpu_deps: its own row, pz.gpu's row, the refused zygote,
-    # the one that preloads it) is imported once for the 3 modules below it
+    # ...but what it imports off that chain, before (pz.gpu_deps) and after (pz.gpu_after) the
+    # initialization, is imported once for the 3 modules below it (besides their own rows, pz.gpu's row
+    # and the refused package zygote)
     assert imports.count("pz.gpu_deps") == 4
+    assert imports.count("pz.gpu_after") == 4
     notes = " ".join(forked.preload_notes)
     assert "2 package(s) imported once in a zygote of their own for the 7 module(s) below them" in notes
-    assert "1 package(s) that initialize CUDA: what they import before that was imported once for the 3" in notes
+    assert "1 package(s) that initialize CUDA: what they import off the initializing chain was imported once" in notes
 
     log.write_text("")
     fresh = sweep("pz", path=[root], driver="simulated", timeout=30, jobs=2, fresh=True)
