@@ -103,6 +103,12 @@ EVENTS = {
     "forked": ("i", "pid"),
     "present": ("i",),
     "reaped": ("i", "code"),
+    # a package zygote forked for the modules below package i (off_chain: it preloads only what the
+    # package imported off the chain that initialized CUDA)
+    "descend": ("i", "pid", "z", "off_chain"),
+    "descended": ("i", "s", "n"),  # it imported the package: what it loaded is in package-<i>.json
+    "descent-refused": ("i", "reason"),
+    "ascended": ("i", "code"),
     # the run agent (diagtools run, pytest --cuda-watch): one record file per process.  Its first
     # cuInit is a "cuinit" (the driver's hook) or a "transition" (the driver's state), as in a scan,
     # with "chain": [[module, file], ...] (the module bodies running, outermost first)

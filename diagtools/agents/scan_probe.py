@@ -45,6 +45,8 @@ class _State:
     origins = {}  # thread id -> the module whose code started that thread
     alive = {}  # thread id -> {"name", "by", "stack"} of threads started by traced code, while they run
     imported = set()  # modules imported after start-up: candidates for blame at shutdown
+    completed = []  # modules the main thread finished importing, in order
+    chain = None  # when the main thread's import initialized the driver: the modules it was importing
 
 
 def _innermost(tid):
@@ -73,6 +75,7 @@ def _note_transition(tid, module, event, phase=None):
     if _State.transition_seen:
         return
     _State.transition_seen = True
+    _note_chain(tid, module)
     started = _State.alive.get(tid)
     _channel.emit(
         "transition",
@@ -84,6 +87,12 @@ def _note_transition(tid, module, event, phase=None):
         name=started["name"] if started else None,
         started=started["stack"] if started else None,
     )
+
+
+def _note_chain(tid, module):
+    """Remember which modules the main thread was importing when the driver got initialized."""
+    if _State.chain is None and tid == _MAIN_THREAD and _State.phase == "import":
+        _State.chain = set(_State.stacks.get(tid, ())) | {module}
 
 
 def _check_state(tid, module, event, phase=None):
@@ -139,6 +148,8 @@ def _traced_load(spec):
             sys.settrace(None)
         stack.pop()
         _check_state(tid, name, "end")
+        if ok and tid == _MAIN_THREAD:
+            _State.completed.append(name)
         _channel.send(f'{{"e":"end","n":{_encode_str(name)},"ok":{_encode(ok)},"t":{_clock()!r}}}')
 
 
@@ -233,6 +244,7 @@ def _on_cuinit(thread=None):
     _State.hook_fired = True
     caller, tid = _caller(thread, 1)
     module = _innermost(tid)
+    _note_chain(tid, module)
     running = _module_code_running(caller)
     if running is not None and running not in _State.stacks.get(tid, ()):
         # Top-level code of a module the tracer never saw being imported (LazyLoader,
@@ -509,6 +521,19 @@ def main():
 
 
 # ---- a forked start: the sweep zygote's children ------------------------------
+
+
+def imported_off_the_chain():
+    """When an import initialized the driver: the modules fully imported, in order, except those that
+    were being imported at that moment (the chain that initialized it); else ``[]``.
+
+    The sweep zygote preloads them (each checked CUDA-free) for the modules
+    below a package that initializes CUDA, so each of those children runs only
+    the chain again.
+    """
+    if _State.chain is None:
+        return []
+    return [name for name in _State.completed if name not in _State.chain]
 
 
 def run_forked(channel, targets):

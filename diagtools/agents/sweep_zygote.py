@@ -149,19 +149,38 @@ def _flush_stdio():
 
 
 def _reap_one(running):
+    """Wait for any child; a scan child's exit is reported, a package zygote's returned as ``(pid, code)``."""
     pid, status = posix.waitpid(-1, 0)
+    code = posix.waitstatus_to_exitcode(status)
     index = running.pop(pid, None)
     if index is not None:
-        _channel.emit("reaped", i=index, pid=pid, code=posix.waitstatus_to_exitcode(status))
+        _channel.emit("reaped", i=index, pid=pid, code=code)
+    return pid, code
 
 
-def _serve(modules, jobs):
-    """Fork one child per module, ``jobs`` at a time; returns ``(index, module)`` in a child, else None."""
-    running = {}
-    for index, module in enumerate(modules):
-        if index in _served:
+def _below(modules, order):
+    """For each package in ``order``, the indices of ``order`` that lie inside it, in order."""
+    found = {}
+    for index in order:
+        parts = modules[index].split(".")
+        for depth in range(1, len(parts)):
+            found.setdefault(".".join(parts[:depth]), []).append(index)
+    return found
+
+
+def _serve(modules, order, jobs):
+    """Fork one child per module of ``order``, ``jobs`` at a time; ``(index, module)`` in a child, else None.
+
+    A package with at least :data:`DESCEND_MIN` modules below it also gets a
+    zygote of its own (see :func:`_descend`), which serves those modules.
+    """
+    running, done = {}, set()
+    below = _below(modules, order)
+    for index in order:
+        if index in _served or index in done:
             continue
-        if module in sys.modules:
+        module = modules[index]
+        if module in _explicit:
             _channel.emit("present", i=index)  # preloaded: its row says so, no child needed
             continue
         while len(running) >= jobs:
@@ -171,10 +190,151 @@ def _serve(modules, jobs):
         if pid == 0:
             return index, module
         running[pid] = index
-        _channel.emit("forked", i=index, pid=pid, m=module)
+        _channel.emit("forked", i=index, pid=pid, m=module, z=_zygote_index)
+        inside = [k for k in below.get(module, ()) if k not in done and k not in _served]
+        if len(inside) >= DESCEND_MIN and module not in sys.modules:
+            child, served = _descend(index, modules, inside, jobs, running)
+            if child is not None:
+                return child
+            if served:
+                done.update(inside)
     while running:
         _reap_one(running)
     return None
+
+
+# ---- package zygotes -----------------------------------------------------------
+
+DESCEND_MIN = 2  # a package with this many modules below it is imported once for all of them
+_NOT_SERVED = 3  # a package zygote's exit code when it refused and scanned nothing
+_zygote_index = -1  # the index of the package this zygote imported (-1: the first zygote)
+_explicit = set()  # the modules the preload loaded: their rows say "preloaded", no child is forked
+
+
+def _descend(index, modules, inside, jobs, running):
+    """Scan the modules below package ``modules[index]`` in children of a zygote that imported it.
+
+    Every one of them imports the package first, so a zygote forked from
+    this one imports it once (untraced, checked like any preload: no CUDA,
+    no thread) and forks their children; nothing else it loads is visible to
+    any other module.  When the package initializes CUDA, a second package
+    zygote preloads what the package's own row child imported off the chain
+    that initialized it (outside the package, each checked CUDA-free), and
+    each child below imports the package again, the chain and the rest.  Returns ``(child, served)``:
+    ``child`` is ``(index, module)`` in a scan child down there, ``served``
+    whether a package zygote took the modules (else this zygote scans them).
+    """
+    child, code = _fork_package_zygote(index, running, lambda: _package_zygote(index, modules, inside, jobs))
+    if child is not None:
+        return child, False
+    if code == _NOT_SERVED:
+        while index in running.values():
+            _reap_one(running)  # the package's own row: its child names what it imported off the chain
+        off_chain = _lines_of(_off_chain_path(index))
+        if off_chain:
+            start = lambda: _package_zygote(index, modules, inside, jobs, off_chain)  # noqa: E731
+            child, code = _fork_package_zygote(index, running, start)
+            if child is not None:
+                return child, False
+    return None, code != _NOT_SERVED and _exists(_inside_path(index))
+
+
+def _fork_package_zygote(index, running, start):
+    """Fork a package zygote that runs ``start``; ``(child, None)`` in a scan child below it, else
+    ``(None, its exit code)`` once it has ended (this zygote's own children are reaped meanwhile)."""
+    _flush_stdio()
+    pid = posix.fork()
+    if pid == 0:
+        return start(), None
+    while True:
+        reaped, code = _reap_one(running)
+        if reaped == pid:
+            break
+    _channel.emit("ascended", i=index, code=code)
+    return None, code
+
+
+def _inside_path(index):
+    return f"{_WORKDIR}/package-{index}.json"
+
+
+def _off_chain_path(index):
+    return f"{_WORKDIR}/{index}.off-chain"
+
+
+def _lines_of(path):
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return [line for line in handle.read().split("\n") if line]
+    except OSError:
+        return []
+
+
+def _exists(path):
+    try:
+        posix.stat(path)
+    except OSError:
+        return False
+    return True
+
+
+def _package_zygote(index, modules, inside, jobs, off_chain=None):
+    """In the package zygote: import the package (or only ``off_chain``), check, then serve ``inside``.
+
+    Returns ``(index, module)`` in a child; the package zygote itself exits.
+    """
+    global _channel, _zygote_index
+    module = modules[index]
+    _channel = protocol.Channel(int(_ENV[protocol.CHANNEL_FD]))  # the parent's channel is quiet in a fork
+    _channel.emit("descend", i=index, pid=posix.getpid(), z=_zygote_index, off_chain=off_chain is not None)
+    _zygote_index = index
+    before = set(sys.modules)
+    started = _clock()
+    problem = _import_checked([module] if off_chain is None else off_chain, skip_orphans=off_chain is not None)
+    if problem:
+        _channel.emit("descent-refused", i=index, reason=problem)
+        _flush_stdio()
+        posix._exit(_NOT_SERVED)
+    loaded = [pair for pair in _inside(_ENV.get(protocol.SWEEP_PACKAGE, "")) if pair[0] not in before]
+    _write_new(_inside_path(index), protocol.encode(loaded))
+    _channel.emit("descended", i=index, s=_clock() - started, n=len(sys.modules) - len(before))
+    __import__("gc").freeze()
+    child = _serve(modules, inside, jobs)
+    if child is not None:
+        return child
+    _flush_stdio()
+    posix._exit(0)
+
+
+def _import_checked(names, skip_orphans):
+    """Import ``names`` in order, checking after each; why the zygote must not fork now, or ``""``.
+
+    With ``skip_orphans``, a module whose parent package is not loaded is
+    skipped: importing it would run that package, the one being avoided.
+    """
+    for name in names:
+        if name in sys.modules:
+            continue
+        if skip_orphans and "." in name and name.rpartition(".")[0] not in sys.modules:
+            continue
+        try:
+            __import__(name)
+        except BaseException as exc:
+            return f"importing {name} failed: {_describe(exc)}"
+        problem = _problem_after(f"importing {name}")
+        if problem:
+            return problem
+    return ""
+
+
+def _write_new(path, text):
+    fd = posix.open(path, _FILE_FLAGS, 0o600)
+    try:
+        data = text.encode("utf-8", "backslashreplace")
+        while data:
+            data = data[posix.write(fd, data) :]
+    finally:
+        posix.close(fd)
 
 
 # ---- in the child --------------------------------------------------------------
@@ -260,6 +420,9 @@ def _run_child(probe, index, module):
         probe["run_forked"](channel, [module])
     except SystemExit as exc:
         code = _exit_code(exc)
+    beside = probe["imported_off_the_chain"]()
+    if beside:
+        _write_new(_off_chain_path(index), "\n".join(beside))
     _leave(code)
 
 
@@ -282,8 +445,9 @@ def main():
     if problem:
         return None
     _channel.emit("ready", count=len(sys.modules), inside=_inside(_ENV.get(protocol.SWEEP_PACKAGE, "")))
+    _explicit.update(sys.modules)
     __import__("gc").freeze()  # the preloaded objects stay out of the children's collections
-    child = _serve(modules, max(1, int(_ENV.get(protocol.SWEEP_JOBS, "1"))))
+    child = _serve(modules, range(len(modules)), max(1, int(_ENV.get(protocol.SWEEP_JOBS, "1"))))
     if child is None:
         _channel.emit("done")
         return None

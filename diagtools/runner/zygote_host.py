@@ -14,6 +14,7 @@ the stack-dump signal, then its process group is killed.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import selectors
 import shutil
@@ -40,7 +41,7 @@ from diagtools.runner.subkernel import (
     subkernel_env,
 )
 
-__all__ = ["ZygoteOutcome", "run_zygote"]
+__all__ = ["PackageZygote", "ZygoteOutcome", "run_zygote"]
 
 _DUMP_SIGNAL = signal.SIGUSR1
 _DUMP_GRACE_S = 0.5
@@ -62,6 +63,23 @@ class ZygoteOutcome:
     present: list[int] = field(default_factory=list)
     unfinished: tuple[int, ...] = ()
     detail: str = ""
+    child_inside: dict[int, list[tuple[str, str | None]]] = field(default_factory=dict)
+    packages: dict[int, PackageZygote] = field(default_factory=dict)
+
+    def inside_of(self, index: int) -> list[tuple[str, str | None]]:
+        """The package's modules loaded in the zygote that forked child ``index``, before it ran."""
+        return self.child_inside.get(index, self.inside)
+
+
+@dataclass
+class PackageZygote:
+    """A zygote forked for the modules below one package: it imported the package once for all of them."""
+
+    seconds: float | None = None  # None: it never finished importing the package
+    off_chain: bool = False  # it imported only what the package imports off the chain that initializes CUDA
+    loaded: int = 0
+    served: int = 0
+    refused: str = ""
 
 
 @dataclass
@@ -87,6 +105,9 @@ class _Zygote:
         self.finished: set[int] = set()
         self.count = count
         self.pending = b""
+        self.insides: dict[int, list[tuple[str, str | None]]] = {}  # per package zygote, by package index
+        self.parents: dict[int, int] = {}
+        self.importing: dict[int, _Child] = {}  # package zygotes still importing their package
 
     def feed(self, data: bytes) -> None:
         lines, _, self.pending = (self.pending + data).rpartition(b"\n")
@@ -104,13 +125,38 @@ class _Zygote:
             self.outcome.ready, self.outcome.loaded = True, int(event["count"])
             self.outcome.inside = [(str(name), file) for name, file in event["inside"]]
         elif kind == "forked":
-            self.children[int(event["i"])] = _Child(int(event["i"]), int(event["pid"]), time.monotonic(), time.time())
+            index, zygote = int(event["i"]), int(event.get("z", -1))
+            self.children[index] = _Child(index, int(event["pid"]), time.monotonic(), time.time())
+            self.outcome.child_inside[index] = self.insides.get(zygote, self.outcome.inside)
+            if zygote in self.outcome.packages:
+                self.outcome.packages[zygote].served += 1
+        elif kind in ("descend", "descended", "descent-refused", "ascended"):
+            self.package_event(kind, event)
         elif kind == "present":
             self.outcome.present.append(int(event["i"]))
             self.finished.add(int(event["i"]))
             self.on_child(int(event["i"]), None, self.outcome)
         elif kind == "reaped":
             self.reaped(int(event["i"]), int(event["code"]))
+
+    def package_event(self, kind: str, event: dict[str, Any]) -> None:
+        """A package zygote's life: forked, done importing (or refused), ended."""
+        index = int(event["i"])
+        if kind == "descend":
+            self.parents[index] = int(event["z"])
+            self.importing[index] = _Child(index, int(event["pid"]), time.monotonic(), time.time())
+            self.outcome.packages[index] = PackageZygote(off_chain=bool(event["off_chain"]))
+            return
+        self.importing.pop(index, None)
+        package = self.outcome.packages.setdefault(index, PackageZygote())
+        if kind == "descended":
+            package.seconds, package.loaded = float(event["s"]), int(event["n"])
+            above = self.insides.get(self.parents.get(index, -1), self.outcome.inside)
+            self.insides[index] = above + _loaded_inside(self.workdir / f"package-{index}.json")
+        elif kind == "descent-refused":
+            package.refused = str(event["reason"])
+        elif package.seconds is None and not package.refused:
+            package.refused = f"it ended (exit code {event['code']}) before it had imported the package"
 
     def reaped(self, index: int, code: int) -> None:
         child = self.children.pop(index, None)
@@ -136,8 +182,15 @@ class _Zygote:
         )
 
     def enforce_deadlines(self) -> None:
-        """Dump the stacks of a child past its deadline, then kill its group after a grace period."""
+        """Dump the stacks of a child past its deadline, then kill its group after a grace period.
+
+        A package zygote that has not imported its package within the deadline
+        is killed; its parent then scans the modules below it itself.
+        """
         now = time.monotonic()
+        for package in self.importing.values():
+            if now - package.started >= self.timeout:
+                _signal(package.pid, signal.SIGKILL)
         for child in self.children.values():
             if child.dump_sent is None and now - child.started >= self.timeout:
                 child.timed_out, child.dump_sent = True, now
@@ -150,6 +203,15 @@ class _Zygote:
 def _signal(pid: int, number: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.kill(pid, number)
+
+
+def _loaded_inside(path: Path) -> list[tuple[str, str | None]]:
+    """The package modules a package zygote loaded, as it wrote them (nothing when unreadable)."""
+    try:
+        pairs = json.loads(_read(path) or b"[]")
+        return [(str(name), file if isinstance(file, str) else None) for name, file in pairs]
+    except (ValueError, TypeError):
+        return []
 
 
 def _read(path: Path) -> bytes:

@@ -27,7 +27,7 @@ from diagtools.usecases.assemble import assemble
 from diagtools.usecases.scan import DEFAULT_SETTLE_S, SCAN_PROBE
 from diagtools.usecases.sweep_discover import SweptTree
 
-__all__ = ["ADAPT_MIN_MODULES", "SWEEP_ZYGOTE", "ZygotePass", "in_package_deps", "zygote_pass"]
+__all__ = ["ADAPT_MIN_MODULES", "SWEEP_ZYGOTE", "ZygotePass", "in_package_deps", "package_notes", "zygote_pass"]
 
 SWEEP_ZYGOTE = agents.program("sweep_zygote")
 PRELOAD_TIMEOUT_MIN_S = 300.0
@@ -53,11 +53,18 @@ def in_package_deps(tree: SweptTree, files: Sequence[str | None]) -> tuple[str, 
 
 
 def _row(
-    module: str, raw: RawRun, setup: DriverSetup, tree: SweptTree, outcome: ZygoteOutcome, *, own: tuple[str, ...]
+    module: str,
+    raw: RawRun,
+    setup: DriverSetup,
+    tree: SweptTree,
+    inside: Sequence[tuple[str, str | None]],
+    *,
+    own: tuple[str, ...],
 ) -> tuple[SweepRow, ScanResult]:
+    """The row of a zygote's child; ``inside`` is what its zygote had loaded of the package."""
     result: ScanResult = assemble(raw, (module,), setup.info, own)
     row = SweepRow.from_scan(module, result, raw.started_at, time.time(), mode="zygote")
-    files = [node.file for node in result.modules] + [file for _, file in outcome.inside]
+    files = [node.file for node in result.modules] + [file for _, file in inside]
     return _with_deps(row, in_package_deps(tree, files)), result
 
 
@@ -141,7 +148,8 @@ class _Collector:
             row = SweepRow.preloaded_in_zygote(module, seconds, time.time())
             self.on_row(_with_deps(row, in_package_deps(self.tree, [f for _, f in outcome.inside])))
             return
-        row, result = _row(module, raw, self.setup, self.tree, outcome, own=self.own)
+        inside = outcome.inside_of(index)
+        row, result = _row(module, raw, self.setup, self.tree, inside, own=self.own)
         if self.learner is not None:
             self.learner.observe(module, result)
         if _needs_fresh_scan(row):
@@ -242,13 +250,13 @@ def _adaptive_pass(sweep: _Sweep, modules: Sequence[str], preload: list[str]) ->
     except _Learned:
         pass
     else:  # nothing worth preloading: the one zygote scanned everything
-        return replace(first, notes=_adapt_notes(learner, [], first.preload, len(sample)))
+        return replace(first, notes=(*_adapt_notes(learner, [], first.preload, len(sample)), *first.notes))
     chosen = learner.candidates(ADAPT_SHARE, preload)
     rest = [m for m in ordered if m not in recorded]
     grown = [*preload, *(name for name, _ in chosen)]
     second = _pass(sweep, rest, grown, scan_first=[name for name, _ in chosen])
     notes = _adapt_notes(learner, chosen, second.preload, len(sample))
-    return replace(second, notes=notes)
+    return replace(second, notes=(*notes, *second.notes))
 
 
 def _adapt_notes(
@@ -311,4 +319,27 @@ def _pass(
     leftover = [modules[i] for i in outcome.unfinished] + collector.redo
     if outcome.unfinished:
         notes.append(f"{outcome.detail}; those were scanned in fresh subkernels")
-    return ZygotePass(tuple(attempt), "; ".join(notes), tuple(leftover))
+    return ZygotePass(tuple(attempt), "; ".join(notes), tuple(leftover), notes=package_notes(outcome, modules))
+
+
+def package_notes(outcome: ZygoteOutcome, modules: Sequence[str]) -> tuple[str, ...]:
+    """How the package zygotes went: the packages imported once for the modules below them, and the rest."""
+    whole = [p for p in outcome.packages.values() if p.seconds is not None and not p.off_chain]
+    beside = [p for p in outcome.packages.values() if p.seconds is not None and p.off_chain]
+    refused = {i: p for i, p in outcome.packages.items() if p.seconds is None}
+    notes = []
+    if whole:
+        notes.append(
+            f"{len(whole)} package(s) imported once in a zygote of their own for the "
+            f"{sum(p.served for p in whole)} module(s) below them ({sum(p.seconds or 0.0 for p in whole):.1f} s)"
+        )
+    if beside:
+        notes.append(
+            f"{len(beside)} package(s) that initialize CUDA: what they import off the initializing chain "
+            f"was imported once for the {sum(p.served for p in beside)} module(s) below them"
+        )
+    if refused:
+        shown = ", ".join(f"{modules[i]} ({p.refused})" for i, p in list(refused.items())[:3])
+        more = f" and {len(refused) - 3} more" if len(refused) > 3 else ""
+        notes.append(f"{len(refused)} package(s) imported in each child below them: {shown}{more}")
+    return tuple(notes)

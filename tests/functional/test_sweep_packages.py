@@ -1,0 +1,111 @@
+"""Package zygotes: a package with modules below it is imported once for all of them, rows unchanged."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from diagtools.usecases.sweep import sweep
+from tests.conftest import cli
+
+CUINIT = "import ctypes\nctypes.CDLL('libcuda.so.1').cuInit(0)\n"
+
+
+def counted(log: Path, name: str, body: str = "") -> str:
+    """Module text that appends ``name`` to ``log`` each time it is imported."""
+    return f"with open({str(log)!r}, 'a') as _log:\n    _log.write({name!r} + '\\n')\n{body}"
+
+
+@pytest.fixture
+def tree(make_tree, tmp_path):
+    log = tmp_path / "imports.log"
+    files = {
+        "pz/__init__.py": "",
+        "pz/helper.py": CUINIT,
+        "pz/heavy/__init__.py": counted(log, "pz.heavy", "import pz.heavy.core\n"),
+        "pz/heavy/core.py": "TABLE = {n: n * n for n in range(1000)}\n",
+        "pz/heavy/a.py": "from pz.heavy.core import TABLE\n",
+        "pz/heavy/b.py": "VALUE = 2\n",
+        "pz/heavy/culprit.py": "import json\nimport pz.helper\n",
+        "pz/heavy/sub/__init__.py": counted(log, "pz.heavy.sub"),
+        "pz/heavy/sub/x.py": "VALUE = 3\n",
+        "pz/heavy/sub/y.py": "import pz.helper\n",
+        "pz/gpu/__init__.py": counted(
+            log, "pz.gpu", "import pz.gpu_deps\nimport pz.gpu.early\n" + CUINIT + "import pz.gpu_after\n"
+        ),
+        "pz/gpu/early.py": "VALUE = 5\n",
+        "pz/gpu/l1.py": "VALUE = 4\n",
+        "pz/gpu/l2.py": "import pz.heavy\n",
+        "pz/gpu_deps.py": counted(log, "pz.gpu_deps", "import json\n"),
+        "pz/gpu_after.py": counted(log, "pz.gpu_after"),
+    }
+    return make_tree(files), log
+
+
+def rows(result):
+    return {
+        row.module: (
+            row.status,
+            row.cuda_initialized,
+            row.cuda_source,
+            row.culprit.module if row.culprit else None,
+            row.culprit.chain if row.culprit else None,
+            row.culprit.line_to_change.line if row.culprit and row.culprit.line_to_change else None,
+            row.culprit.evidence if row.culprit else None,
+            row.deps,
+        )
+        for row in result.rows
+    }
+
+
+def test_a_package_is_imported_once_for_the_modules_below_it(tree):
+    root, log = tree
+    forked = sweep("pz", path=[root], driver="simulated", timeout=30, jobs=2, adapt=False)
+    imports = log.read_text().split()
+    assert forked.mode == "zygote", forked.fallback
+    # pz.heavy: its own row's child, its package zygote, and pz.gpu.l2 (outside it); its 5 modules
+    # and sub's 2 never import it again
+    assert imports.count("pz.heavy") == 3
+    assert imports.count("pz.heavy.sub") == 2
+    # pz.gpu initializes CUDA: its zygote refuses, so its row and each of its 3 modules import it...
+    assert imports.count("pz.gpu") == 5
+    # ...but what it imports off that chain, before (pz.gpu_deps) and after (pz.gpu_after) the
+    # initialization, is imported once for the 3 modules below it (besides their own rows, pz.gpu's row
+    # and the refused package zygote)
+    assert imports.count("pz.gpu_deps") == 4
+    assert imports.count("pz.gpu_after") == 4
+    notes = " ".join(forked.preload_notes)
+    assert "2 package(s) imported once in a zygote of their own for the 7 module(s) below them" in notes
+    assert "1 package(s) that initialize CUDA: what they import off the initializing chain was imported once" in notes
+
+    log.write_text("")
+    fresh = sweep("pz", path=[root], driver="simulated", timeout=30, jobs=2, fresh=True)
+    assert rows(forked) == rows(fresh)  # verdicts, culprits, lines and the files each row depends on
+    found = rows(forked)
+    assert found["pz.heavy.sub.y"][:5] == ("ok", True, "self", "pz.helper", ("pz.heavy.sub.y", "pz.helper"))
+    assert found["pz.gpu.l1"][:4] == ("ok", True, "parent", "pz.gpu")
+    assert found["pz.heavy.a"][-1] == ("pz/__init__.py", "pz/heavy/__init__.py", "pz/heavy/a.py", "pz/heavy/core.py")
+
+
+def test_a_package_zygote_that_hangs_is_killed_and_its_modules_still_scanned(make_tree):
+    root = make_tree(
+        {
+            "ph/__init__.py": "",
+            "ph/slow/__init__.py": "import time\ntime.sleep(60)\n",
+            "ph/slow/a.py": "",
+            "ph/slow/b.py": "",
+            "ph/ok.py": "",
+        }
+    )
+    result = sweep("ph", path=[root], driver="simulated", timeout=3, jobs=2, adapt=False)
+    statuses = {row.module: row.status for row in result.rows}
+    assert statuses == {"ph": "ok", "ph.slow": "timeout", "ph.slow.a": "timeout", "ph.slow.b": "timeout", "ph.ok": "ok"}
+    notes = " ".join(result.preload_notes)
+    assert "ph.slow (it ended (exit code -9) before it had imported the package)" in notes
+
+
+def test_the_cli_says_which_packages_were_imported_once(tree):
+    root, _ = tree
+    done = cli("sweep", "pz", "--path", str(root), "--driver", "simulated", "--jobs", "2", "--no-adapt")
+    assert "preload: 2 package(s) imported once in a zygote of their own" in done.stdout
