@@ -103,9 +103,9 @@ EVENTS = {
     "forked": ("i", "pid"),
     "present": ("i",),
     "reaped": ("i", "code"),
-    # a package zygote forked for the modules below package i (off_chain: it preloads only what the
-    # package imported off the chain that initialized CUDA)
-    "descend": ("i", "pid", "z", "off_chain"),
+    # a package zygote forked for the modules below package i (before_cuda: it preloads only what the
+    # package imported before its import initialized CUDA)
+    "descend": ("i", "pid", "z", "before_cuda"),
     "descended": ("i", "s", "n"),  # it imported the package: what it loaded is in package-<i>.json
     "descent-refused": ("i", "reason"),
     "ascended": ("i", "code"),

@@ -45,8 +45,10 @@ class _State:
     origins = {}  # thread id -> the module whose code started that thread
     alive = {}  # thread id -> {"name", "by", "stack"} of threads started by traced code, while they run
     imported = set()  # modules imported after start-up: candidates for blame at shutdown
-    completed = []  # modules the main thread finished importing, in order
+    begun = []  # modules the main thread began importing, in order (a package before its modules)
+    completed = set()  # those of them whose import finished without an exception
     chain = None  # when the main thread's import initialized the driver: the modules it was importing
+    begun_before = 0  # how many imports the main thread had begun by then
 
 
 def _innermost(tid):
@@ -93,6 +95,7 @@ def _note_chain(tid, module):
     """Remember which modules the main thread was importing when the driver got initialized."""
     if _State.chain is None and tid == _MAIN_THREAD and _State.phase == "import":
         _State.chain = set(_State.stacks.get(tid, ())) | {module}
+        _State.begun_before = len(_State.begun)
 
 
 def _check_state(tid, module, event, phase=None):
@@ -135,6 +138,8 @@ def _traced_load(spec):
         f'"l":{_import_line(sys._getframe(1))},"th":{tid},"ph":"{_phase_of(tid)}","t":{_clock()!r}}}'
     )
     stack.append(name)
+    if tid == _MAIN_THREAD:
+        _State.begun.append(name)
     if _State.phase != "startup":
         _State.imported.add(name)
     tracer = _start_refine(name)
@@ -149,7 +154,7 @@ def _traced_load(spec):
         stack.pop()
         _check_state(tid, name, "end")
         if ok and tid == _MAIN_THREAD:
-            _State.completed.append(name)
+            _State.completed.add(name)
         _channel.send(f'{{"e":"end","n":{_encode_str(name)},"ok":{_encode(ok)},"t":{_clock()!r}}}')
 
 
@@ -523,17 +528,20 @@ def main():
 # ---- a forked start: the sweep zygote's children ------------------------------
 
 
-def imported_off_the_chain():
-    """When an import initialized the driver: the modules fully imported, in order, except those that
-    were being imported at that moment (the chain that initialized it); else ``[]``.
+def imported_before_cuda():
+    """When an import initialized the driver: the modules whose import began and finished before
+    that, in the order they began (a package before its modules); else ``[]``.
 
     The sweep zygote preloads them (each checked CUDA-free) for the modules
-    below a package that initializes CUDA, so each of those children runs only
-    the chain again.
+    below a package that initializes CUDA, so each of those children runs
+    only the initializing chain and what came after it.  What came after is
+    not preloaded: it ran with the driver already initialized, so whether it
+    would initialize it is unknown.
     """
     if _State.chain is None:
         return []
-    return [name for name in _State.completed if name not in _State.chain]
+    done, chain = _State.completed, _State.chain
+    return [name for name in _State.begun[: _State.begun_before] if name in done and name not in chain]
 
 
 def run_forked(channel, targets):

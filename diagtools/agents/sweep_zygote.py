@@ -218,9 +218,9 @@ def _descend(index, modules, inside, jobs, running):
     this one imports it once (untraced, checked like any preload: no CUDA,
     no thread) and forks their children; nothing else it loads is visible to
     any other module.  When the package initializes CUDA, a second package
-    zygote preloads what the package's own row child imported off the chain
-    that initialized it (outside the package, each checked CUDA-free), and
-    each child below imports the package again, the chain and the rest.  Returns ``(child, served)``:
+    zygote preloads what the package's own row child had imported before
+    that (outside the package, each checked CUDA-free), and each child below
+    imports the package again: the chain and the rest.  Returns ``(child, served)``:
     ``child`` is ``(index, module)`` in a scan child down there, ``served``
     whether a package zygote took the modules (else this zygote scans them).
     """
@@ -230,9 +230,9 @@ def _descend(index, modules, inside, jobs, running):
     if code == _NOT_SERVED:
         while index in running.values():
             _reap_one(running)  # the package's own row: its child names what it imported off the chain
-        off_chain = _lines_of(_off_chain_path(index))
-        if off_chain:
-            start = lambda: _package_zygote(index, modules, inside, jobs, off_chain)  # noqa: E731
+        before_cuda = _lines_of(_before_cuda_path(index))
+        if before_cuda:
+            start = lambda: _package_zygote(index, modules, inside, jobs, before_cuda)  # noqa: E731
             child, code = _fork_package_zygote(index, running, start)
             if child is not None:
                 return child, False
@@ -258,8 +258,8 @@ def _inside_path(index):
     return f"{_WORKDIR}/package-{index}.json"
 
 
-def _off_chain_path(index):
-    return f"{_WORKDIR}/{index}.off-chain"
+def _before_cuda_path(index):
+    return f"{_WORKDIR}/{index}.before-cuda"
 
 
 def _lines_of(path):
@@ -278,19 +278,19 @@ def _exists(path):
     return True
 
 
-def _package_zygote(index, modules, inside, jobs, off_chain=None):
-    """In the package zygote: import the package (or only ``off_chain``), check, then serve ``inside``.
+def _package_zygote(index, modules, inside, jobs, before_cuda=None):
+    """In the package zygote: import the package (or only ``before_cuda``), check, then serve ``inside``.
 
     Returns ``(index, module)`` in a child; the package zygote itself exits.
     """
     global _channel, _zygote_index
     module = modules[index]
     _channel = protocol.Channel(int(_ENV[protocol.CHANNEL_FD]))  # the parent's channel is quiet in a fork
-    _channel.emit("descend", i=index, pid=posix.getpid(), z=_zygote_index, off_chain=off_chain is not None)
+    _channel.emit("descend", i=index, pid=posix.getpid(), z=_zygote_index, before_cuda=before_cuda is not None)
     _zygote_index = index
     before = set(sys.modules)
     started = _clock()
-    problem = _import_checked([module] if off_chain is None else off_chain, skip_orphans=off_chain is not None)
+    problem = _import_checked([module] if before_cuda is None else before_cuda, before_cuda=before_cuda is not None)
     if problem:
         _channel.emit("descent-refused", i=index, reason=problem)
         _flush_stdio()
@@ -306,21 +306,24 @@ def _package_zygote(index, modules, inside, jobs, off_chain=None):
     posix._exit(0)
 
 
-def _import_checked(names, skip_orphans):
+def _import_checked(names, before_cuda):
     """Import ``names`` in order, checking after each; why the zygote must not fork now, or ``""``.
 
-    With ``skip_orphans``, a module whose parent package is not loaded is
-    skipped: importing it would run that package, the one being avoided.
+    With ``before_cuda`` (what a package's row child imported before its
+    import initialized CUDA), a module whose parent package is not loaded is
+    skipped (importing it would run that package, the one being avoided),
+    and so is one whose import fails here: its children import it themselves.
     """
     for name in names:
         if name in sys.modules:
             continue
-        if skip_orphans and "." in name and name.rpartition(".")[0] not in sys.modules:
+        if before_cuda and "." in name and name.rpartition(".")[0] not in sys.modules:
             continue
         try:
             __import__(name)
         except BaseException as exc:
-            return f"importing {name} failed: {_describe(exc)}"
+            if not before_cuda:
+                return f"importing {name} failed: {_describe(exc)}"
         problem = _problem_after(f"importing {name}")
         if problem:
             return problem
@@ -420,9 +423,9 @@ def _run_child(probe, index, module):
         probe["run_forked"](channel, [module])
     except SystemExit as exc:
         code = _exit_code(exc)
-    beside = probe["imported_off_the_chain"]()
+    beside = probe["imported_before_cuda"]()
     if beside:
-        _write_new(_off_chain_path(index), "\n".join(beside))
+        _write_new(_before_cuda_path(index), "\n".join(beside))
     _leave(code)
 
 

@@ -76,7 +76,7 @@ class PackageZygote:
     """A zygote forked for the modules below one package: it imported the package once for all of them."""
 
     seconds: float | None = None  # None: it never finished importing the package
-    off_chain: bool = False  # it imported only what the package imports off the chain that initializes CUDA
+    before_cuda: bool = False  # it imported only what the package imports before it initializes CUDA
     loaded: int = 0
     served: int = 0
     refused: str = ""
@@ -145,7 +145,7 @@ class _Zygote:
         if kind == "descend":
             self.parents[index] = int(event["z"])
             self.importing[index] = _Child(index, int(event["pid"]), time.monotonic(), time.time())
-            self.outcome.packages[index] = PackageZygote(off_chain=bool(event["off_chain"]))
+            self.outcome.packages[index] = PackageZygote(before_cuda=bool(event["before_cuda"]))
             return
         self.importing.pop(index, None)
         package = self.outcome.packages.setdefault(index, PackageZygote())

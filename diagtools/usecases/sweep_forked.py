@@ -324,8 +324,8 @@ def _pass(
 
 def package_notes(outcome: ZygoteOutcome, modules: Sequence[str]) -> tuple[str, ...]:
     """How the package zygotes went: the packages imported once for the modules below them, and the rest."""
-    whole = [p for p in outcome.packages.values() if p.seconds is not None and not p.off_chain]
-    beside = [p for p in outcome.packages.values() if p.seconds is not None and p.off_chain]
+    whole = [p for p in outcome.packages.values() if p.seconds is not None and not p.before_cuda]
+    beside = [p for p in outcome.packages.values() if p.seconds is not None and p.before_cuda]
     refused = {i: p for i, p in outcome.packages.items() if p.seconds is None}
     notes = []
     if whole:
@@ -335,7 +335,7 @@ def package_notes(outcome: ZygoteOutcome, modules: Sequence[str]) -> tuple[str, 
         )
     if beside:
         notes.append(
-            f"{len(beside)} package(s) that initialize CUDA: what they import off the initializing chain "
+            f"{len(beside)} package(s) that initialize CUDA: what they import before that "
             f"was imported once for the {sum(p.served for p in beside)} module(s) below them"
         )
     if refused:
