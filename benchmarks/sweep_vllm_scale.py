@@ -7,7 +7,7 @@ zygote with the learned preload), the projected time of the whole package at
 that rate, and the root causes (each once, with its line to change, its
 initializer and the modules that reach it).
 
-Run: ``.venv/bin/python benchmarks/sweep_vllm_scale.py JOURNAL --modules 3629 --save-path OUT.json``
+Run: ``.venv/bin/python benchmarks/sweep_vllm_scale.py JOURNAL --modules 3629 [--wall S] --save-path OUT.json``
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ def rate(rows: list[SweepRow]) -> float:
     return len(scanned) / span if span > 0 else 0.0
 
 
-def summarize(rows: list[SweepRow], sample: int, modules: int) -> dict:
+def summarize(rows: list[SweepRow], sample: int, modules: int, command_wall: float | None = None) -> dict:
     ordered = sorted(rows, key=lambda row: row.finished)
     learning, learned = ordered[:sample], ordered[sample:]
     wall = max(r.finished for r in rows) - min(r.started for r in rows if not r.preloaded)
@@ -47,11 +47,13 @@ def summarize(rows: list[SweepRow], sample: int, modules: int) -> dict:
     causes = RootCause.group(rows)
     return {
         "rows": len(rows),
+        **({"command_wall_s": round(command_wall, 1)} if command_wall else {}),
+        **({"command_rows_per_s": round(len(rows) / command_wall, 3)} if command_wall else {}),
         "wall_s": round(wall, 1),
         "rows_per_s": round(len(rows) / wall, 3),
         "learning_rows_per_s": round(rate(learning), 3),
         "learned_rows_per_s": round(after, 3),
-        "projected_whole_package_min": round((modules - len(learning)) / after / 60 + wall / 60, 1) if after else None,
+        "projected_whole_package_min": round((modules - len(rows)) / after / 60 + wall / 60, 1) if after else None,
         "initialize_cuda": sum(1 for r in rows if r.cuda_initialized),
         "failed": sum(1 for r in rows if r.status != "ok"),
         "causes": [
@@ -72,9 +74,11 @@ def main() -> None:
     parser.add_argument("journal", type=Path)
     parser.add_argument("--sample", type=int, default=24)
     parser.add_argument("--modules", type=int, default=3629)
+    parser.add_argument("--wall", type=float, help="the sweep command's wall time (s), zygote start included")
     parser.add_argument("--save-path", type=Path)
     args = parser.parse_args()
-    text = json.dumps(summarize(read_rows(args.journal), args.sample, args.modules), indent=2, sort_keys=True)
+    summary = summarize(read_rows(args.journal), args.sample, args.modules, args.wall)
+    text = json.dumps(summary, indent=2, sort_keys=True)
     print(text)
     if args.save_path:
         args.save_path.write_text(text + "\n")

@@ -11,6 +11,7 @@ import textwrap
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 
@@ -74,6 +75,22 @@ def require_installed(module: str, extra: str, reason: str | None = None) -> Non
 def cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     """Run the installed ``diagtools`` command, as a user would, and capture what it printed."""
     return subprocess.run([DIAGTOOLS, *args], capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def sweep_verdicts(result: Any) -> dict[str, tuple[Any, ...]]:
+    """What each row of a sweep says about CUDA, to compare two sweeps (zygote and fresh) row by row."""
+    return {
+        row.module: (
+            row.status,
+            row.cuda_initialized,
+            row.cuda_source,
+            row.culprit.module if row.culprit else None,
+            row.culprit.chain if row.culprit else None,
+            row.culprit.site.line if row.culprit and row.culprit.site else None,
+            row.culprit.evidence if row.culprit else None,
+        )
+        for row in result.rows
+    }
 
 
 def write_tree(root: Path, files: dict[str, str]) -> Path:

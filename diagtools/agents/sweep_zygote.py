@@ -125,16 +125,32 @@ def _scan_before_preloading(index, module):
 
 
 def _inside(package):
-    """``[name, file]`` of every loaded module of ``package`` (read from the module's dict only)."""
+    """``[name, file]`` of every loaded module of ``package``: named inside it, or whose file lies in
+    its directory under another name (a folder of it put on ``sys.path``); module dicts only."""
+    folders = _folders_of(sys.modules.get(package))
     found = []
     for name, module in list(sys.modules.items()):
-        if name == package or name.startswith(package + "."):
-            try:
-                file = vars(module).get("__file__")
-            except TypeError:
-                file = None
-            found.append([name, file if isinstance(file, str) else None])
+        try:
+            file = vars(module).get("__file__")
+        except TypeError:
+            file = None
+        file = file if isinstance(file, str) else None
+        named = name == package or name.startswith(package + ".")
+        if named or (file is not None and file.startswith(folders)):
+            found.append([name, file])
     return found
+
+
+def _folders_of(package):
+    """The package's directories, each ending in a separator, read from its dict (never imported here)."""
+    try:
+        path = vars(package).get("__path__")
+    except TypeError:
+        return ()
+    try:
+        return tuple(folder.rstrip("/") + "/" for folder in path if isinstance(folder, str))
+    except TypeError:
+        return ()
 
 
 # ---- forking -----------------------------------------------------------------

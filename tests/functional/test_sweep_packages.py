@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from diagtools.usecases.sweep import sweep
-from tests.conftest import cli
+from tests.conftest import cli, sweep_verdicts
 
 CUINIT = "import ctypes\nctypes.CDLL('libcuda.so.1').cuInit(0)\n"
 
@@ -44,19 +44,10 @@ def tree(make_tree, tmp_path):
 
 
 def rows(result):
-    return {
-        row.module: (
-            row.status,
-            row.cuda_initialized,
-            row.cuda_source,
-            row.culprit.module if row.culprit else None,
-            row.culprit.chain if row.culprit else None,
-            row.culprit.line_to_change.line if row.culprit and row.culprit.line_to_change else None,
-            row.culprit.evidence if row.culprit else None,
-            row.deps,
-        )
-        for row in result.rows
-    }
+    """Each row's verdict, culprit and line, and the files it depends on."""
+    change = {r.module: r.culprit.line_to_change if r.culprit else None for r in result.rows}
+    found = sweep_verdicts(result)
+    return {r.module: (*found[r.module], change[r.module], r.deps) for r in result.rows}
 
 
 def test_a_package_is_imported_once_for_the_modules_below_it(tree):
@@ -109,3 +100,23 @@ def test_the_cli_says_which_packages_were_imported_once(tree):
     root, _ = tree
     done = cli("sweep", "pz", "--path", str(root), "--driver", "simulated", "--jobs", "2", "--no-adapt")
     assert "preload: 2 package(s) imported once in a zygote of their own" in done.stdout
+
+
+def test_a_module_loaded_under_another_name_from_the_package_folder_is_a_dependency(make_tree):
+    """A folder of the package put on ``sys.path`` (vLLM's third_party): its modules have other names."""
+    root = make_tree(
+        {
+            "tp/__init__.py": "import os, sys\nsys.path.insert(0, os.path.join(os.path.dirname(__file__), 'vendor'))\n",
+            "tp/vendor/__init__.py": "",
+            "tp/vendor/kernels/__init__.py": "VALUE = 1\n",
+            "tp/heavy/__init__.py": "import kernels\n",
+            "tp/heavy/a.py": "",
+            "tp/heavy/b.py": "",
+        }
+    )
+    forked = sweep("tp", path=[root], driver="simulated", timeout=30, jobs=2, adapt=False, exclude=["tp.vendor*"])
+    fresh = sweep("tp", path=[root], driver="simulated", timeout=30, jobs=2, fresh=True, exclude=["tp.vendor*"])
+    assert "1 package(s) imported once" in " ".join(forked.preload_notes)
+    deps = {row.module: row.deps for row in forked.rows}
+    assert deps == {row.module: row.deps for row in fresh.rows}
+    assert "tp/vendor/kernels/__init__.py" in deps["tp.heavy.a"]

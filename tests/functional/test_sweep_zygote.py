@@ -12,7 +12,7 @@ import pytest
 
 from diagtools.errors import JournalLockedError
 from diagtools.usecases.sweep import discover_modules, sweep
-from tests.conftest import cli, require
+from tests.conftest import cli, require, sweep_verdicts
 
 CUINIT = "import ctypes\nctypes.CDLL('libcuda.so.1').cuInit(0)\n"
 PACKAGE = {
@@ -29,21 +29,6 @@ PACKAGE = {
     "zp/gpu/leaf.py": "VALUE = 2\n",
     "zp/threads.py": "import threading, time\nthreading.Thread(target=time.sleep, args=(30,), daemon=True).start()\n",
 }
-
-
-def verdicts(result):
-    return {
-        row.module: (
-            row.status,
-            row.cuda_initialized,
-            row.cuda_source,
-            row.culprit.module if row.culprit else None,
-            row.culprit.chain if row.culprit else None,
-            row.culprit.site.line if row.culprit and row.culprit.site else None,
-            row.culprit.evidence if row.culprit else None,
-        )
-        for row in result.rows
-    }
 
 
 @pytest.fixture
@@ -63,8 +48,8 @@ def test_zygote_verdicts_match_fresh_subkernels(zp):
     assert forked.preload == ("zp",)
     assert forked.fallback == ""
     assert fresh.mode == "fresh"
-    assert verdicts(forked) == verdicts(fresh)
-    found = verdicts(forked)
+    assert sweep_verdicts(forked) == sweep_verdicts(fresh)
+    found = sweep_verdicts(forked)
     assert found["zp.culprit"] == ("ok", True, "self", "zp.helper", ("zp.culprit", "zp.helper"), 2, "driver-hook")
     assert found["zp.gpu.leaf"][:4] == ("ok", True, "parent", "zp.gpu")
     assert forked.row("zp.gpu.leaf").inherited_from == "zp.gpu"
@@ -103,7 +88,7 @@ def test_exit_handlers_and_finalizers_give_the_verdicts_of_a_fresh_subkernel(mak
     forked = sweep("fz", path=[root], driver="simulated", timeout=10, jobs=2)
     fresh = sweep("fz", path=[root], driver="simulated", timeout=10, jobs=2, fresh=True)
     assert forked.mode == "zygote", forked.fallback
-    found, expected = verdicts(forked), verdicts(fresh)
+    found, expected = sweep_verdicts(forked), sweep_verdicts(fresh)
     assert {m: v[:4] for m, v in found.items()} == {m: v[:4] for m, v in expected.items()}
     assert found["fz.exit_init"] == expected["fz.exit_init"]
     assert found["fz.exit_init"][:2] == ("ok", True)
@@ -272,5 +257,5 @@ def test_dask_distributed_executor(zp):
         forked = run(zp, executor=executor, exclude=["zp.threads", "zp.hang"])
         fresh = run(zp, executor=executor, fresh=True, exclude=["zp.threads", "zp.hang"])
     assert forked.mode == "zygote"
-    assert verdicts(forked) == verdicts(fresh)
+    assert sweep_verdicts(forked) == sweep_verdicts(fresh)
     assert forked.row("zp.culprit").culprit.module == "zp.helper"
