@@ -106,7 +106,7 @@ EVENTS = {
     # a package zygote forked for the modules below package i (before_cuda: it preloads only what the
     # package imported before its import initialized CUDA)
     "descend": ("i", "pid", "z", "before_cuda"),
-    "descended": ("i", "s", "n"),  # it imported the package: what it loaded is in package-<i>.json
+    "descended": ("i", "s", "n"),  # it imported the package: what it loaded is in <i>.package
     "descent-refused": ("i", "reason"),
     "ascended": ("i", "code"),
     # the run agent (diagtools run, pytest --cuda-watch): one record file per process.  Its first

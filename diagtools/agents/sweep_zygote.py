@@ -124,12 +124,14 @@ def _scan_before_preloading(index, module):
     return None
 
 
-def _inside(package):
-    """``[name, file]`` of every loaded module of ``package``: named inside it, or whose file lies in
-    its directory under another name (a folder of it put on ``sys.path``); module dicts only."""
+def _inside(package, names):
+    """``[name, file]`` of each loaded module among ``names`` that belongs to ``package``: named inside
+    it, or whose file lies in its directory under another name (a folder of it put on ``sys.path``);
+    read from module dicts only."""
     folders = _folders_of(sys.modules.get(package))
     found = []
-    for name, module in list(sys.modules.items()):
+    for name in names:
+        module = sys.modules.get(name)
         try:
             file = vars(module).get("__file__")
         except TypeError:
@@ -246,13 +248,13 @@ def _descend(index, modules, inside, jobs, running):
     if code == _NOT_SERVED:
         while index in running.values():
             _reap_one(running)  # the package's own row: its child names what it imported off the chain
-        before_cuda = _lines_of(_before_cuda_path(index))
+        before_cuda = _lines_of(_own_path(index, "before-cuda"))
         if before_cuda:
             start = lambda: _package_zygote(index, modules, inside, jobs, before_cuda)  # noqa: E731
             child, code = _fork_package_zygote(index, running, start)
             if child is not None:
                 return child, False
-    return None, code != _NOT_SERVED and _exists(_inside_path(index))
+    return None, code != _NOT_SERVED and _exists(_own_path(index, "package"))
 
 
 def _fork_package_zygote(index, running, start):
@@ -268,14 +270,6 @@ def _fork_package_zygote(index, running, start):
             break
     _channel.emit("ascended", i=index, code=code)
     return None, code
-
-
-def _inside_path(index):
-    return f"{_WORKDIR}/package-{index}.json"
-
-
-def _before_cuda_path(index):
-    return f"{_WORKDIR}/{index}.before-cuda"
 
 
 def _lines_of(path):
@@ -311,8 +305,8 @@ def _package_zygote(index, modules, inside, jobs, before_cuda=None):
         _channel.emit("descent-refused", i=index, reason=problem)
         _flush_stdio()
         posix._exit(_NOT_SERVED)
-    loaded = [pair for pair in _inside(_ENV.get(protocol.SWEEP_PACKAGE, "")) if pair[0] not in before]
-    _write_new(_inside_path(index), protocol.encode(loaded))
+    loaded = _inside(_ENV.get(protocol.SWEEP_PACKAGE, ""), [name for name in sys.modules if name not in before])
+    _write_own(index, "package", protocol.encode(loaded))
     _channel.emit("descended", i=index, s=_clock() - started, n=len(sys.modules) - len(before))
     __import__("gc").freeze()
     child = _serve(modules, inside, jobs)
@@ -346,8 +340,9 @@ def _import_checked(names, before_cuda):
     return ""
 
 
-def _write_new(path, text):
-    fd = posix.open(path, _FILE_FLAGS, 0o600)
+def _write_own(index, kind, text):
+    """Write the file ``kind`` of module ``index`` in the work folder (as its child writes its own)."""
+    fd = _open_own(index, kind)
     try:
         data = text.encode("utf-8", "backslashreplace")
         while data:
@@ -359,8 +354,12 @@ def _write_new(path, text):
 # ---- in the child --------------------------------------------------------------
 
 
+def _own_path(index, kind):
+    return f"{_WORKDIR}/{index}.{kind}"
+
+
 def _open_own(index, kind):
-    return posix.open(f"{_WORKDIR}/{index}.{kind}", _FILE_FLAGS, 0o600)
+    return posix.open(_own_path(index, kind), _FILE_FLAGS, 0o600)
 
 
 def _redirect(index, kind, target_fd):
@@ -441,7 +440,7 @@ def _run_child(probe, index, module):
         code = _exit_code(exc)
     beside = probe["imported_before_cuda"]()
     if beside:
-        _write_new(_before_cuda_path(index), "\n".join(beside))
+        _write_own(index, "before-cuda", "\n".join(beside))
     _leave(code)
 
 
@@ -463,7 +462,9 @@ def main():
         return (probe, *child)
     if problem:
         return None
-    _channel.emit("ready", count=len(sys.modules), inside=_inside(_ENV.get(protocol.SWEEP_PACKAGE, "")))
+    _channel.emit(
+        "ready", count=len(sys.modules), inside=_inside(_ENV.get(protocol.SWEEP_PACKAGE, ""), list(sys.modules))
+    )
     _explicit.update(sys.modules)
     __import__("gc").freeze()  # the preloaded objects stay out of the children's collections
     child = _serve(modules, range(len(modules)), max(1, int(_ENV.get(protocol.SWEEP_JOBS, "1"))))

@@ -22,6 +22,7 @@ import shlex
 import subprocess
 import sys
 import zlib
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -136,18 +137,21 @@ def build_simulated_driver() -> Path:
 
 
 def _input_stamp() -> tuple[object, ...]:
-    """Cheap identity of everything the build reads: stats, not contents."""
+    """Cheap identity of everything the simulated world's build reads."""
+    sources = (_SOURCES / name for name in ("simcuda.c", "simnvml.c", "simcudart.c", "simworld.h"))
+    return _stamp((*sources, *input_files()))
+
+
+def _stamp(paths: Iterable[Path], *parts: str) -> tuple[object, ...]:
+    """Cheap identity of a build: the cache, the compiler, each input's stat (not its contents), ``parts``."""
     stamps: list[object] = [str(cache_dir()), *_compiler()]
-    for path in (
-        *(_SOURCES / name for name in ("simcuda.c", "simnvml.c", "simcudart.c", "simworld.h")),
-        *input_files(),
-    ):
+    for path in paths:
         try:
             info = path.stat()
         except OSError:
             continue
         stamps.append((str(path), info.st_mtime_ns, info.st_size))
-    return tuple(stamps)
+    return (*stamps, *parts)
 
 
 def _write_if_changed(path: Path, text: str) -> Path:
@@ -317,7 +321,7 @@ def build_probe_extension() -> Path:
     key names no interpreter: a scan with ``--python`` loads the same file.
     """
     source = _SOURCES / "cuprobe.c"
-    stamp = _file_stamp(source, "abi3", _ABI3_FLOOR)
+    stamp = _stamp((source,), "abi3", _ABI3_FLOOR)
     recorded = _recorded("cuprobe", stamp)
     if recorded is not None and Path(str(recorded.get("library"))).exists():
         return Path(str(recorded["library"]))
@@ -330,12 +334,6 @@ def build_probe_extension() -> Path:
         _compile("the CUDA state probe", source, library, [f"-I{include}", "-ldl"])
     _record("cuprobe", stamp, {"library": str(library)})
     return library
-
-
-def _file_stamp(source: Path, *parts: str) -> tuple[object, ...]:
-    """Cheap identity of a build from one source file: the cache, the compiler, the file's stat, ``parts``."""
-    info = source.stat()
-    return (str(cache_dir()), *_compiler(), str(source), info.st_mtime_ns, info.st_size, *parts)
 
 
 def real_driver_path() -> str | None:

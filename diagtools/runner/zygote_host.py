@@ -152,7 +152,7 @@ class _Zygote:
         if kind == "descended":
             package.seconds, package.loaded = float(event["s"]), int(event["n"])
             above = self.insides.get(self.parents.get(index, -1), self.outcome.inside)
-            self.insides[index] = above + _loaded_inside(self.workdir / f"package-{index}.json")
+            self.insides[index] = above + _loaded_inside(self.workdir / f"{index}.package")
         elif kind == "descent-refused":
             package.refused = str(event["reason"])
         elif package.seconds is None and not package.refused:
