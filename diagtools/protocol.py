@@ -104,8 +104,9 @@ EVENTS = {
     "present": ("i",),
     "reaped": ("i", "code"),
     # a package zygote forked for the modules below package i (before_cuda: it preloads only what the
-    # package imported before its import initialized CUDA)
-    "descend": ("i", "pid", "z", "before_cuda"),
+    # package imported before its import initialized CUDA; continued: it is the package's row going on
+    # after its traced import, and cuda: that import had initialized the simulated driver, handed on)
+    "descend": ("i", "pid", "z", "before_cuda", "continued", "cuda"),
     "descended": ("i", "s", "n"),  # it imported the package: what it loaded is in <i>.package
     "descent-refused": ("i", "reason"),
     "ascended": ("i", "code"),
@@ -198,6 +199,11 @@ class Channel:
     def _after_fork_in_child(self):
         self.lock = _thread.allocate_lock()
 
+    def adopt(self):
+        """Write from this forked child: the channel was made for it before the fork."""
+        self.pid = posix.getpid()
+        self.lock = _thread.allocate_lock()
+
     def emit(self, kind, /, **fields):
         """Send one event of ``kind``, stamped with the time (an event may have a field named ``kind``)."""
         fields["e"] = kind
@@ -206,9 +212,12 @@ class Channel:
 
     def send(self, line):
         """Send one already encoded event."""
-        if posix.getpid() != self.pid or self.failed:
+        self.send_raw((line + "\n").encode("utf-8", "backslashreplace"))
+
+    def send_raw(self, data):
+        """Send bytes that are already whole event lines, each ending in a newline."""
+        if posix.getpid() != self.pid or self.failed or not data:
             return
-        data = (line + "\n").encode("utf-8", "backslashreplace")
         with self.lock:
             if not self._owned():
                 self._lose()

@@ -412,9 +412,15 @@ def _run_startup():
 
 
 def _import_targets(targets, extra_path):
+    """Import each target in turn; whether every import succeeded."""
     _State.phase = "import"
     _channel.emit("phase", phase="import")
     sys.path[0:0] = extra_path
+    return _import_each(targets)
+
+
+def _import_each(targets):
+    ok = True
     for target in targets:
         try:
             __import__(target)
@@ -424,7 +430,9 @@ def _import_targets(targets, extra_path):
             protocol.exit_if_channel_lost(_channel)
             raise
         except BaseException as exc:
+            ok = False
             _report_error(target, exc)
+    return ok
 
 
 def _settle(seconds):
@@ -484,7 +492,7 @@ def _torch_cuda_initialized():
     return bool(vars(module).get("_initialized", False))
 
 
-def _hello(**extra):
+def _hello(startup=True, **extra):
     _channel.emit(
         "hello",
         pid=posix.getpid(),
@@ -494,12 +502,23 @@ def _hello(**extra):
         initialized=_driver_initialized(),
         **extra,
     )
-    _channel.emit("phase", phase="startup")
+    if startup:
+        _channel.emit("phase", phase="startup")
 
 
-def _scan(targets, extra_path):
-    """Import the targets, watch the threads they started, and report the driver's final state."""
-    _import_targets(targets, extra_path)
+def _scan(targets, extra_path, after_import=None):
+    """Import the targets, watch the threads they started, and report the driver's final state.
+
+    ``after_import(ok)``, when given, runs right after the imports (``ok``: all succeeded),
+    before anything else is checked or reported.
+    """
+    ok = _import_targets(targets, extra_path)
+    if after_import is not None:
+        after_import(ok)
+    _finish_scan()
+
+
+def _finish_scan():
     _check_state(_MAIN_THREAD, None, "import-end")
     _settle(float(_ENV.get(protocol.SCAN_SETTLE, "0") or 0))
     _State.phase = "shutdown"
@@ -544,12 +563,13 @@ def imported_before_cuda():
     return [name for name in _State.begun[: _State.begun_before] if name in done and name not in chain]
 
 
-def run_forked(channel, targets):
+def run_forked(channel, targets, after_import=None):
     """Scan ``targets`` in a child forked from the sweep zygote, reporting on ``channel``.
 
     The zygote ran start-up and preloaded its modules without this tracer; the
     child installs the same tracer and driver hook as :func:`main` and imports
     the targets, so the events read exactly as a fresh subkernel's would.
+    ``after_import`` is :func:`_scan`'s.
     """
     global _channel, _MAIN_THREAD
     _channel, _MAIN_THREAD = channel, _thread.get_ident()
@@ -557,7 +577,27 @@ def run_forked(channel, targets):
     _install()
     _hello(forked=True)
     _check_state(_MAIN_THREAD, None, "startup-end")
-    _scan(targets, [])
+    _scan(targets, [], after_import)
+
+
+def continue_forked(channel, target, recorded, after_import=None):
+    """Go on scanning in a child forked, tracer and all, right after another scan's import.
+
+    That scan imported the package ``target`` lies in; a fresh subkernel
+    importing ``target`` would have done exactly that first.  So this child
+    reports its own ``hello``, then the events that scan recorded after its
+    own (``recorded``: encoded lines), then imports ``target`` from the same
+    place and finishes as any scan does: its events read as a fresh
+    subkernel's.  ``after_import`` is :func:`_scan`'s.
+    """
+    global _channel, _MAIN_THREAD
+    _channel, _MAIN_THREAD = channel, _thread.get_ident()
+    _hello(startup=False, forked=True)
+    channel.send_raw(recorded)
+    ok = _import_each([target])
+    if after_import is not None:
+        after_import(ok)
+    _finish_scan()
 
 
 if __name__ == "__main__":  # run by the runner; the sweep zygote loads this file as a library

@@ -203,14 +203,15 @@ def _serve(modules, order, jobs):
             continue
         while len(running) >= jobs:
             _reap_one(running)
-        _flush_stdio()
-        pid = posix.fork()
+        inside = [k for k in below.get(module, ()) if k not in done and k not in _served]
+        descend = len(inside) >= DESCEND_MIN and module not in sys.modules
+        pid = _fork()
         if pid == 0:
+            _Continuation.below = (index, modules, inside, jobs) if descend else None
             return index, module
         running[pid] = index
         _channel.emit("forked", i=index, pid=pid, m=module, z=_zygote_index)
-        inside = [k for k in below.get(module, ()) if k not in done and k not in _served]
-        if len(inside) >= DESCEND_MIN and module not in sys.modules:
+        if descend:
             child, served = _descend(index, modules, inside, jobs, running)
             if child is not None:
                 return child
@@ -232,23 +233,30 @@ _explicit = set()  # the modules the preload loaded: their rows say "preloaded",
 def _descend(index, modules, inside, jobs, running):
     """Scan the modules below package ``modules[index]`` in children of a zygote that imported it.
 
-    Every one of them imports the package first, so a zygote forked from
-    this one imports it once (untraced, checked like any preload: no CUDA,
-    no thread) and forks their children; nothing else it loads is visible to
-    any other module.  When the package initializes CUDA, a second package
-    zygote preloads what the package's own row child had imported before
-    that (outside the package, each checked CUDA-free), and each child below
-    imports the package again: the chain and the rest.  Returns ``(child, served)``:
-    ``child`` is ``(index, module)`` in a scan child down there, ``served``
-    whether a package zygote took the modules (else this zygote scans them).
+    Every one of them imports the package first.  The package's own row
+    child, once its traced import is done, forks a zygote that continues from
+    there (see :class:`_Continuation`); when it did, that zygote serves them.
+    Otherwise (the import failed or started a thread, or it initialized the
+    real driver) a zygote forked from this one imports the package once
+    (untraced, checked like any preload: no CUDA, no thread) and forks their
+    children; nothing else it loads is visible to any other module.  When the
+    package initializes CUDA, a second package zygote preloads what the
+    package's own row child had imported before that (outside the package,
+    each checked CUDA-free), and each child below imports the package again:
+    the chain and the rest.  Returns ``(child, served)``: ``child`` is
+    ``(index, module)`` in a scan child down there, ``served`` whether a
+    package zygote took the modules (else this zygote scans them).
     """
+    while index in running.values():
+        _reap_one(running)  # the package's own row: it may have left a zygote continuing from its import
+    code = _release_continuation(index, running)
+    if code is not None or _Continuation.prefix is not None:
+        return None, code == 0  # a continuing zygote never imports untraced: its children need the events
     child, code = _fork_package_zygote(index, running, lambda: _package_zygote(index, modules, inside, jobs))
     if child is not None:
         return child, False
     if code == _NOT_SERVED:
-        while index in running.values():
-            _reap_one(running)  # the package's own row: its child names what it imported off the chain
-        before_cuda = _lines_of(_own_path(index, "before-cuda"))
+        before_cuda = _lines_of(_own_path(index, "before-cuda"))  # what its row imported off the chain
         if before_cuda:
             start = lambda: _package_zygote(index, modules, inside, jobs, before_cuda)  # noqa: E731
             child, code = _fork_package_zygote(index, running, start)
@@ -264,12 +272,169 @@ def _fork_package_zygote(index, running, start):
     pid = posix.fork()
     if pid == 0:
         return start(), None
+    return None, _await_package_zygote(index, pid, running)
+
+
+def _await_package_zygote(index, pid, running):
     while True:
         reaped, code = _reap_one(running)
         if reaped == pid:
             break
     _channel.emit("ascended", i=index, code=code)
-    return None, code
+    return code
+
+
+def _fork():
+    """Fork a scan child: plainly, or without the fork handlers in a continuing zygote."""
+    _flush_stdio()
+    return posix.fork() if _Continuation.prefix is None else _cuprobe.fork_continuing()
+
+
+# ---- zygotes that continue from a row's import -----------------------------------
+
+_SIGSTOP, _SIGCONT = 19, 18  # Linux
+
+
+class _Continuation:
+    """A package's row child, its import done, forks a zygote that goes on from there.
+
+    That zygote is the process that imported the package, traced: each child
+    it forks for a module below copies what the row had recorded so far
+    (events, stdout, stderr) and imports its module, exactly as a fresh
+    subkernel importing that module would after the package.  The fork skips
+    the handlers libraries registered with ``pthread_atfork`` (a child
+    continues the process, it is not a forked one: torch would otherwise mark
+    CUDA unusable in it), so it is made only with a single thread.  A package
+    that initialized the driver continues only on the simulated one, which
+    hands the initialization to each child; the real driver's state does not
+    survive a fork.
+
+    The zygote stops itself at once; the zygote above, a subreaper, waits
+    for the row child to end, then continues it (or kills it).
+    """
+
+    below = None  # in a row child: (index, modules, inside, jobs) when it lies above modules to scan
+    prefix = None  # in a continuing zygote and its children: (row index, sizes of its files), to copy
+    channel = None  # in a row child that may continue: its own copy of the zygote's channel
+    started = 0.0
+    loaded = 0
+
+
+def _may_continue(ok):
+    """Why the row child must not continue from its import, or ``""``."""
+    if not ok:
+        return "its import failed"
+    if _threads_after_settling():
+        return "its import started a thread"
+    if not _cuprobe.can_fork_continuing():
+        return "no fork without handlers here"
+    if protocol.driver_initialized(_cuprobe.driver_state()) and not _cuprobe.driver_adoptable():
+        return "it initialized a driver whose state does not survive a fork"
+    return ""
+
+
+def _threads_after_settling(limit=0.25):
+    """Threads besides this one, given a moment to end: the simulated driver calls its hook from a
+    short-lived helper thread when the caller released the GIL (ctypes does)."""
+    deadline = _clock() + limit
+    while True:
+        threads = _extra_threads()
+        if not threads or _clock() >= deadline:
+            return threads
+        time.sleep(0.005)
+
+
+def _continue_below(probe):
+    """The scan's ``after_import`` in a row child above modules: fork the continuing zygote."""
+
+    def after_import(ok):
+        below = _Continuation.below
+        if below is None or _Continuation.channel is None or _may_continue(ok):
+            return
+        index = below[0]
+        files = (probe["_channel"].fd, 1, 2)
+        _flush_stdio()
+        sizes = [_size(fd) for fd in files]
+        initialized = protocol.driver_initialized(_cuprobe.driver_state())  # the zygote must not ask: not handed over
+        try:
+            pid = _cuprobe.fork_continuing()
+        except OSError:
+            return
+        if pid:
+            _write_own(index, "continued", str(pid))
+            _Continuation.channel.release()  # the zygote's to write now
+            return
+        _run_continuing_zygote(probe, below, sizes, initialized)
+
+    return after_import
+
+
+def _size(fd):
+    try:
+        return posix.fstat(fd).st_size
+    except OSError:
+        return 0
+
+
+def _run_continuing_zygote(probe, below, sizes, initialized):
+    """In the continuing zygote: wait to be continued, then serve the modules below; never returns."""
+    global _channel, _zygote_index
+    index, modules, inside, jobs = below
+    try:
+        posix.setpgid(0, 0)  # the row's group is the host's to kill, not this one
+    except OSError:
+        pass
+    null = posix.open("/dev/null", posix.O_WRONLY)
+    posix.dup2(null, 1)
+    posix.dup2(null, 2)
+    posix.close(null)
+    posix.kill(posix.getpid(), _SIGSTOP)
+    loaded = len(sys.modules) - _Continuation.loaded
+    _channel = _Continuation.channel
+    _channel.adopt()
+    _cuprobe.become_subreaper()
+    _channel.emit(
+        "descend", i=index, pid=posix.getpid(), z=_zygote_index, before_cuda=False, continued=True, cuda=initialized
+    )
+    _channel.emit("descended", i=index, s=_clock() - _Continuation.started, n=loaded)
+    _zygote_index = index
+    _Continuation.prefix = (index, sizes)
+    _Continuation.below = None
+    try:
+        child = _serve(modules, inside, jobs)
+    except BaseException:
+        posix._exit(_NOT_SERVED)
+    if child is not None:
+        _run_child(probe, *child)
+    posix._exit(0)
+
+
+def _release_continuation(index, running):
+    """Continue the zygote the row child of ``index`` left, and wait for it; its exit code, or None."""
+    text = "".join(_lines_of(_own_path(index, "continued")))
+    if not text.isdigit():
+        return None
+    pid = int(text)
+    try:
+        _, status = posix.waitpid(pid, posix.WUNTRACED)
+    except ChildProcessError:
+        return None  # not ours: never orphaned to this zygote
+    if not posix.WIFSTOPPED(status):
+        return None
+    posix.kill(pid, _SIGCONT)
+    return _await_package_zygote(index, pid, running)
+
+
+def _recorded(index, kind, size, skip_first_line=False):
+    """The first ``size`` bytes the row child of ``index`` wrote to its file ``kind``."""
+    try:
+        with open(_own_path(index, kind), "rb") as handle:
+            data = handle.read(size)
+    except OSError:
+        return b""
+    if skip_first_line:
+        data = data[data.find(b"\n") + 1 :]
+    return data
 
 
 def _lines_of(path):
@@ -296,7 +461,15 @@ def _package_zygote(index, modules, inside, jobs, before_cuda=None):
     global _channel, _zygote_index
     module = modules[index]
     _channel = protocol.Channel(int(_ENV[protocol.CHANNEL_FD]))  # the parent's channel is quiet in a fork
-    _channel.emit("descend", i=index, pid=posix.getpid(), z=_zygote_index, before_cuda=before_cuda is not None)
+    _channel.emit(
+        "descend",
+        i=index,
+        pid=posix.getpid(),
+        z=_zygote_index,
+        before_cuda=before_cuda is not None,
+        continued=False,
+        cuda=False,
+    )
     _zygote_index = index
     before = set(sys.modules)
     started = _clock()
@@ -362,10 +535,37 @@ def _open_own(index, kind):
     return posix.open(_own_path(index, kind), _FILE_FLAGS, 0o600)
 
 
-def _redirect(index, kind, target_fd):
+def _redirect(index, kind, target_fd, recorded=b""):
+    """Send ``target_fd`` to this child's file ``kind``, which starts with what was ``recorded``."""
     fd = _open_own(index, kind)
+    while recorded:
+        recorded = recorded[posix.write(fd, recorded) :]
     posix.dup2(fd, target_fd)
     posix.close(fd)
+
+
+def _keep_channel():
+    """A copy of the zygote's channel for the zygote this row child may leave, or None.
+
+    Made before the row runs its import: the copy checks on every write that its
+    descriptor is still the one it copied, whatever the import did with it.
+    """
+    try:
+        return protocol.Channel(protocol.move_high(posix.dup(_channel.fd)))
+    except OSError:
+        return None
+
+
+def _recorded_files(prefix):
+    """What the row a continuing zygote went on from had recorded: events (its hello left out),
+    stdout and stderr, as bytes; empty outside such a zygote."""
+    if prefix is None:
+        return b"", b"", b""
+    row, sizes = prefix
+    return tuple(
+        _recorded(row, kind, size, skip_first_line=kind == "events")
+        for kind, size in zip(("events", "out", "err"), sizes, strict=True)
+    )
 
 
 def _exit_code(exc):
@@ -419,23 +619,33 @@ def _run_child(probe, index, module):
         _cuprobe.die_with_parent()
     except OSError:
         pass
-    for fd in (_ENV[protocol.CHANNEL_FD], _ENV.get(protocol.DUMP_FD)):
+    prefix = _Continuation.prefix
+    if prefix is not None:
+        _cuprobe.adopt_parent_init()  # the simulated driver: this child goes on as the row that initialized it
+    _Continuation.channel = _keep_channel() if _Continuation.below is not None else None
+    _channel.release()  # the zygote's channel is not the child's to write
+    if prefix is None:  # nor its dump file (below a continuing zygote, that number is no longer the zygote's)
         try:
-            posix.close(int(fd))  # the zygote's channel and dump file are not the child's to write
+            posix.close(int(_ENV.get(protocol.DUMP_FD)))
         except (OSError, TypeError):
             pass
-    _redirect(index, "out", 1)
-    _redirect(index, "err", 2)
+    recorded = _recorded_files(prefix)
+    _redirect(index, "out", 1, recorded[1])
+    _redirect(index, "err", 2, recorded[2])
     dump_env = {
         protocol.DUMP_FD: str(_open_own(index, "dump")),
         protocol.DUMP_SIGNAL: _ENV.get(protocol.DUMP_SIGNAL, "10"),
     }
     protocol.enable_fault_dumps(dump_env)
     channel = protocol.Channel(_open_own(index, "events"))
-    _forget_preloaded_finalizers()
+    _Continuation.started, _Continuation.loaded = _clock(), len(sys.modules)
     code = 0
     try:
-        probe["run_forked"](channel, [module])
+        if prefix is None:
+            _forget_preloaded_finalizers()
+            probe["run_forked"](channel, [module], _continue_below(probe))
+        else:
+            probe["continue_forked"](channel, module, recorded[0], _continue_below(probe))
     except SystemExit as exc:
         code = _exit_code(exc)
     beside = probe["imported_before_cuda"]()
@@ -465,6 +675,10 @@ def main():
     _channel.emit(
         "ready", count=len(sys.modules), inside=_inside(_ENV.get(protocol.SWEEP_PACKAGE, ""), list(sys.modules))
     )
+    try:
+        _cuprobe.become_subreaper()  # a row's continuing zygote is orphaned to this one
+    except OSError:
+        pass
     _explicit.update(sys.modules)
     __import__("gc").freeze()  # the preloaded objects stay out of the children's collections
     child = _serve(modules, range(len(modules)), max(1, int(_ENV.get(protocol.SWEEP_JOBS, "1"))))

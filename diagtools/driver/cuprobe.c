@@ -17,9 +17,12 @@
 #define Py_LIMITED_API 0x030A0000
 #include <Python.h>
 #include <dlfcn.h>
+#include <errno.h>
 #include <signal.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/types.h>
+#include <unistd.h>
 
 typedef int (*device_get_count_fn)(int *);
 
@@ -166,6 +169,101 @@ static PyObject *die_with_parent(PyObject *self, PyObject *args)
     Py_RETURN_NONE;
 }
 
+typedef int (*adopt_fn)(void);
+
+/* Call the loaded simulated driver's ``name`` (an int function of no argument); -2 when no
+ * driver is loaded or it is not the simulated one.  Never loads the library. */
+static long call_simulation(const char *name)
+{
+    void *driver = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+    if (driver == NULL)
+        return -2;
+    adopt_fn fn = (adopt_fn)dlsym(driver, name);
+    long result = fn != NULL ? fn() : -2;
+    dlclose(driver);
+    return result;
+}
+
+/* 1 when the simulated driver handed the parent's initialization to this process, 0 when there
+ * was none to hand over, -1 when it refused, -2 when the loaded driver (if any) is not simulated. */
+static PyObject *adopt_parent_init(PyObject *self, PyObject *args)
+{
+    (void)self;
+    (void)args;
+    return PyLong_FromLong(call_simulation("diagtools_sim_adopt_init"));
+}
+
+/* Whether the loaded driver would hand its initialization to a continuing child. */
+static PyObject *driver_adoptable(PyObject *self, PyObject *args)
+{
+    (void)self;
+    (void)args;
+    return PyBool_FromLong(call_simulation("diagtools_sim_adoptable") == 1);
+}
+
+typedef pid_t (*plain_fork_fn)(void);
+
+static plain_fork_fn plain_fork(void)
+{
+    static plain_fork_fn found = NULL;
+    static int looked = 0;
+    if (!looked) {
+        looked = 1;
+        found = (plain_fork_fn)dlsym(RTLD_DEFAULT, "_Fork"); /* glibc 2.34 and later */
+    }
+    return found;
+}
+
+/*
+ * Fork without running the handlers libraries registered with pthread_atfork, for a child that
+ * goes on as this process rather than as a forked one: torch's handler marks CUDA unusable in
+ * every child ("Cannot re-initialize CUDA in forked subprocess"), which the process that
+ * imported a package never is.  The interpreter's own fork work runs as in os.fork.  Only for a
+ * process with one thread (no other thread can hold a lock the handlers would have taken).
+ * Returns the pid (0 in the child); raises OSError when the C library has no _Fork.
+ */
+static PyObject *fork_continuing(PyObject *self, PyObject *args)
+{
+    (void)self;
+    (void)args;
+    plain_fork_fn fn = plain_fork();
+    if (fn == NULL) {
+        PyErr_SetString(PyExc_OSError, "this C library has no _Fork");
+        return NULL;
+    }
+    PyOS_BeforeFork();
+    pid_t pid = fn();
+    if (pid == 0) {
+        PyOS_AfterFork_Child();
+        return PyLong_FromLong(0);
+    }
+    int saved = errno;
+    PyOS_AfterFork_Parent();
+    if (pid < 0) {
+        errno = saved;
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    return PyLong_FromLong((long)pid);
+}
+
+/* Whether fork_continuing can work here. */
+static PyObject *can_fork_continuing(PyObject *self, PyObject *args)
+{
+    (void)self;
+    (void)args;
+    return PyBool_FromLong(plain_fork() != NULL);
+}
+
+/* Become the reaper of orphaned descendants, so a zygote can wait for one its child left behind. */
+static PyObject *become_subreaper(PyObject *self, PyObject *args)
+{
+    (void)self;
+    (void)args;
+    if (prctl(PR_SET_CHILD_SUBREAPER, 1) != 0)
+        return PyErr_SetFromErrno(PyExc_OSError);
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"driver_state", driver_state, METH_NOARGS, "cuDeviceGetCount's result code, -1 without a driver."},
     {"driver_path", driver_path, METH_NOARGS, "Path of the loaded libcuda.so.1, or None."},
@@ -176,6 +274,12 @@ static PyMethodDef methods[] = {
     {"loaded_driver_state", loaded_driver_state, METH_NOARGS,
      "cuDeviceGetCount's result code from an already-loaded driver, -1 when none is loaded."},
     {"die_with_parent", die_with_parent, METH_NOARGS, "Ask for SIGKILL when the parent process exits."},
+    {"adopt_parent_init", adopt_parent_init, METH_NOARGS,
+     "Hand the simulated driver's initialization made before a fork to this child (1), or say why not."},
+    {"driver_adoptable", driver_adoptable, METH_NOARGS, "Whether the loaded driver can hand over its initialization."},
+    {"fork_continuing", fork_continuing, METH_NOARGS, "Fork without the pthread_atfork handlers; the pid, 0 in the child."},
+    {"can_fork_continuing", can_fork_continuing, METH_NOARGS, "Whether fork_continuing can work here."},
+    {"become_subreaper", become_subreaper, METH_NOARGS, "Reap orphaned descendants (PR_SET_CHILD_SUBREAPER)."},
     {NULL, NULL, 0, NULL},
 };
 

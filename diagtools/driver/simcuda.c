@@ -281,6 +281,30 @@ static int claim_init(void)
 
 static void notify_refusal(const char *call) { notify_python(REFUSED_HOOK, call); }
 
+/*
+ * Hand the initialization made before a fork to this child, as if it had made it itself.
+ *
+ * The sweep imports a package once in a row child and forks each module below it from there,
+ * without the fork handlers (see cuprobe.c, fork_continuing): each child goes on as the process
+ * that imported the package.  The real driver's state does not survive a fork, so only the
+ * simulation can do this.  Returns 1 when the driver was handed over, 0 when there was nothing to
+ * hand over (never initialized, or initialized by this very process), and -1 when
+ * DIAGTOOLS_SIMCUDA_NO_ADOPT asks the simulation to refuse, as the real driver would.
+ */
+int diagtools_sim_adopt_init(void)
+{
+    pid_t by = initialized_by();
+    if (by == 0 || by == getpid())
+        return 0;
+    if (getenv("DIAGTOOLS_SIMCUDA_NO_ADOPT") != NULL)
+        return -1;
+    __atomic_store_n(&init_pid, getpid(), __ATOMIC_RELEASE);
+    return 1;
+}
+
+/* Whether diagtools_sim_adopt_init would hand an initialization over (1) or refuse (0). */
+int diagtools_sim_adoptable(void) { return getenv("DIAGTOOLS_SIMCUDA_NO_ADOPT") == NULL; }
+
 /* The first cuInit of the process, unless DIAGTOOLS_SIMCUDA_NO_HOOK asks for silence. */
 static void notify_cuinit(void)
 {

@@ -77,6 +77,8 @@ class PackageZygote:
 
     seconds: float | None = None  # None: it never finished importing the package
     before_cuda: bool = False  # it imported only what the package imports before it initializes CUDA
+    continued: bool = False  # it went on from the package's own row, after its traced import
+    handed_cuda: bool = False  # ...which had initialized the simulated driver, handed to each child
     loaded: int = 0
     served: int = 0
     refused: str = ""
@@ -145,7 +147,11 @@ class _Zygote:
         if kind == "descend":
             self.parents[index] = int(event["z"])
             self.importing[index] = _Child(index, int(event["pid"]), time.monotonic(), time.time())
-            self.outcome.packages[index] = PackageZygote(before_cuda=bool(event["before_cuda"]))
+            self.outcome.packages[index] = PackageZygote(
+                before_cuda=bool(event["before_cuda"]),
+                continued=bool(event["continued"]),
+                handed_cuda=bool(event["cuda"]),
+            )
             return
         self.importing.pop(index, None)
         package = self.outcome.packages.setdefault(index, PackageZygote())

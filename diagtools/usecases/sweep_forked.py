@@ -324,10 +324,19 @@ def _pass(
 
 def package_notes(outcome: ZygoteOutcome, modules: Sequence[str]) -> tuple[str, ...]:
     """How the package zygotes went: the packages imported once for the modules below them, and the rest."""
-    whole = [p for p in outcome.packages.values() if p.seconds is not None and not p.before_cuda]
-    beside = [p for p in outcome.packages.values() if p.seconds is not None and p.before_cuda]
+    done = [p for p in outcome.packages.values() if p.seconds is not None]
+    continued = [p for p in done if p.continued]
+    whole = [p for p in done if not p.before_cuda and not p.continued]
+    beside = [p for p in done if p.before_cuda]
     refused = {i: p for i, p in outcome.packages.items() if p.seconds is None}
     notes = []
+    if continued:
+        handed = [p for p in continued if p.handed_cuda]
+        notes.append(
+            f"{len(continued)} package(s) imported once, by their own row, whose process went on to scan the "
+            f"{sum(p.served for p in continued)} module(s) below them"
+            + (f" ({len(handed)} of them had initialized the simulated driver, handed on to each)" if handed else "")
+        )
     if whole:
         notes.append(
             f"{len(whole)} package(s) imported once in a zygote of their own for the "

@@ -68,7 +68,7 @@ def test_adaptive_preload_learns_the_shared_modules_and_keeps_the_rows(shared_pa
 def test_no_adapt_keeps_the_preload_as_given(shared_package):
     result = sweep("ad", path=[shared_package], driver="simulated", jobs=2, timeout=30, adapt=False)
     assert result.preload == ("ad",)
-    assert [note for note in result.preload_notes if "zygote of their own" not in note] == []
+    assert [note for note in result.preload_notes if "package(s) imported once" not in note] == []
 
 
 def test_nothing_to_learn_costs_no_second_zygote(make_tree, monkeypatch):

@@ -10,6 +10,14 @@ from diagtools.usecases.sweep import sweep
 from tests.conftest import cli, sweep_verdicts
 
 CUINIT = "import ctypes\nctypes.CDLL('libcuda.so.1').cuInit(0)\n"
+# A fork handler as torch registers one, but fatal: a child that ran it would never report.
+ABORT_IN_FORKED_CHILDREN = (
+    "libc = ctypes.CDLL(None)\nlibc.__register_atfork(None, None, ctypes.cast(libc.abort, ctypes.c_void_p), None)\n"
+)
+DEVICE_COUNT = (
+    "import ctypes\nfound = ctypes.c_int(0)\n"
+    "result = ctypes.CDLL('libcuda.so.1').cuDeviceGetCount(ctypes.byref(found))\n"
+)
 
 
 def counted(log: Path, name: str, body: str = "") -> str:
@@ -50,25 +58,23 @@ def rows(result):
     return {r.module: (*found[r.module], change[r.module], r.deps) for r in result.rows}
 
 
-def test_a_package_is_imported_once_for_the_modules_below_it(tree):
+def test_a_package_is_imported_once_by_its_row_which_goes_on_to_scan_the_modules_below_it(tree):
     root, log = tree
     forked = sweep("pz", path=[root], driver="simulated", timeout=30, jobs=2, adapt=False)
     imports = log.read_text().split()
     assert forked.mode == "zygote", forked.fallback
-    # pz.heavy: its own row's child, its package zygote, and pz.gpu.l2 (outside it); its 5 modules
-    # and sub's 2 never import it again
-    assert imports.count("pz.heavy") == 3
-    assert imports.count("pz.heavy.sub") == 2
-    # pz.gpu initializes CUDA: its zygote refuses, so its row and each of its 3 modules import it...
-    assert imports.count("pz.gpu") == 5
-    # ...but what it imports before that (pz.gpu_deps) is imported once for the 3 modules below it
-    # (besides its own row, pz.gpu's row and the refused package zygote); what it imports after the
-    # initialization (pz.gpu_after) is not preloaded: every child imports it again
-    assert imports.count("pz.gpu_deps") == 4
-    assert imports.count("pz.gpu_after") == 6
+    # pz.heavy: its own row's child, whose process goes on to scan its 5 modules and sub's 2, and
+    # pz.gpu.l2 (outside it, but below pz.gpu: continued from pz.gpu's row, it imports pz.heavy itself)
+    assert imports.count("pz.heavy") == 2
+    assert imports.count("pz.heavy.sub") == 1
+    # pz.gpu initializes CUDA: its row goes on all the same (the simulated driver is handed on), so
+    # nothing it imports is imported again by the 3 modules below it
+    assert imports.count("pz.gpu") == 1
+    assert imports.count("pz.gpu_deps") == 2  # its own row and pz.gpu's
+    assert imports.count("pz.gpu_after") == 2
     notes = " ".join(forked.preload_notes)
-    assert "2 package(s) imported once in a zygote of their own for the 7 module(s) below them" in notes
-    assert "1 package(s) that initialize CUDA: what they import before that was imported once for the 3" in notes
+    assert "3 package(s) imported once, by their own row, whose process went on to scan the 10 module(s)" in notes
+    assert "(1 of them had initialized the simulated driver, handed on to each)" in notes
 
     log.write_text("")
     fresh = sweep("pz", path=[root], driver="simulated", timeout=30, jobs=2, fresh=True)
@@ -77,6 +83,58 @@ def test_a_package_is_imported_once_for_the_modules_below_it(tree):
     assert found["pz.heavy.sub.y"][:5] == ("ok", True, "self", "pz.helper", ("pz.heavy.sub.y", "pz.helper"))
     assert found["pz.gpu.l1"][:4] == ("ok", True, "parent", "pz.gpu")
     assert found["pz.heavy.a"][-1] == ("pz/__init__.py", "pz/heavy/__init__.py", "pz/heavy/a.py", "pz/heavy/core.py")
+
+
+def test_where_the_driver_cannot_be_handed_on_what_a_package_imports_before_cuda_is_preloaded(tree, monkeypatch):
+    """As with the real driver: a child forked after the initialization could not use it."""
+    monkeypatch.setenv("DIAGTOOLS_SIMCUDA_NO_ADOPT", "1")
+    root, log = tree
+    forked = sweep("pz", path=[root], driver="simulated", timeout=30, jobs=2, adapt=False)
+    imports = log.read_text().split()
+    # pz.heavy and its sub go on from their rows as before; pz.gpu's row cannot: its package zygote
+    # refuses, so its row and each of its 3 modules import it...
+    assert imports.count("pz.heavy") == 2
+    assert imports.count("pz.gpu") == 5
+    # ...but what it imports before that (pz.gpu_deps) is imported once for the 3 modules below it
+    # (besides its own row, pz.gpu's row and the refused package zygote); what it imports after the
+    # initialization (pz.gpu_after) is not preloaded: every child imports it again
+    assert imports.count("pz.gpu_deps") == 4
+    assert imports.count("pz.gpu_after") == 6
+    notes = " ".join(forked.preload_notes)
+    assert "2 package(s) imported once, by their own row, whose process went on to scan the 7 module(s)" in notes
+    assert "initialized the simulated driver" not in notes
+    assert "1 package(s) that initialize CUDA: what they import before that was imported once for the 3" in notes
+
+    fresh = sweep("pz", path=[root], driver="simulated", timeout=30, jobs=2, fresh=True)
+    assert rows(forked) == rows(fresh)
+
+
+def test_modules_below_a_package_that_initialized_cuda_use_the_driver_as_a_fresh_subkernel_would(make_tree):
+    """The children go on as the row: the driver answers them, and no fork handler marks them forked."""
+    root = make_tree(
+        {
+            "pc/__init__.py": "",
+            "pc/gpu/__init__.py": CUINIT + ABORT_IN_FORKED_CHILDREN,
+            "pc/gpu/count.py": DEVICE_COUNT + "assert found.value == 1 and result == 0, (result, found.value)\n",
+            "pc/gpu/plain.py": "",
+            "pc/gpu/broken.py": "raise ValueError('broken on purpose')\n",
+        }
+    )
+    forked = sweep("pc", path=[root], driver="simulated", timeout=30, jobs=2, adapt=False)
+    fresh = sweep("pc", path=[root], driver="simulated", timeout=30, jobs=2, fresh=True)
+    assert "handed on to each" in " ".join(forked.preload_notes)
+    assert rows(forked) == rows(fresh)
+    statuses = {row.module: row.status for row in forked.rows}
+    assert statuses == {
+        "pc": "ok",
+        "pc.gpu": "ok",
+        "pc.gpu.count": "ok",
+        "pc.gpu.plain": "ok",
+        "pc.gpu.broken": "import-error",
+    }
+    errors = {row.module: row.error for row in forked.rows}
+    assert errors["pc.gpu.broken"] == {row.module: row.error for row in fresh.rows}["pc.gpu.broken"]
+    assert "broken on purpose" in errors["pc.gpu.broken"]
 
 
 def test_a_package_zygote_that_hangs_is_killed_and_its_modules_still_scanned(make_tree):
@@ -99,7 +157,7 @@ def test_a_package_zygote_that_hangs_is_killed_and_its_modules_still_scanned(mak
 def test_the_cli_says_which_packages_were_imported_once(tree):
     root, _ = tree
     done = cli("sweep", "pz", "--path", str(root), "--driver", "simulated", "--jobs", "2", "--no-adapt")
-    assert "preload: 2 package(s) imported once in a zygote of their own" in done.stdout
+    assert "preload: 3 package(s) imported once, by their own row, whose process went on" in done.stdout
 
 
 def test_a_module_loaded_under_another_name_from_the_package_folder_is_a_dependency(make_tree):
