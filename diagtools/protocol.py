@@ -431,11 +431,12 @@ def decode_events(data):
     """
     import json
 
+    parse = _line_parser(json)
     lines = data.split(b"\n")
     lines.pop()  # after the last newline: empty, or a line torn by a crash
     events, skipped = [], 0
     for line in lines:
-        event = _decode_line(json, line)
+        event = _decode_line(parse, line)
         if event is None:
             skipped += line.strip() != b""
         else:
@@ -443,22 +444,51 @@ def decode_events(data):
     return DecodedEvents(events, skipped + (1 if data and not data.endswith(b"\n") else 0))
 
 
-def _decode_line(json, line):
+def _line_parser(json):
+    """``json.loads`` for one line, without its two whitespace scans when the line has no blank around it.
+
+    An agent's line starts with ``{`` and ends with ``}``: the decoder's
+    ``raw_decode`` reads it whole.  Anything else (blanks around it, extra
+    data after it, no JSON at all) goes through ``json.loads`` itself, so
+    what is accepted and what is refused stays exactly its answer.
+    """
+    raw_decode = json.JSONDecoder().raw_decode
+    loads = json.loads
+
+    def parse(text):
+        try:
+            value, end = raw_decode(text)
+        except (ValueError, RecursionError):
+            return loads(text)
+        return value if end == len(text) else loads(text)
+
+    return parse
+
+
+def _decode_line(parse, line):
     try:
-        event = json.loads(line.decode("utf-8", "backslashreplace"))
+        event = parse(line.decode("utf-8", "backslashreplace"))
     except (ValueError, RecursionError):
         return None
-    if not isinstance(event, dict):
-        return None
+    return event if type(event) is dict and _valid(event) else None
+
+
+def _valid(event):
+    """Whether ``event`` is of a known kind, with all of its fields, each of the type it must have."""
     kind = event.get("e")
-    required = EVENTS.get(kind) if isinstance(kind, str) else None
-    if required is None or any(name not in event for name in required):
-        return None
+    required = EVENTS.get(kind) if type(kind) is str else None
+    if required is None:
+        return False
+    for name in required:
+        if name not in event:
+            return False
+    if kind not in _TYPED_KINDS:
+        return "t" not in event or _is_number(event["t"])
     for name, value in event.items():
-        check = FIELD_TYPES.get(name) if kind in _TYPED_KINDS else _is_number if name == "t" else None
+        check = FIELD_TYPES.get(name)
         if check is not None and not check(value):
-            return None
-    return event
+            return False
+    return True
 
 
 # ---- the fields' types, checked on the host for the scan probe's events ---------
@@ -486,19 +516,18 @@ def _optional(check):
 
 def _is_frames(value):
     """A stack: ``[[file, line, function], ...]`` (a line may be unknown)."""
-    return type(value) is list and all(
-        type(frame) is list
-        and len(frame) >= 3
-        and _is_str(frame[0])
-        and (frame[1] is None or _is_int(frame[1]))
-        and _is_str(frame[2])
-        for frame in value
-    )
+    return type(value) is list and all(_is_frame(frame) for frame in value)
 
 
 def _is_frame(value):
     """One frame, ``[file, line, function]``: the import line of a ``begin`` event."""
-    return _is_frames([value])
+    return (
+        type(value) is list
+        and len(value) >= 3
+        and type(value[0]) is str
+        and (value[1] is None or type(value[1]) is int)
+        and type(value[2]) is str
+    )
 
 
 def _is_str_list(value):
@@ -513,9 +542,11 @@ def _is_chain(value):
     )
 
 
-_TYPED_KINDS = (
-    *("hello", "phase", "begin", "end", "thread", "transition", "refined", "cuinit", "error", "exit", "final"),
-    *("start", "fork-child", "refusal", "raised", "exec", "ended", "waited"),
+_TYPED_KINDS = frozenset(
+    (
+        *("hello", "phase", "begin", "end", "thread", "transition", "refined", "cuinit", "error", "exit", "final"),
+        *("start", "fork-child", "refusal", "raised", "exec", "ended", "waited"),
+    )
 )
 FIELD_TYPES = {
     "e": _is_str,

@@ -320,7 +320,9 @@ def _check_directory(destination: str, option: str) -> None:
 
 
 def _write_json(document: dict[str, Any], destination: str) -> None:
-    text = json.dumps(document, indent=2, sort_keys=True) + "\n"
+    from diagtools.model.serial import json_text
+
+    text = json_text(document) + "\n"  # json.dumps(document, indent=2, sort_keys=True), faster
     if destination == "-":
         sys.stdout.write(text)
     else:

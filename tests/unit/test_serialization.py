@@ -24,6 +24,7 @@ from diagtools.model.diff import ScanDiff
 from diagtools.model.replay import ChildOutcome, DriverCall, ParentState, ReplayComparison, ReplayResult
 from diagtools.model.run import ChildSaw, DriverRefusal, Finding, ProcessRecord, ProcessStart, RunResult
 from diagtools.model.scan import Culprit, DriverInfo, ImportNode, ScanResult, Site, StartupInfo, TargetError
+from diagtools.model.serial import json_text
 from diagtools.model.sweep import CUDA_SOURCES, SWEEP_MODES, SweepResult, SweepRow
 from diagtools.model.verdict import Verdict
 from tests.conftest import require
@@ -63,6 +64,82 @@ def test_any_document_round_trips_through_the_encoder(document):
 def test_the_reader_never_fails_on_arbitrary_bytes(data):
     decoded = protocol.decode_events(data)
     assert all(event["e"] in protocol.EVENTS for event in decoded.events)
+
+
+# An agent's event lines, and the same lines as a target might mangle them: the fast parser must give
+# exactly json.loads's answer (kept, skipped and counted, or not counted) for every one.
+BEGIN = (
+    '{"e":"begin","n":"a.b","p":null,"f":"/x/a/b.py",'
+    '"l":["/x/a/__init__.py",3,"<module>"],"th":1,"ph":"import","t":1.5}'
+)
+LINE_VARIANTS = st.sampled_from(
+    [
+        BEGIN,
+        ' {"e":"done"}',  # blanks around a whole object: json.loads accepts them
+        '{"e":"done"}\t ',
+        '{"e":"done"} {"e":"done"}',  # extra data after the object
+        '{"e":"done"',  # torn
+        "\ufeff" + '{"e":"done"}',  # a byte-order mark
+        '{"e":"end","n":"a","ok":true,"t":NaN}',  # not finite
+        BEGIN.replace('3,"<module>"', '"3","<module>"'),  # a frame whose line is not a number
+        BEGIN.replace('["/x/a/__init__.py",3,"<module>"]', "null"),
+        '{"e":"nope"}',
+        "[1, 2]",
+        "[" * 5000,  # deeper than the decoder's recursion limit
+        "",
+        "   ",
+        "garbage \xff",
+    ]
+)
+
+
+def _reference_decode(data: bytes) -> tuple[list[dict[str, Any]], int]:
+    """What the reader keeps and skips, with json.loads on every line (the reader's contract, spelled out)."""
+    lines = data.split(b"\n")
+    lines.pop()
+    events, skipped = [], 0
+    for line in lines:
+        try:
+            event = json.loads(line.decode("utf-8", "backslashreplace"))
+        except (ValueError, RecursionError):
+            event = None
+        if isinstance(event, dict) and event.get("e") in protocol.EVENTS:
+            event = event if _reference_valid(event) else None
+        else:
+            event = None
+        if event is None:
+            skipped += line.strip() != b""
+        else:
+            events.append(event)
+    return events, skipped + (1 if data and not data.endswith(b"\n") else 0)
+
+
+def _reference_valid(event: dict[str, Any]) -> bool:
+    """Every field of its kind present; each field of a typed kind of the type it must have, else a finite ``t``."""
+    if any(name not in event for name in protocol.EVENTS[event["e"]]):
+        return False
+    typed = event["e"] in protocol._TYPED_KINDS
+    for name, value in event.items():
+        check = protocol.FIELD_TYPES.get(name) if typed else protocol.FIELD_TYPES["t"] if name == "t" else None
+        if check is not None and not check(value):
+            return False
+    return True
+
+
+@FAST
+@given(st.lists(LINE_VARIANTS, max_size=8), st.booleans())
+def test_the_reader_keeps_and_counts_every_line_as_json_loads_would(lines, torn_tail):
+    data = "".join(line + "\n" for line in lines).encode("utf-8", "surrogateescape")
+    data += b'{"e":"do' if torn_tail else b""
+    decoded = protocol.decode_events(data)
+    assert (decoded.events, decoded.skipped) == _reference_decode(data)
+
+
+def test_the_reader_keeps_an_event_with_blanks_around_it_and_counts_the_rest():
+    data = b' {"e":"done"}\n{"e":"done"} x\n\n{"e":"begin","n":"a"}\n{"e":"done"'
+    decoded = protocol.decode_events(data)
+    assert decoded.events == [{"e": "done"}]
+    assert decoded.skipped == 3  # extra data, a begin without its fields, the torn last line (not the blank one)
 
 
 # ---- valid results -------------------------------------------------------------------------
@@ -235,6 +312,57 @@ def test_every_result_round_trips(kind, strategy):
         assert kind.from_json(document) == result
 
     check()
+
+
+@pytest.mark.parametrize(("kind", "strategy"), RESULTS, ids=[kind.__name__ for kind, _ in RESULTS])
+def test_every_result_is_written_as_the_standard_indented_json(kind, strategy):
+    @FAST
+    @given(strategy)
+    def check(result):
+        document = result.to_json()
+        assert json_text(document) == json.dumps(document, indent=2, sort_keys=True)
+
+    check()
+
+
+ANY_FLOAT = st.floats(width=64)  # NaN and the infinities too, which json writes as NaN and Infinity
+NESTED = st.recursive(
+    st.none() | st.booleans() | st.integers() | ANY_FLOAT | TEXT,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(TEXT, inner, max_size=4),
+    max_leaves=30,
+)
+
+
+@FAST
+@given(NESTED)
+def test_any_document_is_written_as_the_standard_indented_json(document):
+    assert json_text(document) == json.dumps(document, indent=2, sort_keys=True)
+
+
+@pytest.mark.parametrize(
+    "document",
+    [
+        {1: "a", 2: [3, {}]},
+        {"a": {1.5: None}},
+        {"a": (1, 2)},
+        [{"x": True}, {"y": []}, [[]]],
+        {"a": {"b": {"c": 1.5}}},
+        [],
+        {},
+        "x",
+        3,
+    ],
+    ids=["int-keys", "float-key-inside", "tuple", "empty-items", "deep", "empty-list", "empty-dict", "text", "number"],
+)
+def test_a_document_of_other_shapes_is_written_as_json_dumps_writes_it(document):
+    assert json_text(document) == json.dumps(document, indent=2, sort_keys=True)
+
+
+def test_a_circular_document_is_refused_as_json_dumps_refuses_it():
+    document: dict[str, Any] = {"a": [1]}
+    document["a"].append(document)
+    with pytest.raises(ValueError, match="Circular reference"):
+        json_text(document)
 
 
 def test_a_comparison_round_trips():
