@@ -429,19 +429,58 @@ def decode_events(data):
     all of that kind's fields; anything else (a torn last line, garbage a
     target wrote into the descriptor) is skipped and counted.
     """
-    import json
+    reader = EventReader()
+    reader.feed(data)
+    return reader.close()
 
-    parse = _line_parser(json)
-    lines = data.split(b"\n")
-    lines.pop()  # after the last newline: empty, or a line torn by a crash
-    events, skipped = [], 0
-    for line in lines:
-        event = _decode_line(parse, line)
-        if event is None:
-            skipped += line.strip() != b""
-        else:
-            events.append(event)
-    return DecodedEvents(events, skipped + (1 if data and not data.endswith(b"\n") else 0))
+
+class EventReader:
+    """:func:`decode_events` on bytes that arrive in pieces: each line is read as soon as it is complete.
+
+    The runner feeds the channel's bytes to it while the subkernel is still
+    running, so reading a large import tree costs nothing once the subkernel
+    is gone.  :meth:`close` gives what :func:`decode_events` gives on all the
+    bytes at once: a last line with no newline after it is torn, and counted.
+    """
+
+    def __init__(self):
+        self.events = []
+        self.skipped = 0
+        self._tail = []  # the pieces of a line still waiting for its newline
+        self._parse = None
+
+    def feed(self, data):
+        """Read the complete lines of ``data`` (with what came before it); keep the rest for later."""
+        if b"\n" not in data:
+            if data:
+                self._tail.append(data)
+            return
+        if self._tail:
+            data = b"".join([*self._tail, data])
+            self._tail = []
+        lines = data.split(b"\n")
+        last = lines.pop()
+        if last:
+            self._tail.append(last)
+        self._read(lines)
+
+    def close(self):
+        """The events read, and the lines skipped (a torn last line among them)."""
+        return DecodedEvents(self.events, self.skipped + (1 if self._tail else 0))
+
+    def _read(self, lines):
+        if self._parse is None:
+            import json
+
+            self._parse = _line_parser(json)
+        parse, events, skipped = self._parse, self.events, 0
+        for line in lines:
+            event = _decode_line(parse, line)
+            if event is None:
+                skipped += line.strip() != b""
+            else:
+                events.append(event)
+        self.skipped += skipped
 
 
 def _line_parser(json):

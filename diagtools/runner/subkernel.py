@@ -124,33 +124,36 @@ class _Buffer:
 
 
 class _EventStream:
-    """Collects the channel's bytes, up to a bound; decoded and validated by the protocol once, at the end.
+    """Collects the channel's bytes, up to a bound, and has the protocol read each line as it arrives.
 
-    Past :data:`CHANNEL_LIMIT` (far beyond any real import tree) whole lines
-    are dropped and counted as skipped, and the run is marked truncated.
+    Reading while the subkernel runs (on a core the runner would leave idle)
+    takes the events' decoding and validation off the time after the
+    subkernel ends.  Past :data:`CHANNEL_LIMIT` (far beyond any real import
+    tree) whole lines are dropped and counted as skipped, and the run is
+    marked truncated.
     """
 
     def __init__(self) -> None:
-        self.chunks: list[bytes] = []
+        self.reader = protocol.EventReader()
         self.kept = 0
         self.dropped_lines = 0
         self.truncated = False
 
     def add(self, data: bytes) -> None:
         if not self.truncated and self.kept + len(data) <= CHANNEL_LIMIT:
-            self.chunks.append(data)
+            self.reader.feed(data)
             self.kept += len(data)
             return
         if not self.truncated:
             cut = data.rfind(b"\n", 0, CHANNEL_LIMIT - self.kept) + 1
-            self.chunks.append(data[:cut])
+            self.reader.feed(data[:cut])
             self.kept += cut
             self.truncated = True
             data = data[cut:]
         self.dropped_lines += data.count(b"\n")
 
     def decoded(self) -> protocol.DecodedEvents:
-        decoded = protocol.decode_events(b"".join(self.chunks))
+        decoded = self.reader.close()
         decoded.skipped += self.dropped_lines
         return decoded
 

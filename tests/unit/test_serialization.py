@@ -9,6 +9,7 @@ result survives ``from_json(to_json())`` unchanged.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import string
 from typing import Any
@@ -132,6 +133,19 @@ def test_the_reader_keeps_and_counts_every_line_as_json_loads_would(lines, torn_
     data = "".join(line + "\n" for line in lines).encode("utf-8", "surrogateescape")
     data += b'{"e":"do' if torn_tail else b""
     decoded = protocol.decode_events(data)
+    assert (decoded.events, decoded.skipped) == _reference_decode(data)
+
+
+@FAST
+@given(st.lists(LINE_VARIANTS, max_size=8), st.booleans(), st.lists(st.integers(0, 2000), max_size=6))
+def test_bytes_read_in_pieces_give_what_they_give_at_once(lines, torn_tail, cuts):
+    data = "".join(line + "\n" for line in lines).encode("utf-8", "surrogateescape")
+    data += b'{"e":"do' if torn_tail else b""
+    reader = protocol.EventReader()
+    edges = [0, *sorted(cut % (len(data) + 1) for cut in cuts), len(data)]
+    for start, end in itertools.pairwise(edges):
+        reader.feed(data[start:end])
+    decoded = reader.close()
     assert (decoded.events, decoded.skipped) == _reference_decode(data)
 
 
