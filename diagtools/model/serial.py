@@ -93,33 +93,32 @@ def _dump_other(value: Any) -> Any:
 _PLAIN = frozenset({str, int, float, bool, type(None)})
 
 
-@dataclasses.dataclass(frozen=True)
-class _Plan:
-    """How one dataclass type is written, worked out once: ``dataclasses.fields`` costs a scan's 1,000 nodes."""
-
-    names: tuple[str, ...]
-    as_list: bool
-    schema: str
-
-
+# How each dataclass type is written, worked out once (``dataclasses.fields`` costs a scan's 1,000 nodes):
+# its field names (all of them, in order), whether it is written as a list, and its schema.  A plain tuple,
+# not a dataclass: making a class costs every command's start.
+_Plan = tuple[tuple[str, ...], bool, str]
 _PLANS: dict[type, _Plan] = {}
 
 
 def _plan(cls: type) -> _Plan:
-    """The field names (all of them, in order), the list form and the schema of dataclass ``cls``."""
-    names = tuple(f.name for f in dataclasses.fields(cls))
-    plan = _Plan(names, bool(getattr(cls, "_JSON_AS_LIST", False)), getattr(cls, "SCHEMA", ""))
+    """The plan of dataclass ``cls``, remembered."""
+    plan = (
+        tuple(f.name for f in dataclasses.fields(cls)),
+        bool(getattr(cls, "_JSON_AS_LIST", False)),
+        getattr(cls, "SCHEMA", ""),
+    )
     _PLANS[cls] = plan
     return plan
 
 
 def _dump_dataclass(value: Any, plan: _Plan) -> Any:
-    if plan.as_list:
-        return [dump(getattr(value, name)) for name in plan.names]
+    names, as_list, schema = plan
+    if as_list:
+        return [dump(getattr(value, name)) for name in names]
     document: dict[str, Any] = {}
-    if plan.schema:
-        document["schema"] = plan.schema
-    for name in plan.names:
+    if schema:
+        document["schema"] = schema
+    for name in names:
         document[name] = dump(getattr(value, name))
     extra = getattr(value, "_json_extra", None)
     if extra is not None:
