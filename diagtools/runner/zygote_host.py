@@ -58,6 +58,7 @@ class ZygoteOutcome:
     refused: str = ""
     refused_item: str | None = None
     preloaded: list[tuple[str, float]] = field(default_factory=list)
+    passed_over: list[tuple[str, str]] = field(default_factory=list)  # (candidate, why it was not preloaded)
     inside: list[tuple[str, str | None]] = field(default_factory=list)
     loaded: int = 0
     present: list[int] = field(default_factory=list)
@@ -121,6 +122,8 @@ class _Zygote:
         kind = event["e"]
         if kind == "preloaded":
             self.outcome.preloaded.append((str(event["n"]), float(event["s"])))
+        elif kind == "passed-over":
+            self.outcome.passed_over.append((str(event["n"]), str(event["reason"])))
         elif kind == "refused":
             self.outcome.refused, self.outcome.refused_item = str(event["reason"]), event["item"]
         elif kind == "ready":
@@ -129,7 +132,10 @@ class _Zygote:
         elif kind == "forked":
             index, zygote = int(event["i"]), int(event.get("z", -1))
             self.children[index] = _Child(index, int(event["pid"]), time.monotonic(), time.time())
-            self.outcome.child_inside[index] = self.insides.get(zygote, self.outcome.inside)
+            if "inside" in event:  # forked while the zygote preloads: what was loaded by then
+                self.outcome.child_inside[index] = [(str(name), file) for name, file in event["inside"]]
+            else:
+                self.outcome.child_inside[index] = self.insides.get(zygote, self.outcome.inside)
             if zygote in self.outcome.packages:
                 self.outcome.packages[zygote].served += 1
         elif kind in ("descend", "descended", "descent-refused", "ascended"):
