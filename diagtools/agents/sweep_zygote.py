@@ -80,7 +80,8 @@ def _preload(items, modules):
     """Import the preload in order, checking after each; ``(reason to refuse or "", child or None)``.
 
     An item ``NAME<TAB>INDEX`` is a candidate the host chose from what most
-    children imported, whose own row is still to scan.  Its import is first
+    children imported (``INDEX`` is its row's, or ``-`` when that row is
+    done).  Its import is first
     tried in a throwaway child (:func:`_trial_import`): one that fails, or
     that changes what other modules would see (``sys.path``, the import
     hooks, the environment), is passed over; otherwise every module still to
@@ -130,6 +131,19 @@ def _import_hooks():
     return list(sys.path), list(sys.meta_path), list(sys.path_hooks), environ
 
 
+def _aliases(names):
+    """Whether any of these ``sys.modules`` entries is a module registered under a name not its own
+    (vLLM registers its vendored ``triton_kernels`` so): later imports of that name then succeed."""
+    for name in names:
+        try:
+            own = vars(sys.modules[name]).get("__name__")
+        except (KeyError, TypeError):
+            continue
+        if own != name:
+            return True
+    return False
+
+
 def _trial_import(name):
     """Import ``name`` in a throwaway child: ``(modules it loaded, "")``, or ``((), why to pass it over)``."""
     path = _own_path("trial", "loaded")
@@ -142,9 +156,10 @@ def _trial_import(name):
             __import__(name)
         except BaseException:
             code = _TRIAL_FAILED
-        if not code and _import_hooks() != hooks:
+        added = [name for name in sys.modules if name not in before]
+        if not code and (_import_hooks() != hooks or _aliases(added)):
             code = _TRIAL_CHANGED
-        _write_file(path, "\n".join(m for m in sys.modules if m not in before))
+        _write_file(path, "\n".join(added))
         _flush_stdio()
         posix._exit(code)
     _, status = posix.waitpid(pid, 0)
@@ -152,7 +167,10 @@ def _trial_import(name):
     if code == _TRIAL_FAILED:
         return (), "its import fails here"
     if code == _TRIAL_CHANGED:
-        return (), "its import changes sys.path, the import hooks or the environment for every later import"
+        return (), (
+            "its import changes what every later import finds (sys.path, the import hooks, the environment, "
+            "or a module registered under another name)"
+        )
     if code:
         return (), f"a trial import ended with exit code {code}"
     return tuple(_lines_of(path)), ""

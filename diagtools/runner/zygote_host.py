@@ -260,11 +260,13 @@ def run_zygote(
     ``request.timeout`` bounds the start-up and the preloading; ``timeout``
     bounds each child.  ``on_child(index, raw, outcome)`` is called as each child
     ends, and with ``raw=None`` for a module the zygote had already loaded.
-    A module of both ``preload`` and ``scan_first`` (and ``modules``) is scanned
-    by a child forked just before the zygote preloads it.
+    A module of both ``preload`` and ``scan_first`` is a learned candidate: the
+    zygote tries its import in a throwaway child first, scans the modules of
+    ``modules`` that import would load (itself included) before preloading it,
+    and passes it over when it changes what later imports find.
     """
     first = {name: index for index, name in enumerate(modules) if name in set(scan_first)}
-    items = [f"{name}\t{first[name]}" if name in first else name for name in preload]
+    items = [f"{name}\t{first.get(name, '-')}" if name in scan_first else name for name in preload]
     workdir = Path(tempfile.mkdtemp(prefix="diagtools-zygote-"))
     try:
         (workdir / "modules").write_text("\n".join(modules) + "\n", encoding="utf-8")
