@@ -99,6 +99,7 @@ EVENTS = {
     # the sweep zygote (its children write scan-probe events to files of their own)
     "preloaded": ("n", "s"),
     "refused": ("reason", "item"),
+    "passed-over": ("n", "reason"),  # a candidate the host chose, not preloaded (the preload goes on)
     "ready": ("count", "inside"),
     "forked": ("i", "pid"),
     "present": ("i",),

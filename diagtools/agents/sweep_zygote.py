@@ -79,19 +79,31 @@ def _problem_after(what):
 def _preload(items, modules):
     """Import the preload in order, checking after each; ``(reason to refuse or "", child or None)``.
 
-    An item ``NAME<TAB>INDEX`` is a module whose own row is still to scan: a
-    child forked just before the zygote imports it scans it (with everything
-    before it preloaded), so its row is a child's row, never a preloaded one.
-    In that child this returns ``("", (index, module))``.
+    An item ``NAME<TAB>INDEX`` is a candidate the host chose from what most
+    children imported (``INDEX`` is its row's, or ``-`` when that row is
+    done).  Its import is first
+    tried in a throwaway child (:func:`_trial_import`): one that fails, or
+    that changes what other modules would see (``sys.path``, the import
+    hooks, the environment), is passed over; otherwise every module still to
+    scan that it would load, itself included, is scanned by a child forked
+    before the zygote imports it, so no row is a preloaded one and every row
+    is what a fresh subkernel would give.  In such a child this returns
+    ``("", (index, module))``.
     """
     problem = _problem_after("start-up")
     if problem:
         _channel.emit("refused", reason=problem, item=None)
         return problem, None
+    due_at = {name: index for index, name in enumerate(modules)}
     for item in items:
         name, _, index = item.partition("\t")
         if index and name not in sys.modules:
-            child = _scan_before_preloading(int(index), modules[int(index)])
+            loaded, reason = _trial_import(name)
+            if reason:
+                _channel.emit("passed-over", n=name, reason=reason)
+                continue
+            due = [due_at[m] for m in (name, *loaded) if m in due_at and due_at[m] not in _served]
+            child = _scan_before_preloading(list(dict.fromkeys(due)), modules)
             if child is not None:
                 return "", child
         started = _clock()
@@ -109,19 +121,85 @@ def _preload(items, modules):
 
 
 _served = set()  # indices whose child ran during the preload
+_TRIAL_FAILED, _TRIAL_CHANGED = 3, 4
 
 
-def _scan_before_preloading(index, module):
-    """Fork the child that scans ``module`` and wait for it; ``(index, module)`` in the child, else None."""
+def _import_hooks():
+    """What an import leaves for every later import to see: the search path, the hooks, the environment."""
+    os = sys.modules.get("os")
+    environ = dict(os.environ) if os is not None else None
+    return list(sys.path), list(sys.meta_path), list(sys.path_hooks), environ
+
+
+def _aliases(names):
+    """Whether any of these ``sys.modules`` entries is a module registered under a name not its own
+    (vLLM registers its vendored ``triton_kernels`` so): later imports of that name then succeed."""
+    for name in names:
+        try:
+            own = vars(sys.modules[name]).get("__name__")
+        except (KeyError, TypeError):
+            continue
+        if own != name:
+            return True
+    return False
+
+
+def _trial_import(name):
+    """Import ``name`` in a throwaway child: ``(modules it loaded, "")``, or ``((), why to pass it over)``."""
+    path = _own_path("trial", "loaded")
     _flush_stdio()
     pid = posix.fork()
     if pid == 0:
-        return index, module
-    _served.add(index)
-    _channel.emit("forked", i=index, pid=pid, m=module)
+        before, hooks = set(sys.modules), _import_hooks()
+        code = 0
+        try:
+            __import__(name)
+        except BaseException:
+            code = _TRIAL_FAILED
+        added = [name for name in sys.modules if name not in before]
+        if not code and (_import_hooks() != hooks or _aliases(added)):
+            code = _TRIAL_CHANGED
+        _write_file(path, "\n".join(added))
+        _flush_stdio()
+        posix._exit(code)
+    _, status = posix.waitpid(pid, 0)
+    code = posix.waitstatus_to_exitcode(status)
+    if code == _TRIAL_FAILED:
+        return (), "its import fails here"
+    if code == _TRIAL_CHANGED:
+        return (), (
+            "its import changes what every later import finds (sys.path, the import hooks, the environment, "
+            "or a module registered under another name)"
+        )
+    if code:
+        return (), f"a trial import ended with exit code {code}"
+    return tuple(_lines_of(path)), ""
+
+
+def _scan_before_preloading(due, modules):
+    """Scan the modules ``due`` (indices) in children, ``jobs`` at a time, and wait for them all;
+    ``(index, module)`` in a child, else None."""
+    jobs = max(1, int(_ENV.get(protocol.SWEEP_JOBS, "1")))
+    inside = _inside(_ENV.get(protocol.SWEEP_PACKAGE, ""), list(sys.modules)) if due else []
+    running = []
+    for index in due:
+        if len(running) >= jobs:
+            _await_scan(*running.pop(0))
+        _flush_stdio()
+        pid = posix.fork()
+        if pid == 0:
+            return index, modules[index]
+        _served.add(index)
+        _channel.emit("forked", i=index, pid=pid, m=modules[index], inside=inside)
+        running.append((index, pid))
+    for index, pid in running:
+        _await_scan(index, pid)
+    return None
+
+
+def _await_scan(index, pid):
     _, status = posix.waitpid(pid, 0)  # this child only: the preload's own subprocesses are not ours to reap
     _channel.emit("reaped", i=index, pid=pid, code=posix.waitstatus_to_exitcode(status))
-    return None
 
 
 def _inside(package, names):
@@ -515,7 +593,11 @@ def _import_checked(names, before_cuda):
 
 def _write_own(index, kind, text):
     """Write the file ``kind`` of module ``index`` in the work folder (as its child writes its own)."""
-    fd = _open_own(index, kind)
+    _write_file(_own_path(index, kind), text)
+
+
+def _write_file(path, text):
+    fd = posix.open(path, _FILE_FLAGS, 0o600)
     try:
         data = text.encode("utf-8", "backslashreplace")
         while data:

@@ -58,6 +58,7 @@ class ZygoteOutcome:
     refused: str = ""
     refused_item: str | None = None
     preloaded: list[tuple[str, float]] = field(default_factory=list)
+    passed_over: list[tuple[str, str]] = field(default_factory=list)  # (candidate, why it was not preloaded)
     inside: list[tuple[str, str | None]] = field(default_factory=list)
     loaded: int = 0
     present: list[int] = field(default_factory=list)
@@ -121,6 +122,8 @@ class _Zygote:
         kind = event["e"]
         if kind == "preloaded":
             self.outcome.preloaded.append((str(event["n"]), float(event["s"])))
+        elif kind == "passed-over":
+            self.outcome.passed_over.append((str(event["n"]), str(event["reason"])))
         elif kind == "refused":
             self.outcome.refused, self.outcome.refused_item = str(event["reason"]), event["item"]
         elif kind == "ready":
@@ -129,7 +132,10 @@ class _Zygote:
         elif kind == "forked":
             index, zygote = int(event["i"]), int(event.get("z", -1))
             self.children[index] = _Child(index, int(event["pid"]), time.monotonic(), time.time())
-            self.outcome.child_inside[index] = self.insides.get(zygote, self.outcome.inside)
+            if "inside" in event:  # forked while the zygote preloads: what was loaded by then
+                self.outcome.child_inside[index] = [(str(name), file) for name, file in event["inside"]]
+            else:
+                self.outcome.child_inside[index] = self.insides.get(zygote, self.outcome.inside)
             if zygote in self.outcome.packages:
                 self.outcome.packages[zygote].served += 1
         elif kind in ("descend", "descended", "descent-refused", "ascended"):
@@ -254,11 +260,13 @@ def run_zygote(
     ``request.timeout`` bounds the start-up and the preloading; ``timeout``
     bounds each child.  ``on_child(index, raw, outcome)`` is called as each child
     ends, and with ``raw=None`` for a module the zygote had already loaded.
-    A module of both ``preload`` and ``scan_first`` (and ``modules``) is scanned
-    by a child forked just before the zygote preloads it.
+    A module of both ``preload`` and ``scan_first`` is a learned candidate: the
+    zygote tries its import in a throwaway child first, scans the modules of
+    ``modules`` that import would load (itself included) before preloading it,
+    and passes it over when it changes what later imports find.
     """
     first = {name: index for index, name in enumerate(modules) if name in set(scan_first)}
-    items = [f"{name}\t{first[name]}" if name in first else name for name in preload]
+    items = [f"{name}\t{first.get(name, '-')}" if name in scan_first else name for name in preload]
     workdir = Path(tempfile.mkdtemp(prefix="diagtools-zygote-"))
     try:
         (workdir / "modules").write_text("\n".join(modules) + "\n", encoding="utf-8")

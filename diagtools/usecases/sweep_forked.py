@@ -14,8 +14,8 @@ from __future__ import annotations
 import os
 import sys
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 
 from diagtools import agents, protocol
 from diagtools.driver import DriverSetup, build_probe_extension
@@ -45,6 +45,7 @@ class ZygotePass:
     leftover: tuple[str, ...]
     used: bool = True  # False: the zygote was refused and every module went to fresh subkernels
     notes: tuple[str, ...] = ()  # what was preloaded beyond the list given, and why
+    passed_over: Mapping[str, str] = field(default_factory=dict)  # candidates not preloaded, and why
 
 
 def in_package_deps(tree: SweptTree, files: Sequence[str | None]) -> tuple[str, ...]:
@@ -255,16 +256,20 @@ def _adaptive_pass(sweep: _Sweep, modules: Sequence[str], preload: list[str]) ->
     rest = [m for m in ordered if m not in recorded]
     grown = [*preload, *(name for name, _ in chosen)]
     second = _pass(sweep, rest, grown, scan_first=[name for name, _ in chosen])
-    notes = _adapt_notes(learner, chosen, second.preload, len(sample))
+    notes = _adapt_notes(learner, chosen, second.preload, len(sample), second.passed_over)
     return replace(second, notes=(*notes, *second.notes))
 
 
 def _adapt_notes(
-    learner: _Learner, chosen: list[tuple[str, int]], used: Sequence[str], sampled: int
+    learner: _Learner,
+    chosen: list[tuple[str, int]],
+    used: Sequence[str],
+    sampled: int,
+    passed_over: Mapping[str, str] | None = None,
 ) -> tuple[str, ...]:
     if not chosen:
         return (f"learned from {learner.children} of {sampled} sampled children: no module most of them import",)
-    kept, names = set(used), {name for name, _ in chosen}
+    kept, names, passed_over = set(used), {name for name, _ in chosen}, passed_over or {}
     roots: dict[str, int] = {}
     for name, _ in chosen:
         root = name
@@ -276,7 +281,7 @@ def _adapt_notes(
         f"{root}"
         + (f" (+{below} module{'s' if below > 1 else ''} it imports)" if below else "")
         + f": imported by {counts[root]} of {learner.children} sampled children"
-        + ("" if root in kept else " (refused by the zygote's check, not preloaded)")
+        + ("" if root in kept else f" (not preloaded: {passed_over.get(root, 'refused by the zygote check')})")
         for root, below in roots.items()
     ]
     return tuple(notes)
@@ -319,7 +324,11 @@ def _pass(
     leftover = [modules[i] for i in outcome.unfinished] + collector.redo
     if outcome.unfinished:
         notes.append(f"{outcome.detail}; those were scanned in fresh subkernels")
-    return ZygotePass(tuple(attempt), "; ".join(notes), tuple(leftover), notes=package_notes(outcome, modules))
+    passed = dict(outcome.passed_over)
+    used = tuple(name for name in attempt if name not in passed)
+    return ZygotePass(
+        used, "; ".join(notes), tuple(leftover), notes=package_notes(outcome, modules), passed_over=passed
+    )
 
 
 def package_notes(outcome: ZygoteOutcome, modules: Sequence[str]) -> tuple[str, ...]:

@@ -97,3 +97,51 @@ def test_learning_stops_the_first_zygote_and_every_module_gets_one_row(shared_pa
     assert "ad.config" in started[1]
     assert len(result.rows) == LEAVES + 8
     assert {row.status for row in result.rows} == {"ok"}
+
+
+@pytest.fixture
+def side_effects(make_tree):
+    """Candidates with side effects a fresh subkernel never sees (as on vLLM).
+
+    ``fx.base`` imports ``fx.b``, which imports ``fx.a`` in the one order that works: ``fx.a`` alone
+    fails on its circular import, as vLLM's ``flashinfer_utils`` does.  ``fx.vendor_path`` puts a
+    folder on ``sys.path``, after which ``fx.uses_vendored`` imports, and ``fx.alias`` registers a
+    module under another name, as vLLM registers its ``third_party/triton_kernels`` as ``triton_kernels``.
+    """
+    files = {
+        "fx/__init__.py": "",
+        "fx/base.py": "import fx.b\n",
+        "fx/a.py": "from fx.b import B\nA = 1\n",
+        "fx/b.py": "B = 2\nfrom fx.a import A\n",
+        "fx/vendor_path.py": "import os, sys\nsys.path.insert(0, os.path.join(os.path.dirname(__file__), 'lib'))\n",
+        "fx/lib/vendored_mod.py": "VALUE = 1\n",
+        "fx/uses_vendored.py": "import vendored_mod\n",
+        "fx/alias.py": "import sys\nimport fx.a_target\nsys.modules['fx_alias'] = fx.a_target\n",
+        "fx/a_target.py": "VALUE = 1\n",
+        "fx/uses_alias.py": "import fx_alias\n",
+        "fx/leaves/__init__.py": "",
+    }
+    files.update({f"fx/leaves/m{n:03}.py": "import fx.base, fx.vendor_path, fx.alias\n" for n in range(LEAVES)})
+    return make_tree(files)
+
+
+def test_a_candidate_is_preloaded_only_after_the_rows_its_import_would_change(side_effects):
+    """Every row is a fresh subkernel's: what a candidate loads is scanned before it is preloaded,
+    and a candidate that changes what every later import finds is passed over."""
+    options = {"path": [side_effects], "driver": "simulated", "jobs": 2, "timeout": 30, "exclude": ["fx.lib*"]}
+    result = sweep("fx", **options)
+    fresh = sweep("fx", fresh=True, **options)
+    assert "fx.base" in result.preload, result.preload_notes
+    assert "fx.vendor_path" not in result.preload
+    notes = " ".join(result.preload_notes)
+    assert "fx.alias" not in result.preload
+    assert "fx.vendor_path: imported by" in notes
+    assert "fx.alias (+1 module it imports): imported by" in notes
+    assert notes.count("(not preloaded: its import changes what every later import finds") == 2
+    assert {row.module: verdict(row) for row in result.rows} == {row.module: verdict(row) for row in fresh.rows}
+    statuses = {row.module: row.status for row in result.rows}
+    assert statuses["fx.a"] == "import-error"  # its circular import, as alone in a fresh subkernel
+    assert statuses["fx.uses_vendored"] == statuses["fx.uses_alias"] == "import-error"
+    assert not any(row.preloaded for row in result.rows if row.module in ("fx.a", "fx.b"))
+    fresh_deps = {row.module: set(row.deps) for row in fresh.rows}
+    assert all(fresh_deps[row.module] <= set(row.deps) for row in result.rows)  # the preload's files count too
