@@ -29,8 +29,8 @@ from typing import TYPE_CHECKING, Any
 
 from diagtools.driver._inputs import input_files
 from diagtools.errors import DriverBuildError, DriverUnavailableError, UsageError
+from diagtools.model.driver import DriverInfo
 from diagtools.model.options import DRIVER_CHOICES
-from diagtools.model.scan import DriverInfo
 
 if TYPE_CHECKING:
     from diagtools.driver._generate import GeneratedRuntime

@@ -13,10 +13,13 @@ import sys
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from diagtools.errors import DiagtoolsError, SweepInterrupted, UsageError
 from diagtools.model.options import DEFAULT_SETTLE_S, DRIVER_CHOICES, START_METHODS
+
+if TYPE_CHECKING:
+    from diagtools.runner.subkernel import RawRun, SubkernelRequest
 
 __all__ = ["main", "run"]
 
@@ -330,7 +333,6 @@ def _write_json(document: dict[str, Any], destination: str) -> None:
 
 
 def _run_scan(args: argparse.Namespace) -> int:
-    from diagtools.render.text import render_scan
     from diagtools.usecases.scan import scan
 
     _check_writable(args.json, "--json")
@@ -342,7 +344,10 @@ def _run_scan(args: argparse.Namespace) -> int:
         settle=args.settle,
         own=args.own,
         python=args.python,
+        runner=_run_probe,
     )
+    from diagtools.render.text import render_scan  # loaded while the subkernel started
+
     if args.svg:
         from diagtools.render.graph import write_svg
 
@@ -351,6 +356,22 @@ def _run_scan(args: argparse.Namespace) -> int:
     if not result.ok:
         return EXIT_TARGET_FAILED
     return EXIT_CUDA if (args.fail_on_cuda and result.cuda_initialized) else EXIT_OK
+
+
+def _run_probe(request: SubkernelRequest) -> RawRun:
+    """Run a scan's subkernel, and meanwhile import what turns its events into the report.
+
+    Building the result's and the report's types takes about 10 ms; done
+    while the keeper and the subkernel start, it is not added to the scan.
+    """
+    from diagtools.runner.subkernel import run_subkernel
+
+    return run_subkernel(request, meanwhile=_import_report)
+
+
+def _import_report() -> None:
+    import diagtools.render.text
+    import diagtools.usecases.assemble  # noqa: F401
 
 
 def _run_replay(args: argparse.Namespace) -> int:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
 from diagtools.model._display import present
+from diagtools.model.driver import DriverInfo
 from diagtools.model.serial import Serial
 from diagtools.model.verdict import ScanStatus, Verdict
 
@@ -30,7 +31,6 @@ __all__ = [
 ]
 
 SCAN_SCHEMA = "diagtools.scan/1"
-DRIVER_KINDS = ("real", "simulated", "none")
 
 
 @dataclass(frozen=True)
@@ -155,31 +155,6 @@ class AliveThread(Serial):
     name: str
     starter: str | None
     started_at: Site | None
-
-
-@dataclass(frozen=True)
-class DriverInfo(Serial):
-    """Which CUDA driver the subkernel saw: ``real``, ``simulated`` or ``none``."""
-
-    kind: str = field(metadata={"choices": DRIVER_KINDS})
-    requested: str = ""  # what the caller asked for (``auto``...); the kind itself when not given
-    library: str | None = None
-    libraries: tuple[str, ...] = ()
-
-    def __post_init__(self) -> None:
-        if not self.requested:
-            object.__setattr__(self, "requested", self.kind)
-
-    def describe(self) -> str:
-        where = f" ({self.library})" if self.library else ""
-        label = {
-            "simulated": "simulated driver, a libcuda.so.1 stand-in with no GPU",
-            "real": "real CUDA driver",
-            "none": "no CUDA driver",
-        }[self.kind]
-        extra = [name for name in self.libraries if not name.startswith("libcuda.")]
-        also = f"; also simulated: {', '.join(extra)}" if extra else ""
-        return f"{label}{where}{also}"
 
 
 @dataclass(frozen=True)

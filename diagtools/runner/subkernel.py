@@ -199,8 +199,15 @@ def run_subkernel(
     *,
     popen: Callable[..., subprocess.Popen[bytes]] = subprocess.Popen,
     clock: Callable[[], float] = time.monotonic,
+    meanwhile: Callable[[], object] | None = None,
 ) -> RawRun:
     """Run the program once under a keeper and return what it recorded, however it ended.
+
+    ``meanwhile``, when given, is called once the keeper is started and
+    before anything is read: what the caller needs only afterwards (importing
+    the modules that make a result of the events) then runs while the keeper
+    and the subkernel start, not before them.  Its time counts toward the
+    timeout, and the channel's pipe holds what the subkernel sends meanwhile.
 
     Whatever way this returns or raises (``KeyboardInterrupt`` included), the
     keeper has been told to kill the subkernel's whole process tree.
@@ -229,6 +236,8 @@ def run_subkernel(
             start_new_session=True,
         )
         fds.close_child_ends()
+        if meanwhile is not None:
+            meanwhile()
         collected = _collect(fds, started, request.timeout, clock)
     except BaseException:
         _release(keeper, fds, marker)

@@ -6,15 +6,17 @@ import os
 import sys
 from collections.abc import Callable, Iterable
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from diagtools import agents, protocol
 from diagtools.driver import build_probe_extension, resolve_driver
 from diagtools.errors import UsageError
 from diagtools.model.options import DEFAULT_SETTLE_S
-from diagtools.model.scan import Culprit, ScanResult
 from diagtools.runner.subkernel import RawRun, SubkernelRequest, run_subkernel
-from diagtools.usecases.assemble import assemble
 from diagtools.usecases.interpreter import validate_python
+
+if TYPE_CHECKING:
+    from diagtools.model.scan import Culprit, DriverInfo, ScanResult
 
 __all__ = [
     "DEFAULT_SETTLE_S",
@@ -129,7 +131,7 @@ def scan(
     interpreter = validate_python(python)
     setup = resolve_driver(driver)
     request = probe_request(names, roots, setup.env, timeout, settle, python=interpreter)
-    result = assemble(runner(request), names, setup.info, mine)
+    result = _assemble(runner(request), names, setup.info, mine)
     if refine and _needs_refinement(result.culprit):
         result = _refine(result, request, runner, mine)
     return result
@@ -168,6 +170,14 @@ def probe_request(
     return SubkernelRequest(SCAN_PROBE, settings, env, timeout, flags=("-S",), python=python)
 
 
+def _assemble(raw: RawRun, targets: tuple[str, ...], driver: DriverInfo, own: tuple[str, ...]) -> ScanResult:
+    """:func:`~diagtools.usecases.assemble.assemble`, imported only now: building the result's types is no
+    reason to start the subkernel later (``diagtools scan`` imports them while it starts)."""
+    from diagtools.usecases.assemble import assemble
+
+    return assemble(raw, targets, driver, own)
+
+
 def _needs_refinement(culprit: Culprit | None) -> bool:
     return culprit is not None and culprit.evidence == "state-probe" and culprit.module is not None
 
@@ -177,7 +187,7 @@ def _refine(result: ScanResult, request: SubkernelRequest, runner: Runner, own: 
     assert result.culprit is not None
     assert result.culprit.module is not None
     targets = result.targets
-    rerun = assemble(
+    rerun = _assemble(
         runner(request.with_settings({protocol.SCAN_REFINE: result.culprit.module})), targets, result.driver, own
     )
     if rerun.culprit is None or rerun.culprit.evidence != "trace" or rerun.culprit.module != result.culprit.module:

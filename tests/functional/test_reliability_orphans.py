@@ -240,6 +240,54 @@ def test_a_killed_keeper_still_leaves_no_marked_process(tmp_path):
     assert_all_dead(folder)
 
 
+def test_work_done_while_the_subkernel_starts_that_fails_still_ends_the_tree(tmp_path):
+    """``run_subkernel(meanwhile=...)`` runs the caller's work once the keeper is started: when that work
+    raises, the error reaches the caller and the keeper still kills every process of the tree."""
+    from diagtools.driver import resolve_driver
+    from diagtools.runner.subkernel import run_subkernel
+    from diagtools.usecases.scan import probe_request
+
+    folder, root = tmp_path / "pids", tmp_path / "src"
+    folder.mkdir()
+    root.mkdir()
+    (root / "orphaning.py").write_text(CHILD_THEN_HANG.format(folder=str(folder)), encoding="utf-8")
+
+    def meanwhile() -> None:
+        stop = time.monotonic() + 60
+        while not recorded_pids(folder) and time.monotonic() < stop:  # the target's child is running
+            time.sleep(0.01)
+        raise RuntimeError("the caller's own work failed")
+
+    setup = resolve_driver("simulated")
+    with pytest.raises(RuntimeError, match="caller's own work"):
+        run_subkernel(probe_request(("orphaning",), (str(root),), setup.env, 60.0), meanwhile=meanwhile)
+    assert_all_dead(folder)
+
+
+def test_work_done_while_the_subkernel_starts_runs_once_and_loses_no_event(tmp_path):
+    """What the subkernel sends while the caller's work runs waits in the channel: the run is whole."""
+    from diagtools.driver import resolve_driver
+    from diagtools.runner.subkernel import run_subkernel
+    from diagtools.usecases.scan import probe_request
+
+    calls: list[float] = []
+
+    def meanwhile() -> None:
+        time.sleep(0.3)  # the subkernel runs to its end meanwhile: nothing is read yet
+        calls.append(time.monotonic())
+
+    setup = resolve_driver("simulated")
+    raw = run_subkernel(probe_request(("colorsys",), (), setup.env, 60.0), meanwhile=meanwhile)
+    assert len(calls) == 1
+    assert raw.returncode == 0
+    assert raw.skipped_events == 0
+    kinds = [event["e"] for event in raw.events]
+    assert kinds[0] == "hello"
+    assert kinds[-1] == "shutdown"
+    assert "done" in kinds
+    assert any(event["e"] == "begin" and event["n"] == "colorsys" for event in raw.events)
+
+
 def test_replay_leaves_no_temporary_directory(tmp_path, make_tree, monkeypatch):
     scratch = tmp_path / "tmp"
     scratch.mkdir()
