@@ -106,6 +106,11 @@ def _preload(items, modules):
             child = _scan_before_preloading(list(dict.fromkeys(due)), modules)
             if child is not None:
                 return "", child
+            alone = [m for m in (name, *loaded) if m in _failed_alone]
+            if alone:
+                reason = f"it loads {alone[0]}, which fails to import on its own: importing that first differs"
+                _channel.emit("passed-over", n=name, reason=reason)
+                continue
         started = _clock()
         try:
             __import__(name)
@@ -121,6 +126,7 @@ def _preload(items, modules):
 
 
 _served = set()  # indices whose child ran during the preload
+_failed_alone = set(_lines(protocol.SWEEP_FAILED_ALONE))  # modules whose row failed to import (more found here)
 _TRIAL_FAILED, _TRIAL_CHANGED = 3, 4
 
 
@@ -184,7 +190,7 @@ def _scan_before_preloading(due, modules):
     running = []
     for index in due:
         if len(running) >= jobs:
-            _await_scan(*running.pop(0))
+            _await_scan(*running.pop(0), modules)
         _flush_stdio()
         pid = posix.fork()
         if pid == 0:
@@ -193,13 +199,26 @@ def _scan_before_preloading(due, modules):
         _channel.emit("forked", i=index, pid=pid, m=modules[index], inside=inside)
         running.append((index, pid))
     for index, pid in running:
-        _await_scan(index, pid)
+        _await_scan(index, pid, modules)
     return None
 
 
-def _await_scan(index, pid):
+def _await_scan(index, pid, modules):
     _, status = posix.waitpid(pid, 0)  # this child only: the preload's own subprocesses are not ours to reap
-    _channel.emit("reaped", i=index, pid=pid, code=posix.waitstatus_to_exitcode(status))
+    code = posix.waitstatus_to_exitcode(status)
+    _channel.emit("reaped", i=index, pid=pid, code=code)
+    if code or _reported_failure(index):
+        _failed_alone.add(modules[index])
+
+
+def _reported_failure(index):
+    """Whether the child that scanned module ``index`` reported its import failing (an error or an exit)."""
+    try:
+        with open(_own_path(index, "events"), "rb") as handle:
+            data = handle.read()
+    except OSError:
+        return True
+    return b'"e":"error"' in data or b'"e":"exit"' in data
 
 
 def _inside(package, names):

@@ -254,6 +254,7 @@ def run_zygote(
     timeout: float,
     on_child: ChildDone,
     scan_first: Sequence[str] = (),
+    failed_alone: Sequence[str] = (),
 ) -> ZygoteOutcome:
     """Preload in one subkernel, then scan each of ``modules`` in a child forked from it.
 
@@ -263,7 +264,10 @@ def run_zygote(
     A module of both ``preload`` and ``scan_first`` is a learned candidate: the
     zygote tries its import in a throwaway child first, scans the modules of
     ``modules`` that import would load (itself included) before preloading it,
-    and passes it over when it changes what later imports find.
+    and passes it over when it changes what later imports find, or loads a
+    module that fails to import on its own (``failed_alone``: rows already
+    scanned; the rows it scans first count too): importing that module first,
+    as a fresh subkernel would, gives another result than preloading it.
     """
     first = {name: index for index, name in enumerate(modules) if name in set(scan_first)}
     items = [f"{name}\t{first.get(name, '-')}" if name in scan_first else name for name in preload]
@@ -277,6 +281,7 @@ def run_zygote(
             protocol.SWEEP_JOBS: str(jobs),
             protocol.SWEEP_WORKDIR: str(workdir),
             protocol.SWEEP_PROBE: str(probe),
+            protocol.SWEEP_FAILED_ALONE: "\n".join(failed_alone),
         }
         return _run(request.with_settings(settings), workdir, len(modules), timeout, on_child)
     finally:

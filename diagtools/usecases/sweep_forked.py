@@ -242,8 +242,12 @@ def _adaptive_pass(sweep: _Sweep, modules: Sequence[str], preload: list[str]) ->
     ordered = [*sample, *(m for m in modules if m not in set(sample))]
     recorded: set[str] = set()
 
+    failed: set[str] = set()
+
     def record(row: SweepRow) -> None:
         recorded.add(row.module)
+        if row.status != "ok":
+            failed.add(row.module)
         sweep.on_row(row)
 
     try:
@@ -255,7 +259,7 @@ def _adaptive_pass(sweep: _Sweep, modules: Sequence[str], preload: list[str]) ->
     chosen = learner.candidates(ADAPT_SHARE, preload)
     rest = [m for m in ordered if m not in recorded]
     grown = [*preload, *(name for name, _ in chosen)]
-    second = _pass(sweep, rest, grown, scan_first=[name for name, _ in chosen])
+    second = _pass(sweep, rest, grown, scan_first=[name for name, _ in chosen], failed_alone=sorted(failed))
     notes = _adapt_notes(learner, chosen, second.preload, len(sample), second.passed_over)
     return replace(second, notes=(*notes, *second.notes))
 
@@ -294,6 +298,7 @@ def _pass(
     learner: _Learner | None = None,
     *,
     scan_first: Sequence[str] = (),
+    failed_alone: Sequence[str] = (),
 ) -> ZygotePass:
     """One zygote over ``modules``, retried with a shorter preload while the zygote refuses one."""
     attempt, notes = list(preload), []
@@ -311,6 +316,7 @@ def _pass(
             timeout=timeout,
             on_child=collector,
             scan_first=scan_first,
+            failed_alone=failed_alone,
         )
         if outcome.ready:
             break

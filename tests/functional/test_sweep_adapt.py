@@ -107,6 +107,9 @@ def side_effects(make_tree):
     fails on its circular import, as vLLM's ``flashinfer_utils`` does.  ``fx.vendor_path`` puts a
     folder on ``sys.path``, after which ``fx.uses_vendored`` imports, and ``fx.alias`` registers a
     module under another name, as vLLM registers its ``third_party/triton_kernels`` as ``triton_kernels``.
+    ``fx.pkgc`` loads ``fx.m_util``, which fails on its own (it imports ``fx.pkgc`` back), so
+    ``fx.user``, which imports it, fails in a fresh subkernel but not after ``fx.pkgc`` (vLLM's
+    ``fused_moe``, ``flashinfer_utils`` and ``b12x_moe``).
     """
     files = {
         "fx/__init__.py": "",
@@ -119,29 +122,39 @@ def side_effects(make_tree):
         "fx/alias.py": "import sys\nimport fx.a_target\nsys.modules['fx_alias'] = fx.a_target\n",
         "fx/a_target.py": "VALUE = 1\n",
         "fx/uses_alias.py": "import fx_alias\n",
+        "fx/pkgc/__init__.py": "from fx.m_util import helper\n",
+        "fx/pkgc/act.py": "X = 1\n",
+        "fx/m_util.py": "from fx.pkgc.act import X\n\n\ndef helper():\n    return X\n",
+        "fx/user.py": "import fx.m_util\n",
         "fx/leaves/__init__.py": "",
     }
-    files.update({f"fx/leaves/m{n:03}.py": "import fx.base, fx.vendor_path, fx.alias\n" for n in range(LEAVES)})
+    leaf = "import fx.base, fx.vendor_path, fx.alias, fx.pkgc\n"
+    files.update({f"fx/leaves/m{n:03}.py": leaf for n in range(LEAVES)})
     return make_tree(files)
 
 
 def test_a_candidate_is_preloaded_only_after_the_rows_its_import_would_change(side_effects):
     """Every row is a fresh subkernel's: what a candidate loads is scanned before it is preloaded,
-    and a candidate that changes what every later import finds is passed over."""
+    and a candidate is passed over when it changes what every later import finds, or when it loads
+    a module that fails on its own (a row importing that module first would fail)."""
     options = {"path": [side_effects], "driver": "simulated", "jobs": 2, "timeout": 30, "exclude": ["fx.lib*"]}
     result = sweep("fx", **options)
     fresh = sweep("fx", fresh=True, **options)
-    assert "fx.base" in result.preload, result.preload_notes
+    assert "fx.leaves" in result.preload, result.preload_notes
     assert "fx.vendor_path" not in result.preload
     notes = " ".join(result.preload_notes)
     assert "fx.alias" not in result.preload
     assert "fx.vendor_path: imported by" in notes
     assert "fx.alias (+1 module it imports): imported by" in notes
     assert notes.count("(not preloaded: its import changes what every later import finds") == 2
+    assert not {"fx.pkgc", "fx.base"} & set(result.preload)
+    assert "(not preloaded: it loads fx.m_util, which fails to import on its own" in notes
+    assert "(not preloaded: it loads fx.a, which fails to import on its own" in notes
     assert {row.module: verdict(row) for row in result.rows} == {row.module: verdict(row) for row in fresh.rows}
     statuses = {row.module: row.status for row in result.rows}
     assert statuses["fx.a"] == "import-error"  # its circular import, as alone in a fresh subkernel
     assert statuses["fx.uses_vendored"] == statuses["fx.uses_alias"] == "import-error"
+    assert statuses["fx.m_util"] == statuses["fx.user"] == "import-error"
     assert not any(row.preloaded for row in result.rows if row.module in ("fx.a", "fx.b"))
     fresh_deps = {row.module: set(row.deps) for row in fresh.rows}
     assert all(fresh_deps[row.module] <= set(row.deps) for row in result.rows)  # the preload's files count too
