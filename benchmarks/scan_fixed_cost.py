@@ -12,7 +12,9 @@ Three measurements, written to ``--save-path`` as JSON (and printed):
   interpreter start, start-up, the import, and from the probe's last event,
   written at exit, to the runner's return: the subkernel's interpreter
   teardown, the keeper's sweep and the runner's reaping), assembling, and
-  the report.
+  the report (the text and the indented JSON, as ``--json`` writes it).  The
+  command itself imports the assembly's and the report's modules while its
+  subkernel starts; here they count under ``use_case_imports_s``.
 * ``torch``: ``diagtools scan torch`` against ``python -c "import torch"``.
 
 Run: ``env -u PYTHONDONTWRITEBYTECODE .venv/bin/python benchmarks/scan_fixed_cost.py --save-path
@@ -43,6 +45,7 @@ from diagtools.render.text import render_scan
 from diagtools.runner.subkernel import run_subkernel
 from diagtools.usecases.assemble import assemble
 from diagtools.usecases.scan import probe_request
+from diagtools.model.serial import json_text
 t2 = time.perf_counter()
 setup = resolve_driver("simulated"); build_probe_extension()
 t3 = time.perf_counter()
@@ -50,7 +53,7 @@ request = probe_request(("colorsys",), (), setup.env, 60.0, 1.0)
 t4 = time.perf_counter(); raw = run_subkernel(request); t5 = time.perf_counter()
 result = assemble(raw, ("colorsys",), setup.info)
 t6 = time.perf_counter()
-render_scan(result); json.dumps(result.to_json())
+render_scan(result); json_text(result.to_json())
 t7 = time.perf_counter()
 phase = {e["phase"]: e["t"] for e in raw.events if e["e"] == "phase"}
 last = max(e.get("t", 0.0) for e in raw.events)
