@@ -128,31 +128,42 @@ class _EventStream:
 
     Reading while the subkernel runs (on a core the runner would leave idle)
     takes the events' decoding and validation off the time after the
-    subkernel ends.  Past :data:`CHANNEL_LIMIT` (far beyond any real import
-    tree) whole lines are dropped and counted as skipped, and the run is
-    marked truncated.
+    subkernel ends.  Once a read finds the pipe full (the subkernel writes
+    faster than lines are read: a flood), the rest is only collected, and
+    read at the end, so the pipe empties as fast as before.  Past
+    :data:`CHANNEL_LIMIT` (far beyond any real import tree) whole lines are
+    dropped and counted as skipped, and the run is marked truncated.
     """
 
     def __init__(self) -> None:
         self.reader = protocol.EventReader()
+        self.later: list[bytes] = []  # after a flood: read by decoded()
         self.kept = 0
         self.dropped_lines = 0
         self.truncated = False
 
     def add(self, data: bytes) -> None:
         if not self.truncated and self.kept + len(data) <= CHANNEL_LIMIT:
-            self.reader.feed(data)
+            self._keep(data)
             self.kept += len(data)
             return
         if not self.truncated:
             cut = data.rfind(b"\n", 0, CHANNEL_LIMIT - self.kept) + 1
-            self.reader.feed(data[:cut])
+            self._keep(data[:cut])
             self.kept += cut
             self.truncated = True
             data = data[cut:]
         self.dropped_lines += data.count(b"\n")
 
+    def _keep(self, data: bytes) -> None:
+        if self.later or len(data) >= _FULL_READ:
+            self.later.append(data)
+        else:
+            self.reader.feed(data)
+
     def decoded(self) -> protocol.DecodedEvents:
+        self.reader.feed(b"".join(self.later))
+        self.later = []
         decoded = self.reader.close()
         decoded.skipped += self.dropped_lines
         return decoded
