@@ -133,21 +133,30 @@ _TRIAL_FAILED, _TRIAL_CHANGED = 3, 4
 def _import_hooks():
     """What an import leaves for every later import to see: the search path, the hooks, the environment."""
     os = sys.modules.get("os")
-    environ = dict(os.environ) if os is not None else None
+    environ = dict(os.environ) if os is not None else {}
     return list(sys.path), list(sys.meta_path), list(sys.path_hooks), environ
 
 
-def _aliases(names):
-    """Whether any of these ``sys.modules`` entries is a module registered under a name not its own
-    (vLLM registers its vendored ``triton_kernels`` so): later imports of that name then succeed."""
-    for name in names:
+def _side_effect(before, after, added):
+    """What an import changed that every later import would see, in words, or ``""``."""
+    path, meta_path, path_hooks, environ = before
+    new_path, new_meta_path, new_path_hooks, new_environ = after
+    if new_path != path:
+        extra = [entry for entry in new_path if entry not in path]
+        return f"it puts {extra[0]} on sys.path" if extra else "it changes sys.path"
+    if new_meta_path != meta_path or new_path_hooks != path_hooks:
+        return "it changes the import hooks (sys.meta_path, sys.path_hooks)"
+    changed = sorted(key for key in set(environ) | set(new_environ) if environ.get(key) != new_environ.get(key))
+    if changed:
+        return f"it sets the environment variable {changed[0]}"
+    for name in added:
         try:
             own = vars(sys.modules[name]).get("__name__")
         except (KeyError, TypeError):
             continue
-        if own != name:
-            return True
-    return False
+        if own != name:  # vLLM registers its vendored triton_kernels so: `import triton_kernels` then works
+            return f"it registers {own} as {name}"
+    return ""
 
 
 def _trial_import(name):
@@ -157,29 +166,26 @@ def _trial_import(name):
     pid = posix.fork()
     if pid == 0:
         before, hooks = set(sys.modules), _import_hooks()
-        code = 0
         try:
             __import__(name)
-        except BaseException:
-            code = _TRIAL_FAILED
-        added = [name for name in sys.modules if name not in before]
-        if not code and (_import_hooks() != hooks or _aliases(added)):
-            code = _TRIAL_CHANGED
-        _write_file(path, "\n".join(added))
+        except BaseException as exc:
+            _write_file(path, f"its import fails here: {_describe(exc)}")
+            posix._exit(_TRIAL_FAILED)
+        added = [module for module in sys.modules if module not in before]
+        change = _side_effect(hooks, _import_hooks(), added)
+        _write_file(path, change or "\n".join(added))
         _flush_stdio()
-        posix._exit(code)
+        posix._exit(_TRIAL_CHANGED if change else 0)
     _, status = posix.waitpid(pid, 0)
     code = posix.waitstatus_to_exitcode(status)
+    found = _lines_of(path)
     if code == _TRIAL_FAILED:
-        return (), "its import fails here"
+        return (), found[0] if found else "its import fails here"
     if code == _TRIAL_CHANGED:
-        return (), (
-            "its import changes what every later import finds (sys.path, the import hooks, the environment, "
-            "or a module registered under another name)"
-        )
+        return (), f"{found[0] if found else 'it changes what later imports find'}, which every later import would see"
     if code:
         return (), f"a trial import ended with exit code {code}"
-    return tuple(_lines_of(path)), ""
+    return tuple(found), ""
 
 
 def _scan_before_preloading(due, modules):
