@@ -269,16 +269,6 @@ def _flush_stdio():
             pass
 
 
-def _reap_one(running):
-    """Wait for any child; a scan child's exit is reported, a package zygote's returned as ``(pid, code)``."""
-    pid, status = posix.waitpid(-1, 0)
-    code = posix.waitstatus_to_exitcode(status)
-    index = running.pop(pid, None)
-    if index is not None:
-        _channel.emit("reaped", i=index, pid=pid, code=code)
-    return pid, code
-
-
 def _below(modules, order):
     """For each package in ``order``, the indices of ``order`` that lie inside it, in order."""
     found = {}
@@ -292,37 +282,98 @@ def _below(modules, order):
 def _serve(modules, order, jobs):
     """Fork one child per module of ``order``, ``jobs`` at a time; ``(index, module)`` in a child, else None.
 
-    A package with at least :data:`DESCEND_MIN` modules below it also gets a
-    zygote of its own (see :func:`_descend`), which serves those modules.
+    A package with at least :data:`DESCEND_MIN` modules below it is imported
+    once for all of them, by another zygote (see :class:`_Descent`).  Its
+    modules wait for that zygote while this one goes on with the others, so
+    both job slots stay busy; a zygote running below counts as one job.
     """
-    running, done = {}, set()
-    below = _below(modules, order)
-    for index in order:
-        if index in _served or index in done:
+    state = _Serving(modules, order, jobs)
+    while True:
+        index = state.next_module()
+        if index is None:
+            if not state.busy():
+                return None
+            child = state.reap()
+            if child is not None:
+                return child
             continue
         module = modules[index]
         if module in _explicit:
             _channel.emit("present", i=index)  # preloaded: its row says so, no child needed
             continue
-        while len(running) >= jobs:
-            _reap_one(running)
-        inside = [k for k in below.get(module, ()) if k not in done and k not in _served]
+        while state.full():
+            child = state.reap()
+            if child is not None:
+                return child
+        inside = state.inside(module)
         descend = len(inside) >= DESCEND_MIN and module not in sys.modules
         pid = _fork()
         if pid == 0:
             _Continuation.below = (index, modules, inside, jobs) if descend else None
             return index, module
-        running[pid] = index
+        state.running[pid] = index
         _channel.emit("forked", i=index, pid=pid, m=module, z=_zygote_index)
         if descend:
-            child, served = _descend(index, modules, inside, jobs, running)
-            if child is not None:
-                return child
-            if served:
-                done.update(inside)
-    while running:
-        _reap_one(running)
-    return None
+            state.descents[pid] = _Descent(index, inside)
+            state.held.update(inside)
+
+
+class _Serving:
+    """One zygote's scan: what is left, what runs, which packages' modules wait for another zygote."""
+
+    def __init__(self, modules, order, jobs):
+        self.modules, self.order, self.jobs = modules, list(order), jobs
+        self.below = _below(modules, order)
+        self.position = 0
+        self.released = []  # modules a package zygote left to this one, in order
+        self.running = {}  # pid -> index: scan children
+        self.zygotes = {}  # pid -> _Descent: package zygotes serving the modules below a package
+        self.descents = {}  # pid of a package's row child -> _Descent, decided when it ends
+        self.held = set()  # modules another zygote scans, or may
+        self.done = set()
+
+    def next_module(self):
+        while self.released:
+            index = self.released.pop(0)
+            if index not in self.done and index not in self.held:
+                return index
+        while self.position < len(self.order):
+            index = self.order[self.position]
+            self.position += 1
+            if index in _served or index in self.done:
+                continue
+            if index in self.held:
+                continue  # if its package zygote leaves it, it comes back through ``released``
+            return index
+        return None
+
+    def inside(self, module):
+        return [k for k in self.below.get(module, ()) if k not in self.done and k not in _served and k not in self.held]
+
+    def busy(self):
+        return bool(self.running or self.zygotes)
+
+    def full(self):
+        return len(self.running) + len(self.zygotes) >= self.jobs
+
+    def reap(self):
+        """Wait for any child and act on it; ``(index, module)`` in a scan child forked meanwhile, else None."""
+        pid, status = posix.waitpid(-1, 0)
+        code = posix.waitstatus_to_exitcode(status)
+        if pid in self.running:
+            _channel.emit("reaped", i=self.running.pop(pid), pid=pid, code=code)
+            descent = self.descents.pop(pid, None)
+            return descent.start(self) if descent is not None else None
+        descent = self.zygotes.pop(pid, None)
+        if descent is not None:
+            _channel.emit("ascended", i=descent.index, code=code)
+            descent.ended(self, code)
+        return None  # or an orphan this zygote reaps as a subreaper
+
+    def give_back(self, descent):
+        """No package zygote serves ``descent``'s modules: this zygote scans them itself."""
+        self.held.difference_update(descent.inside)
+        self.released.extend(descent.inside)
 
 
 # ---- package zygotes -----------------------------------------------------------
@@ -333,58 +384,58 @@ _zygote_index = -1  # the index of the package this zygote imported (-1: the fir
 _explicit = set()  # the modules the preload loaded: their rows say "preloaded", no child is forked
 
 
-def _descend(index, modules, inside, jobs, running):
-    """Scan the modules below package ``modules[index]`` in children of a zygote that imported it.
+class _Descent:
+    """Who scans the modules below one package, decided once the package's own row child has ended.
 
-    Every one of them imports the package first.  The package's own row
-    child, once its traced import is done, forks a zygote that continues from
-    there (see :class:`_Continuation`); when it did, that zygote serves them.
-    Otherwise (the import failed or started a thread, or it initialized the
-    real driver) a zygote forked from this one imports the package once
-    (untraced, checked like any preload: no CUDA, no thread) and forks their
-    children; nothing else it loads is visible to any other module.  When the
-    package initializes CUDA, a second package zygote preloads what the
-    package's own row child had imported before that (outside the package,
-    each checked CUDA-free), and each child below imports the package again:
-    the chain and the rest.  Returns ``(child, served)``: ``child`` is
-    ``(index, module)`` in a scan child down there, ``served`` whether a
-    package zygote took the modules (else this zygote scans them).
+    Every one of them imports the package first.  The row child, once its
+    traced import is done, forks a zygote that continues from there (see
+    :class:`_Continuation`); when it did, that zygote serves them.  Otherwise
+    (the import failed or started a thread, or it initialized the real
+    driver) a zygote forked from this one imports the package once (untraced,
+    checked like any preload: no CUDA, no thread) and forks their children;
+    nothing else it loads is visible to any other module.  When the row's
+    import initialized CUDA, that package zygote preloads only what the row
+    had imported before that (outside the package, each checked CUDA-free),
+    and each child below imports the package again: the chain and the rest.
+    When no zygote serves them, this one scans them itself.
     """
-    while index in running.values():
-        _reap_one(running)  # the package's own row: it may have left a zygote continuing from its import
-    code = _release_continuation(index, running)
-    if code is not None or _Continuation.prefix is not None:
-        return None, code == 0  # a continuing zygote never imports untraced: its children need the events
-    child, code = _fork_package_zygote(index, running, lambda: _package_zygote(index, modules, inside, jobs))
-    if child is not None:
-        return child, False
-    if code == _NOT_SERVED:
-        before_cuda = _lines_of(_own_path(index, "before-cuda"))  # what its row imported off the chain
-        if before_cuda:
-            start = lambda: _package_zygote(index, modules, inside, jobs, before_cuda)  # noqa: E731
-            child, code = _fork_package_zygote(index, running, start)
-            if child is not None:
-                return child, False
-    return None, code != _NOT_SERVED and _exists(_own_path(index, "package"))
 
+    def __init__(self, index, inside):
+        self.index, self.inside = index, inside
+        self.kind = ""
 
-def _fork_package_zygote(index, running, start):
-    """Fork a package zygote that runs ``start``; ``(child, None)`` in a scan child below it, else
-    ``(None, its exit code)`` once it has ended (this zygote's own children are reaped meanwhile)."""
-    _flush_stdio()
-    pid = posix.fork()
-    if pid == 0:
-        return start(), None
-    return None, _await_package_zygote(index, pid, running)
+    def start(self, state):
+        """The row child has ended: continue its zygote, or fork one; a scan child's ``(index, module)``."""
+        pid = _continued_zygote(self.index)
+        if pid is not None:
+            self._serve_by(state, pid, "continued")
+            return None
+        if _Continuation.prefix is not None:  # a continuing zygote never imports untraced: children need events
+            state.give_back(self)
+            return None
+        before_cuda = _lines_of(_own_path(self.index, "before-cuda"))  # what its row imported off the chain
+        return self._fork_package_zygote(state, before_cuda or None)
 
+    def _fork_package_zygote(self, state, before_cuda):
+        _flush_stdio()
+        pid = posix.fork()
+        if pid == 0:
+            return _package_zygote(self.index, state.modules, self.inside, state.jobs, before_cuda)
+        self._serve_by(state, pid, "before-cuda" if before_cuda else "package")
+        return None
 
-def _await_package_zygote(index, pid, running):
-    while True:
-        reaped, code = _reap_one(running)
-        if reaped == pid:
-            break
-    _channel.emit("ascended", i=index, code=code)
-    return code
+    def _serve_by(self, state, pid, kind):
+        self.kind = kind
+        state.zygotes[pid] = self
+
+    def ended(self, state, code):
+        """Its package zygote has ended: the modules are done, or this zygote's to scan."""
+        served = code == 0 and (self.kind == "continued" or _exists(_own_path(self.index, "package")))
+        if served:
+            state.held.difference_update(self.inside)
+            state.done.update(self.inside)
+        else:
+            state.give_back(self)
 
 
 def _fork():
@@ -512,8 +563,8 @@ def _run_continuing_zygote(probe, below, sizes, initialized):
     posix._exit(0)
 
 
-def _release_continuation(index, running):
-    """Continue the zygote the row child of ``index`` left, and wait for it; its exit code, or None."""
+def _continued_zygote(index):
+    """Continue the zygote the row child of ``index`` left stopped; its pid, or None when there is none."""
     text = "".join(_lines_of(_own_path(index, "continued")))
     if not text.isdigit():
         return None
@@ -525,7 +576,7 @@ def _release_continuation(index, running):
     if not posix.WIFSTOPPED(status):
         return None
     posix.kill(pid, _SIGCONT)
-    return _await_package_zygote(index, pid, running)
+    return pid
 
 
 def _recorded(index, kind, size, skip_first_line=False):
