@@ -338,6 +338,11 @@ def _open_max():
         return 1024
 
 
+def identity(fd):
+    """(device, inode) of the file open on ``fd``, or None: whether a number still holds the same file."""
+    return _identity(fd)
+
+
 def _identity(fd):
     try:
         stat = posix.fstat(fd)

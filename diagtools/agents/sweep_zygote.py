@@ -280,12 +280,13 @@ def _below(modules, order):
 
 
 def _serve(modules, order, jobs):
-    """Fork one child per module of ``order``, ``jobs`` at a time; ``(index, module)`` in a child, else None.
+    """Fork one child per module of ``order``; ``(index, module)`` in a child, else None.
 
-    A package with at least :data:`DESCEND_MIN` modules below it is imported
-    once for all of them, by another zygote (see :class:`_Descent`).  Its
-    modules wait for that zygote while this one goes on with the others, so
-    both job slots stay busy; a zygote running below counts as one job.
+    No more than ``jobs`` scan children run at once in all zygotes together
+    (see :class:`_Tokens`).  A package with at least :data:`DESCEND_MIN`
+    modules below it is imported once for all of them, by another zygote
+    (see :class:`_Descent`); its modules wait for that zygote while this one
+    goes on with the others, so every job stays busy.
     """
     state = _Serving(modules, order, jobs)
     while True:
@@ -301,8 +302,8 @@ def _serve(modules, order, jobs):
         if module in _explicit:
             _channel.emit("present", i=index)  # preloaded: its row says so, no child needed
             continue
-        while state.full():
-            child = state.reap()
+        while not _tokens.take(len(state.running)):
+            child = state.reap(block=False)
             if child is not None:
                 return child
         inside = state.inside(module)
@@ -316,6 +317,61 @@ def _serve(modules, order, jobs):
         if descend:
             state.descents[pid] = _Descent(index, inside)
             state.held.update(inside)
+
+
+_TOKEN_POLL_S = 0.002
+
+
+class _Tokens:
+    """The sweep's ``jobs``, shared by every zygote: one byte in a pipe per scan child that may run.
+
+    A zygote takes a byte before it forks a scan child and puts it back when it
+    reaps that child, so however many zygotes serve packages below one another,
+    no more than ``jobs`` scan children run at once.  The pipe is checked to be
+    the one made (a module a child imported may have closed the number and
+    opened a file there); when it is not, each zygote keeps to ``jobs`` of its
+    own children instead.
+    """
+
+    def __init__(self):
+        self.fds, self.identity, self.jobs = None, None, 1
+
+    def create(self, jobs):
+        self.jobs = jobs
+        try:
+            read_fd, write_fd = posix.pipe()
+            read_fd, write_fd = protocol.move_high(read_fd), protocol.move_high(write_fd)
+            posix.set_blocking(read_fd, False)
+            posix.write(write_fd, b"+" * jobs)
+        except OSError:
+            return
+        self.fds = (read_fd, write_fd)
+        self.identity = protocol.identity(read_fd)
+
+    def _intact(self):
+        return self.fds is not None and protocol.identity(self.fds[0]) == self.identity
+
+    def take(self, running):
+        """Whether a scan child may be forked now (a byte was taken for it)."""
+        if not self._intact():
+            return running < self.jobs
+        try:
+            return posix.read(self.fds[0], 1) == b"+"
+        except BlockingIOError:
+            return False
+        except OSError:
+            self.fds = None
+            return running < self.jobs
+
+    def give(self):
+        if self._intact():
+            try:
+                posix.write(self.fds[1], b"+")
+            except OSError:
+                self.fds = None
+
+
+_tokens = _Tokens()
 
 
 class _Serving:
@@ -353,14 +409,21 @@ class _Serving:
     def busy(self):
         return bool(self.running or self.zygotes)
 
-    def full(self):
-        return len(self.running) + len(self.zygotes) >= self.jobs
+    def reap(self, block=True):
+        """Wait for any child and act on it; ``(index, module)`` in a scan child forked meanwhile, else None.
 
-    def reap(self):
-        """Wait for any child and act on it; ``(index, module)`` in a scan child forked meanwhile, else None."""
-        pid, status = posix.waitpid(-1, 0)
+        Without ``block``, a moment's wait when no child has ended (a job of another zygote may free).
+        """
+        try:
+            pid, status = posix.waitpid(-1, 0 if block else posix.WNOHANG)
+        except ChildProcessError:  # none of ours runs: every job is another zygote's
+            pid = 0
+        if pid == 0:
+            time.sleep(_TOKEN_POLL_S)
+            return None
         code = posix.waitstatus_to_exitcode(status)
         if pid in self.running:
+            _tokens.give()
             _channel.emit("reaped", i=self.running.pop(pid), pid=pid, code=code)
             descent = self.descents.pop(pid, None)
             return descent.start(self) if descent is not None else None
@@ -839,6 +902,7 @@ def main():
         pass
     _explicit.update(sys.modules)
     __import__("gc").freeze()  # the preloaded objects stay out of the children's collections
+    _tokens.create(max(1, int(_ENV.get(protocol.SWEEP_JOBS, "1"))))
     child = _serve(modules, range(len(modules)), max(1, int(_ENV.get(protocol.SWEEP_JOBS, "1"))))
     if child is None:
         _channel.emit("done")

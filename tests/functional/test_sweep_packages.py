@@ -178,3 +178,31 @@ def test_a_module_loaded_under_another_name_from_the_package_folder_is_a_depende
     deps = {row.module: row.deps for row in forked.rows}
     assert deps == {row.module: row.deps for row in fresh.rows}
     assert "tp/vendor/kernels/__init__.py" in deps["tp.heavy.a"]
+
+
+def test_no_more_than_jobs_modules_run_at_once_whatever_the_packages_below_one_another(make_tree, tmp_path):
+    """Every zygote serving a package below another shares the sweep's ``--jobs``."""
+    log = tmp_path / "running.log"
+    body = (
+        "import os, time\n"
+        f"with open({str(log)!r}, 'a') as _log:\n    _log.write(f'+ {{time.monotonic()}}\\n')\n"
+        "time.sleep(0.3)\n"
+        f"with open({str(log)!r}, 'a') as _log:\n    _log.write(f'- {{time.monotonic()}}\\n')\n"
+    )
+    files = {"pj/__init__.py": ""}
+    for outer in ("a", "b"):
+        files[f"pj/{outer}/__init__.py"] = ""
+        for inner in ("x", "y"):
+            files[f"pj/{outer}/{inner}/__init__.py"] = ""
+            files.update({f"pj/{outer}/{inner}/m{n}.py": body for n in range(3)})
+    root = make_tree(files)
+    result = sweep("pj", path=[root], driver="simulated", timeout=30, jobs=2, adapt=False)
+    assert {row.status for row in result.rows} == {"ok"}
+    assert "6 package(s) imported once, by their own row" in " ".join(result.preload_notes)
+    events = sorted((float(line[2:]), 1 if line[0] == "+" else -1) for line in log.read_text().splitlines())
+    assert len(events) == 2 * 12
+    running, most = 0, 0
+    for _, step in events:
+        running += step
+        most = max(most, running)
+    assert most == 2
