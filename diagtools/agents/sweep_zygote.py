@@ -526,8 +526,8 @@ class _Continuation:
     hands the initialization to each child; the real driver's state does not
     survive a fork.
 
-    The zygote stops itself at once; the zygote above, a subreaper, waits
-    for the row child to end, then continues it (or kills it).
+    The zygote stops itself at once; the zygote above, a subreaper it is
+    orphaned to, continues it once the row child has ended.
     """
 
     below = None  # in a row child: (index, modules, inside, jobs) when it lies above modules to scan
