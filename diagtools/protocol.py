@@ -189,14 +189,14 @@ class Channel:
         self.path = path
         self.pid = posix.getpid()
         self.lock = _thread.allocate_lock()
-        self.identity = _identity(fd)
+        self.identity = identity(fd)
         self.failed = False
         self.reopened = 0
         posix.register_at_fork(after_in_child=self._after_fork_in_child)
 
     def intact(self):
         """Whether every event reached the runner: no write failed and the descriptor is still ours."""
-        return not self.failed and self.identity is not None and _identity(self.fd) == self.identity
+        return not self.failed and self.identity is not None and identity(self.fd) == self.identity
 
     def _after_fork_in_child(self):
         self.lock = _thread.allocate_lock()
@@ -241,7 +241,7 @@ class Channel:
 
     def _owned(self):
         """Whether ``fd`` is still our file; a record file whose number was taken is reopened elsewhere."""
-        if self.identity is not None and _identity(self.fd) == self.identity:
+        if self.identity is not None and identity(self.fd) == self.identity:
             return True
         if self.path is None:
             return False
@@ -249,7 +249,7 @@ class Channel:
             fd = open_high(self.path, posix.O_WRONLY | posix.O_APPEND)
         except OSError:
             return False
-        if _identity(fd) != self.identity:
+        if identity(fd) != self.identity:
             posix.close(fd)
             return False
         self.fd, self.reopened = fd, self.reopened + 1  # the old number is the program's now: never closed
@@ -257,7 +257,7 @@ class Channel:
 
     def release(self):
         """Close the descriptor, only if it is still ours (a forked child gives up its parent's file)."""
-        if self.identity is not None and _identity(self.fd) == self.identity:
+        if self.identity is not None and identity(self.fd) == self.identity:
             try:
                 posix.close(self.fd)
             except OSError:
@@ -323,7 +323,7 @@ def move_high(fd):
     limit = _open_max()
     candidates = range(HIGH_FD, limit) if limit > HIGH_FD + 64 else range(limit - 1, fd, -1)
     for number in candidates:
-        if number == fd or _identity(number) is not None:
+        if number == fd or identity(number) is not None:
             continue
         posix.dup2(fd, number, False)
         posix.close(fd)
@@ -340,10 +340,6 @@ def _open_max():
 
 def identity(fd):
     """(device, inode) of the file open on ``fd``, or None: whether a number still holds the same file."""
-    return _identity(fd)
-
-
-def _identity(fd):
     try:
         stat = posix.fstat(fd)
     except OSError:

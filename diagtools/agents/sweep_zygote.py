@@ -7,7 +7,7 @@ still uninitialized and that no thread other than its own runs (threads do
 not survive ``fork``).  If any check fails it says why ("refused") and ends:
 the host then falls back to fresh subkernels.
 
-Otherwise it forks one child per module, ``jobs`` at a time.  Each child puts
+Otherwise it forks one child per module, ``--jobs`` at a time.  Each child puts
 itself in a process group of its own, sends its stdout, stderr, fault dumps
 and probe events to files of its own, and runs the scan probe's
 :func:`run_forked`: the same tracer and driver hook as a fresh subkernel.
@@ -28,6 +28,7 @@ _clock = time.perf_counter
 _channel = protocol.channel_from(_ENV)
 _cuprobe = protocol.load_cuprobe(_ENV)
 _WORKDIR = _ENV.get(protocol.SWEEP_WORKDIR, "")
+_JOBS = max(1, int(_ENV.get(protocol.SWEEP_JOBS, "1")))  # scan children at once, in all zygotes together
 _FILE_FLAGS = posix.O_WRONLY | posix.O_CREAT | posix.O_TRUNC | posix.O_CLOEXEC
 
 
@@ -189,13 +190,12 @@ def _trial_import(name):
 
 
 def _scan_before_preloading(due, modules):
-    """Scan the modules ``due`` (indices) in children, ``jobs`` at a time, and wait for them all;
+    """Scan the modules ``due`` (indices) in children, ``_JOBS`` at a time, and wait for them all;
     ``(index, module)`` in a child, else None."""
-    jobs = max(1, int(_ENV.get(protocol.SWEEP_JOBS, "1")))
     inside = _inside(_ENV.get(protocol.SWEEP_PACKAGE, ""), list(sys.modules)) if due else []
     running = []
     for index in due:
-        if len(running) >= jobs:
+        if len(running) >= _JOBS:
             _await_scan(*running.pop(0), modules)
         _flush_stdio()
         pid = posix.fork()
@@ -279,16 +279,16 @@ def _below(modules, order):
     return found
 
 
-def _serve(modules, order, jobs):
+def _serve(modules, order):
     """Fork one child per module of ``order``; ``(index, module)`` in a child, else None.
 
-    No more than ``jobs`` scan children run at once in all zygotes together
+    No more than ``_JOBS`` scan children run at once in all zygotes together
     (see :class:`_Tokens`).  A package with at least :data:`DESCEND_MIN`
     modules below it is imported once for all of them, by another zygote
     (see :class:`_Descent`); its modules wait for that zygote while this one
     goes on with the others, so every job stays busy.
     """
-    state = _Serving(modules, order, jobs)
+    state = _Serving(modules, order)
     while True:
         index = state.next_module()
         if index is None:
@@ -310,7 +310,7 @@ def _serve(modules, order, jobs):
         descend = len(inside) >= DESCEND_MIN and module not in sys.modules
         pid = _fork()
         if pid == 0:
-            _Continuation.below = (index, modules, inside, jobs) if descend else None
+            _Continuation.below = (index, modules, inside) if descend else None
             return index, module
         state.running[pid] = index
         _channel.emit("forked", i=index, pid=pid, m=module, z=_zygote_index)
@@ -323,26 +323,25 @@ _TOKEN_POLL_S = 0.002
 
 
 class _Tokens:
-    """The sweep's ``jobs``, shared by every zygote: one byte in a pipe per scan child that may run.
+    """The sweep's ``_JOBS``, shared by every zygote: one byte in a pipe per scan child that may run.
 
     A zygote takes a byte before it forks a scan child and puts it back when it
     reaps that child, so however many zygotes serve packages below one another,
-    no more than ``jobs`` scan children run at once.  The pipe is checked to be
+    no more than ``_JOBS`` scan children run at once.  The pipe is checked to be
     the one made (a module a child imported may have closed the number and
-    opened a file there); when it is not, each zygote keeps to ``jobs`` of its
+    opened a file there); when it is not, each zygote keeps to ``_JOBS`` of its
     own children instead.
     """
 
     def __init__(self):
-        self.fds, self.identity, self.jobs = None, None, 1
+        self.fds, self.identity = None, None
 
-    def create(self, jobs):
-        self.jobs = jobs
+    def create(self):
         try:
             read_fd, write_fd = posix.pipe()
             read_fd, write_fd = protocol.move_high(read_fd), protocol.move_high(write_fd)
             posix.set_blocking(read_fd, False)
-            posix.write(write_fd, b"+" * jobs)
+            posix.write(write_fd, b"+" * _JOBS)
         except OSError:
             return
         self.fds = (read_fd, write_fd)
@@ -354,14 +353,14 @@ class _Tokens:
     def take(self, running):
         """Whether a scan child may be forked now (a byte was taken for it)."""
         if not self._intact():
-            return running < self.jobs
+            return running < _JOBS
         try:
             return posix.read(self.fds[0], 1) == b"+"
         except BlockingIOError:
             return False
         except OSError:
             self.fds = None
-            return running < self.jobs
+            return running < _JOBS
 
     def give(self):
         if self._intact():
@@ -377,8 +376,8 @@ _tokens = _Tokens()
 class _Serving:
     """One zygote's scan: what is left, what runs, which packages' modules wait for another zygote."""
 
-    def __init__(self, modules, order, jobs):
-        self.modules, self.order, self.jobs = modules, list(order), jobs
+    def __init__(self, modules, order):
+        self.modules, self.order = modules, list(order)
         self.below = _below(modules, order)
         self.position = 0
         self.released = []  # modules a package zygote left to this one, in order
@@ -483,7 +482,7 @@ class _Descent:
         _flush_stdio()
         pid = posix.fork()
         if pid == 0:
-            return _package_zygote(self.index, state.modules, self.inside, state.jobs, before_cuda)
+            return _package_zygote(self.index, state.modules, self.inside, before_cuda)
         self._serve_by(state, pid, "before-cuda" if before_cuda else "package")
         return None
 
@@ -530,7 +529,7 @@ class _Continuation:
     orphaned to, continues it once the row child has ended.
     """
 
-    below = None  # in a row child: (index, modules, inside, jobs) when it lies above modules to scan
+    below = None  # in a row child: (index, modules, inside) when it lies above modules to scan
     prefix = None  # in a continuing zygote and its children: (row index, sizes of its files), to copy
     channel = None  # in a row child that may continue: its own copy of the zygote's channel
     started = 0.0
@@ -596,7 +595,7 @@ def _size(fd):
 def _run_continuing_zygote(probe, below, sizes, initialized):
     """In the continuing zygote: wait to be continued, then serve the modules below; never returns."""
     global _channel, _zygote_index
-    index, modules, inside, jobs = below
+    index, modules, inside = below
     try:
         posix.setpgid(0, 0)  # the row's group is the host's to kill, not this one
     except OSError:
@@ -616,9 +615,8 @@ def _run_continuing_zygote(probe, below, sizes, initialized):
     _channel.emit("descended", i=index, s=_clock() - _Continuation.started, n=loaded)
     _zygote_index = index
     _Continuation.prefix = (index, sizes)
-    _Continuation.below = None
     try:
-        child = _serve(modules, inside, jobs)
+        child = _serve(modules, inside)
     except BaseException:
         posix._exit(_NOT_SERVED)
     if child is not None:
@@ -670,7 +668,7 @@ def _exists(path):
     return True
 
 
-def _package_zygote(index, modules, inside, jobs, before_cuda=None):
+def _package_zygote(index, modules, inside, before_cuda=None):
     """In the package zygote: import the package (or only ``before_cuda``), check, then serve ``inside``.
 
     Returns ``(index, module)`` in a child; the package zygote itself exits.
@@ -699,7 +697,7 @@ def _package_zygote(index, modules, inside, jobs, before_cuda=None):
     _write_own(index, "package", protocol.encode(loaded))
     _channel.emit("descended", i=index, s=_clock() - started, n=len(sys.modules) - len(before))
     __import__("gc").freeze()
-    child = _serve(modules, inside, jobs)
+    child = _serve(modules, inside)
     if child is not None:
         return child
     _flush_stdio()
@@ -738,11 +736,14 @@ def _write_own(index, kind, text):
 def _write_file(path, text):
     fd = posix.open(path, _FILE_FLAGS, 0o600)
     try:
-        data = text.encode("utf-8", "backslashreplace")
-        while data:
-            data = data[posix.write(fd, data) :]
+        _write_all(fd, text.encode("utf-8", "backslashreplace"))
     finally:
         posix.close(fd)
+
+
+def _write_all(fd, data):
+    while data:
+        data = data[posix.write(fd, data) :]
 
 
 # ---- in the child --------------------------------------------------------------
@@ -759,8 +760,7 @@ def _open_own(index, kind):
 def _redirect(index, kind, target_fd, recorded=b""):
     """Send ``target_fd`` to this child's file ``kind``, which starts with what was ``recorded``."""
     fd = _open_own(index, kind)
-    while recorded:
-        recorded = recorded[posix.write(fd, recorded) :]
+    _write_all(fd, recorded)
     posix.dup2(fd, target_fd)
     posix.close(fd)
 
@@ -902,8 +902,8 @@ def main():
         pass
     _explicit.update(sys.modules)
     __import__("gc").freeze()  # the preloaded objects stay out of the children's collections
-    _tokens.create(max(1, int(_ENV.get(protocol.SWEEP_JOBS, "1"))))
-    child = _serve(modules, range(len(modules)), max(1, int(_ENV.get(protocol.SWEEP_JOBS, "1"))))
+    _tokens.create()
+    child = _serve(modules, range(len(modules)))
     if child is None:
         _channel.emit("done")
         return None

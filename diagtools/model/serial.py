@@ -69,7 +69,7 @@ class Serial(TextReport):
 def dump(value: Any) -> Any:
     """``value`` as builtin JSON types."""
     kind = type(value)
-    if kind in _PLAIN:  # exactly a builtin scalar: most values, returned as they are
+    if kind in _SCALARS:  # exactly a builtin scalar: most values, returned as they are
         return value
     plan = _PLANS.get(kind)
     if plan is not None:
@@ -90,7 +90,7 @@ def _dump_other(value: Any) -> Any:
     return value
 
 
-_PLAIN = frozenset({str, int, float, bool, type(None)})
+_SCALARS = frozenset({str, int, float, bool, type(None)})  # JSON's scalars, exactly these types
 
 
 # How each dataclass type is written, worked out once (``dataclasses.fields`` costs a scan's 1,000 nodes):
@@ -149,7 +149,6 @@ class _NotPlainError(Exception):
     """A value :func:`json_text` leaves to ``json.dumps`` (a subclass, a key that is not text)."""
 
 
-_SCALARS = frozenset({str, int, float, bool, type(None)})
 _TEXT = frozenset({str})
 _FLAT_ENCODERS: dict[int, Callable[[Any], str]] = {}
 

@@ -269,8 +269,9 @@ def run_zygote(
     scanned; the rows it scans first count too): importing that module first,
     as a fresh subkernel would, gives another result than preloading it.
     """
-    first = {name: index for index, name in enumerate(modules) if name in set(scan_first)}
-    items = [f"{name}\t{first.get(name, '-')}" if name in scan_first else name for name in preload]
+    candidates = set(scan_first)
+    first = {name: index for index, name in enumerate(modules) if name in candidates}
+    items = [f"{name}\t{first.get(name, '-')}" if name in candidates else name for name in preload]
     workdir = Path(tempfile.mkdtemp(prefix="diagtools-zygote-"))
     try:
         (workdir / "modules").write_text("\n".join(modules) + "\n", encoding="utf-8")
