@@ -13,8 +13,10 @@ from typing import TYPE_CHECKING, Any
 __all__ = [
     "ChildOutcome",
     "Culprit",
+    "CutSearch",
     "DiagtoolsError",
     "DriverInfo",
+    "FixResult",
     "ImportNode",
     "ParentState",
     "ReplayComparison",
@@ -29,6 +31,7 @@ __all__ = [
     "UsageError",
     "compare_replays",
     "diff_scans",
+    "fix",
     "load_ipython_extension",
     "notebook_progress",
     "postmortem",
@@ -44,6 +47,9 @@ __version__ = "0.1.0"
 
 _LOCATIONS = {
     "Culprit": "diagtools.model.scan",
+    "CutSearch": "diagtools.model.cuts",
+    "FixResult": "diagtools.model.fix",
+    "fix": "diagtools.usecases.fix",
     "DriverInfo": "diagtools.model.scan",
     "ImportNode": "diagtools.model.scan",
     "TargetError": "diagtools.model.scan",
@@ -77,12 +83,15 @@ if TYPE_CHECKING:
     from diagtools.errors import DiagtoolsError, SchemaError, UsageError
     from diagtools.frontends.magics import load_ipython_extension
     from diagtools.frontends.progress import notebook_progress
+    from diagtools.model.cuts import CutSearch
     from diagtools.model.diff import diff_scans
+    from diagtools.model.fix import FixResult
     from diagtools.model.replay import ChildOutcome, ParentState, ReplayComparison, ReplayResult
     from diagtools.model.run import RunResult
     from diagtools.model.scan import Culprit, DriverInfo, ImportNode, ScanResult, Site, StartupInfo, TargetError
     from diagtools.render.postmortem import postmortem
     from diagtools.render.text import render_scan
+    from diagtools.usecases.fix import fix
     from diagtools.usecases.replay import compare_replays, replay_fork
     from diagtools.usecases.run import RunInterrupted, run
     from diagtools.usecases.scan import scan

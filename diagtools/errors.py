@@ -8,6 +8,7 @@ because errors cross the subkernel boundary.
 from __future__ import annotations
 
 __all__ = [
+    "CannotDeferError",
     "DiagtoolsError",
     "DriverBuildError",
     "DriverUnavailableError",
@@ -94,6 +95,21 @@ class SchemaError(DiagtoolsError):
         if self.field:
             return f"not a valid {self.expected} document: {self.field} {self.found}"
         return f"expected a {self.expected} document, found schema {self.found!r}"
+
+
+class CannotDeferError(DiagtoolsError):
+    """Raised when an import statement cannot wait until first use: a name is needed at import, or the line
+    is not a plain module-level import.  ``line`` is where (0: the file as a whole)."""
+
+    def __init__(self, file: str, line: int, reason: str) -> None:
+        super().__init__(file, line, reason)
+        self.file = file
+        self.line = line
+        self.reason = reason
+
+    def __str__(self) -> str:
+        where = f"{self.file}:{self.line}" if self.line else self.file
+        return f"{where}: {self.reason}"
 
 
 class JournalLockedError(DiagtoolsError):

@@ -37,6 +37,10 @@ SCAN_PATH = "DIAGTOOLS_PROBE_PATH"
 SCAN_REFINE = "DIAGTOOLS_PROBE_REFINE"
 SCAN_NO_SITE = "DIAGTOOLS_PROBE_NO_SITE"
 SCAN_SETTLE = "DIAGTOOLS_PROBE_SETTLE"
+# a cut being verified: lines of "original file", "file holding its rewritten text", ...
+SCAN_SOURCES = "DIAGTOOLS_PROBE_SOURCES"
+RESOLVE_NAMES = "DIAGTOOLS_RESOLVE_NAMES"  # lines of "module name": the names a patch must keep importable
+RESOLVE_PATH = "DIAGTOOLS_RESOLVE_PATH"
 REPLAY_TARGET = "DIAGTOOLS_REPLAY_TARGET"
 REPLAY_PATH = "DIAGTOOLS_REPLAY_PATH"
 REPLAY_CHILD = "DIAGTOOLS_REPLAY_CHILD"
@@ -90,6 +94,9 @@ EVENTS = {
     "final": ("initialized",),
     "shutdown": ("initialized",),
     "done": (),
+    "rewritten": ("n", "f"),  # a module whose source the scan request replaced was executed from that text
+    # the name check of a patch
+    "resolved": ("module", "name", "ok"),
     # the replay parent
     "setup": ("ok",),
     "parent": ("cuda_initialized",),
@@ -593,6 +600,7 @@ _TYPED_KINDS = frozenset(
     (
         *("hello", "phase", "begin", "end", "thread", "transition", "refined", "cuinit", "error", "exit", "final"),
         *("start", "fork-child", "refusal", "raised", "exec", "ended", "waited"),
+        *("rewritten", "resolved"),
     )
 )
 FIELD_TYPES = {
@@ -643,4 +651,7 @@ FIELD_TYPES = {
     "call": _is_str,
     "how": _is_str,
     "exitcode": _optional(_is_int),
+    # the name check of a patch
+    "module": _is_str,
+    "error": _optional(_is_str),
 }

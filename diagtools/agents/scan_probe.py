@@ -126,6 +126,9 @@ def _import_line(frame):
 
 
 def _traced_load(spec):
+    if _REWRITTEN and spec.origin in _REWRITTEN:
+        spec.loader = _Rewritten(spec.loader, spec.origin, _REWRITTEN[spec.origin])
+        _channel.emit("rewritten", n=spec.name, f=spec.origin)
     tid = _thread.get_ident()
     stack = _State.stacks.setdefault(tid, [])
     name = spec.name
@@ -156,6 +159,48 @@ def _traced_load(spec):
         if ok and tid == _MAIN_THREAD:
             _State.completed.add(name)
         _channel.send(f'{{"e":"end","n":{_encode_str(name)},"ok":{_encode(ok)},"t":{_clock()!r}}}')
+
+
+# ---- a cut being verified: modules whose source text the request replaced ------
+
+
+def _rewritten_sources():
+    """``{original file: rewritten source bytes}`` from the request (empty for an ordinary scan)."""
+    entries = _ENV.get(protocol.SCAN_SOURCES, "").split("\n")
+    sources = {}
+    for original, replacement in zip(entries[0::2], entries[1::2], strict=False):
+        if original and replacement:
+            with open(replacement, "rb") as handle:
+                sources[original] = handle.read()
+    return sources
+
+
+class _Rewritten:
+    """A module's own loader, except that its code comes from the rewritten text, compiled under the
+    original file name (no bytecode cache is read or written)."""
+
+    def __init__(self, loader, origin, source):
+        self._loader = loader
+        self._origin = origin
+        self._source = source
+
+    def create_module(self, spec):
+        return None
+
+    def exec_module(self, module):
+        exec(compile(self._source, self._origin, "exec", dont_inherit=True), module.__dict__)
+
+    def get_source(self, fullname):
+        return self._source.decode("utf-8", "replace")
+
+    def is_package(self, fullname):
+        return self._loader.is_package(fullname)
+
+    def __getattr__(self, name):
+        return getattr(self._loader, name)
+
+
+_REWRITTEN = _rewritten_sources()
 
 
 # ---- refinement: a line-traced rerun inside the culprit's window -------------

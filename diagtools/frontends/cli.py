@@ -116,6 +116,34 @@ def _add_scan(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--fail-on-cuda", action="store_true", help="exit 1 when CUDA got initialized")
     parser.add_argument("--stack", action="store_true", help="print the whole Python stack of the culprit")
     parser.add_argument("--svg", metavar="FILE", help="write the import graph (culprit chains) as SVG")
+    parser.add_argument(
+        "--no-cuts",
+        dest="cuts",
+        action="store_false",
+        help="do not search where to cut (by default each candidate cut is verified by scanning again)",
+    )
+    _add_own(parser)
+    _add_python(parser)
+    _add_debug(parser)
+
+
+def _add_fix(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("target", metavar="TARGET", help="module whose import initializes CUDA, e.g. pkg.ops")
+    parser.add_argument("--path", action="append", default=[], metavar="DIR", help="prepend DIR to sys.path")
+    parser.add_argument(
+        "--write",
+        metavar="PATCH",
+        help="write the patch to PATCH and the guard test beside it (default: print both; nothing is ever written "
+        "into your source tree)",
+    )
+    parser.add_argument("--json", metavar="FILE|-", help="write the diagtools.fix/1 document ('-' for stdout)")
+    parser.add_argument(
+        "--sweep",
+        metavar="JOURNAL",
+        help="a sweep journal or summary of the same code: say how many modules each cut reaches",
+    )
+    parser.add_argument("--driver", choices=DRIVER_CHOICES, default="auto", help=DRIVER_HELP)
+    parser.add_argument("--timeout", type=_timeout, default=120.0, metavar="S", help=TIMEOUT_HELP)
     _add_own(parser)
     _add_python(parser)
     _add_debug(parser)
@@ -135,8 +163,8 @@ def _add_own(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="PATTERN",
-        help="your own packages (name or glob, repeatable): the line to change is the last line on the chain in "
-        "them (default: the target's top-level package)",
+        help="your own packages (name or glob, repeatable): only their import statements are cut (default: the "
+        "target's top-level package)",
     )
 
 
@@ -185,6 +213,11 @@ def _add_sweep(parser: argparse.ArgumentParser) -> None:
         help="an earlier sweep's journal or --summary: exit 1 only for root causes it does not list",
     )
     parser.add_argument("--summary", metavar="FILE", help="write the sweep's answer (root causes, rows) as JSON")
+    parser.add_argument(
+        "--cuts",
+        action="store_true",
+        help="after the sweep, verify a cut for each root cause (its line to change; a few scans per cause)",
+    )
     parser.add_argument("--html", metavar="FILE", help="write the root-cause summary as an HTML page")
     _add_own(parser)
     _add_python(parser)
@@ -254,6 +287,7 @@ def _add_run(parser: argparse.ArgumentParser) -> None:
 
 _COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] = {
     "scan": ("import targets in a fresh subkernel and name the culprit", _add_scan),
+    "fix": ("the verified cut as a patch, checked on a copy, with its guard test", _add_fix),
     "replay": ("reproduce the poisoned-fork failure in a subkernel", _add_replay),
     "sweep": ("scan every submodule of a package alone, in parallel", _add_sweep),
     "bisect": ("find the commit that made an import initialize CUDA", _add_bisect),
@@ -345,6 +379,7 @@ def _run_scan(args: argparse.Namespace) -> int:
         own=args.own,
         python=args.python,
         runner=_run_probe,
+        cuts=args.cuts,
     )
     from diagtools.render.text import render_scan  # loaded while the subkernel started
 
@@ -356,6 +391,46 @@ def _run_scan(args: argparse.Namespace) -> int:
     if not result.ok:
         return EXIT_TARGET_FAILED
     return EXIT_CUDA if (args.fail_on_cuda and result.cuda_initialized) else EXIT_OK
+
+
+def _run_fix(args: argparse.Namespace) -> int:
+    from diagtools.render.cuts_text import render_fix
+    from diagtools.usecases.fix import fix
+    from diagtools.usecases.sweep_journal import read_sweep_rows
+
+    _check_writable(args.json, "--json")
+    _check_writable(args.write, "--write")
+    rows = read_sweep_rows(args.sweep) if args.sweep else ()
+    result = fix(
+        args.target,
+        path=args.path,
+        driver=args.driver,
+        timeout=args.timeout,
+        own=args.own,
+        python=args.python,
+        sweep=rows,
+    )
+    written = bool(args.write and result.patch)
+    text = render_fix(result, patch=not written)
+    if written:
+        text += "\n" + _write_fix_files(result, Path(args.write))
+    _emit(result.to_json(), text, args.json)
+    if result.reason and not result.cut and result.scan.verdict.value == "clean":
+        return EXIT_OK
+    return EXIT_OK if result.verified else EXIT_TARGET_FAILED
+
+
+def _write_fix_files(result: Any, patch: Path) -> str:
+    """The patch at ``patch`` and the guard beside it (never over an existing file); what was written, in words."""
+    patch.write_text(result.patch, encoding="utf-8")
+    guard = patch.parent / result.guard_file
+    said = [f"patch written to {patch} (apply it in {result.root}: git apply {patch.resolve()})"]
+    if guard.exists():
+        said.append(f"guard not written: {guard} exists already")
+    else:
+        guard.write_text(result.guard, encoding="utf-8")
+        said.append(f"guard written to {guard}")
+    return "\n".join(said)
 
 
 def _run_probe(request: SubkernelRequest) -> RawRun:
@@ -463,6 +538,7 @@ def _sweep_for(args: argparse.Namespace) -> Any:
         own=args.own,
         python=args.python,
         adapt=args.adapt,
+        cuts=args.cuts,
     )
 
 
@@ -643,6 +719,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _build_parser(sys.argv[1:] if argv is None else argv).parse_args(argv)
     handlers = {
         "scan": _run_scan,
+        "fix": _run_fix,
         "replay": _run_replay,
         "sweep": _run_sweep,
         "bisect": _run_bisect,

@@ -52,8 +52,10 @@ class SpecimenOutcome:
             doubts = "; ".join(self.result.doubts())
             return f"{self.result.verdict}: CUDA not initialized" + (f" ({doubts})" if doubts else "")
         culprit = self.result.culprit
-        site = culprit.line_to_change if culprit else None
-        where = f" at {display_path(site.file)}:{site.line}" if site else ""
+        line = self.result.line_to_change
+        at = culprit.initialized_at if culprit else None
+        where = f"; line to change {display_path(line.file)}:{line.line}" if line else ""
+        where = where or (f"; CUDA initialized at {display_path(at.file)}:{at.line}" if at else "")
         return f"{self.result.verdict}: {culprit.module if culprit else '?'}{where}"
 
 

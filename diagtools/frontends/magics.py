@@ -46,14 +46,15 @@ class DiagtoolsMagics(Magics):
     @argument("--path", action="append", default=[], help="directory to put first on sys.path")
     @argument("--driver", choices=DRIVER_CHOICES, default="auto", help=DRIVER_HELP)
     @argument("--timeout", type=float, default=120.0, help="seconds before the subkernel is stopped")
+    @argument("--no-cuts", dest="cuts", action="store_false", help="do not search (and verify) where to cut")
     @line_magic
     def cuda_scan(self, line: str) -> Any:
-        """Scan TARGET in a fresh subkernel; the result renders itself."""
+        """Scan TARGET in a fresh subkernel; the result renders itself, with its verified cut."""
         from diagtools.usecases.scan import scan
 
         args = parse_argstring(self.cuda_scan, line)
         try:
-            return scan(args.target, path=args.path, driver=args.driver, timeout=args.timeout)
+            return scan(args.target, path=args.path, driver=args.driver, timeout=args.timeout, cuts=args.cuts)
         except DiagtoolsError as exc:
             _report(exc)
             return None

@@ -79,14 +79,17 @@ class Stopwatch:
     def line(self) -> str:
         return f"{self.current} ({self.clock() - self.started:.1f} s)"
 
-    def phased(self, runner: Callable[[Any], Any], labels: Sequence[str]) -> Callable[[Any], Any]:
-        """``runner`` that names its n-th call ``labels[n]`` as the phase (then "subkernel n")."""
+    def phased(
+        self, runner: Callable[[Any], Any], labels: Sequence[str], *, later: str = "subkernel {n}"
+    ) -> Callable[[Any], Any]:
+        """``runner`` that names its n-th call ``labels[n]`` as the phase, then ``later`` (``{n}``: the call's
+        number, from 1)."""
         calls = [0]
 
         def run(request: Any) -> Any:
             index = calls[0]
             calls[0] += 1
-            self.phase(labels[index] if index < len(labels) else f"subkernel {index + 1}")
+            self.phase(labels[index] if index < len(labels) else later.format(n=index + 1))
             return runner(request)
 
         return run

@@ -17,12 +17,15 @@ from typing import Any
 from diagtools.driver import DRIVER_CHOICES
 from diagtools.errors import DiagtoolsError, MissingExtraError
 from diagtools.frontends.progress import Stopwatch
+from diagtools.model.fix import FixResult
 from diagtools.model.replay import CHILD_ACTIONS
 from diagtools.model.scan import ScanResult
 from diagtools.render.chart import bandwidth_chart_png
+from diagtools.render.cuts_html import fix_html, fix_status_html
 from diagtools.render.html import bench_table_html, comparison_html, module_html, scan_html, scan_status_html
 from diagtools.render.ordering import picker_options
 from diagtools.runner.subkernel import run_subkernel
+from diagtools.usecases.fix import fix
 from diagtools.usecases.replay import compare_replays
 from diagtools.usecases.scan import scan
 
@@ -173,21 +176,27 @@ class ScanPanel(_Panel):
         *,
         background: bool = True,
         scanner: Callable[..., ScanResult] = scan,
+        fixer: Callable[..., FixResult] = fix,
     ) -> None:
         super().__init__(background)
-        self.scanner = scanner
+        self.scanner, self.fixer = scanner, fixer
         self.result: ScanResult | None = None
+        self.fix_result: FixResult | None = None
         self.target = _field(w.Text(value=target, description="target", placeholder="pkg.module"), "200px")
         path_text = path if isinstance(path, str) else ":".join(map(str, path))
         self.path = _field(w.Text(value=path_text, description="path", placeholder="DIR[:DIR]"), "260px")
         self.driver = _field(w.Dropdown(options=list(DRIVER_CHOICES), value=driver, description="driver"), "140px")
         self.scan_button = w.Button(description="Scan", button_style="primary", icon="search")
+        self.fix_button = w.Button(
+            description="Suggest fix", icon="wrench", tooltip="the nearest verified cut as a checked patch, and a guard"
+        )
         self.module_picker = _field(w.Dropdown(options=[], description="module"), "300px")
         self.all_modules = w.Checkbox(value=False, description="all modules", indent=False)
         self.scan_button.on_click(lambda _: self.run_scan())
+        self.fix_button.on_click(lambda _: self.run_fix())
         self.module_picker.observe(lambda change: self.show_module(change["new"]), names="value")
         self.all_modules.observe(lambda _: self._fill_picker(), names="value")
-        controls = _wrapping_row([self.target, self.path, self.driver, self.scan_button])
+        controls = _wrapping_row([self.target, self.path, self.driver, self.scan_button, self.fix_button])
         picker = _wrapping_row([self.module_picker, self.all_modules])
         self.widget = w.VBox(
             [controls, _wrapping_row([self.busy, self.status]), picker],
@@ -197,12 +206,27 @@ class ScanPanel(_Panel):
     def run_scan(self) -> None:
         """Scan the target in a fresh subkernel and show the result."""
         target, paths, driver = self.target.value.strip(), _split_paths(self.path.value), self.driver.value
-        runner = self.stopwatch.phased(run_subkernel, SCAN_PHASES)
+        runner = self.stopwatch.phased(run_subkernel, SCAN_PHASES, later=SCAN_AGAIN)
         self._run(
             lambda: self.show(self.scanner(target, path=paths, driver=driver, runner=runner)),
             f"scanning <code>{escape(target)}</code> in a fresh subkernel&hellip;",
             SCAN_PHASES[0],
         )
+
+    def run_fix(self) -> None:
+        """Find the nearest verified cut, write it as a patch checked on a copy, and show it with its guard."""
+        target, paths, driver = self.target.value.strip(), _split_paths(self.path.value), self.driver.value
+        runner = self.stopwatch.phased(run_subkernel, SCAN_PHASES, later=FIX_PHASE)
+        self._run(
+            lambda: self.show_fix(self.fixer(target, path=paths, driver=driver, runner=runner)),
+            f"looking for the fix of <code>{escape(target)}</code>&hellip;",
+            SCAN_PHASES[0],
+        )
+
+    def show_fix(self, result: FixResult) -> None:
+        self.fix_result = result
+        self.view.show(fix_html(result))
+        self.status.value = fix_status_html(result)
 
     def show(self, result: ScanResult) -> None:
         self.result = result
@@ -232,7 +256,9 @@ class ScanPanel(_Panel):
             self._render()
 
 
-SCAN_PHASES = ("importing the target in a fresh subkernel", "tracing lines in the culprit module (second run)")
+SCAN_PHASES = ("importing the target in a fresh subkernel",)
+SCAN_AGAIN = "run {n}: scanning again (tracing the culprit's lines, or verifying a cut)"
+FIX_PHASE = "run {n}: scanning again with import statements deferred (verifying a cut), or checking the patch"
 REPLAY_PHASES = tuple(
     f"replay {variant}/{method}: parent imports the target, child calls CUDA"
     for variant in ("before", "after")

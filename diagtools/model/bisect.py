@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from diagtools.model._display import present
+from diagtools.model.cuts import Headline, Regression, headline
 from diagtools.model.scan import Culprit
 from diagtools.model.serial import Serial
 
@@ -28,7 +29,12 @@ class BisectStep(Serial):
 
 @dataclass(frozen=True)
 class BisectResult(Serial):
-    """The first bad commit (or the candidates when skips hide it) and its culprit."""
+    """The first bad commit (or the candidates when skips hide it) and its culprit.
+
+    ``regression`` is the first import on the culprit chain that the first bad
+    commit's parent (``parent``, the known-good state) does not run at
+    import: the headline line to change, with paths relative to the repository.
+    """
 
     SCHEMA: ClassVar[str] = BISECT_SCHEMA
 
@@ -41,6 +47,13 @@ class BisectResult(Serial):
     culprit: Culprit | None
     steps: tuple[BisectStep, ...]
     candidates: tuple[str, ...] = ()
+    parent: str | None = None
+    regression: Regression | None = None
+
+    @property
+    def headline(self) -> Headline:
+        """The line to change by the one rule: the regression edge against the first bad commit's parent."""
+        return headline(None, self.regression)
 
     def __str__(self) -> str:
         return str(present("bisect.text", self))

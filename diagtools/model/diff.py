@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from diagtools.model._display import present
+from diagtools.model.cuts import Headline, Regression, headline, regression
 from diagtools.model.scan import ScanResult
 from diagtools.model.serial import Serial
 from diagtools.model.verdict import Verdict
@@ -19,8 +20,10 @@ DIFF_SCHEMA = "diagtools.diff/1"
 class ScanDiff(Serial):
     """Modules and importer edges the fix removed or added, and where the culprit chain broke.
 
-    ``broken_edge`` is the first importer -> imported edge of the before
-    culprit chain that the after scan no longer has: the line the fix cut.
+    ``broken_edge`` is the regression edge's ``(importer, imported)``: the
+    first edge of the initializing side's culprit chain whose module the
+    clean side does not import (:func:`diagtools.model.cuts.regression`);
+    :attr:`regression` gives its import line, the headline line to change.
 
     The document holds both scans (``before``, ``after``) so it reads back
     whole, beside the derived keys it has always had (``verdict``,
@@ -50,6 +53,24 @@ class ScanDiff(Serial):
             return Verdict.UNKNOWN
         return self.after.verdict
 
+    @property
+    def regression(self) -> Regression | None:
+        """The line the clean side no longer runs at import, on the initializing side's chain (the fix's
+        line for a fix, the regression's for a regression); ``None`` unless exactly one side is clean."""
+        if self.before.cuda_initialized and not self.after.cuda_initialized:
+            return regression(self.before, self.after, "the after scan")
+        if self.after.cuda_initialized and not self.before.cuda_initialized:
+            return regression(self.after, self.before, "the before scan")
+        return None
+
+    @property
+    def headline(self) -> Headline:
+        """The line to change by the one rule: the regression edge, known from the clean side."""
+        found = self.regression
+        if found is not None:
+            return headline(None, found)
+        return headline(self.after.cuts if self.after.cuda_initialized else self.before.cuts)
+
     def summary(self) -> str:
         """One sentence: what the fix changed."""
         unseen = [name for name, scan in (("before", self.before), ("after", self.after)) if scan.doubts()]
@@ -57,16 +78,24 @@ class ScanDiff(Serial):
             return f"cannot compare: the {' and '.join(unseen)} scan could not see everything"
         before, after = self.before.cuda_initialized, self.after.cuda_initialized
         if before and not after:
-            cut = f": the chain is broken at {self.broken_edge[0]} -> {self.broken_edge[1]}" if self.broken_edge else ""
-            return f"no longer initializes CUDA{cut}"
+            return f"no longer initializes CUDA{self._where()}"
         if not before and after:
             culprit = self.after.culprit.module if self.after.culprit else "?"
-            return f"now initializes CUDA (culprit {culprit}): a regression"
+            return f"now initializes CUDA (culprit {culprit}): a regression{self._where()}"
         if before and after:
             return "still initializes CUDA"
         if unseen:
             return f"initializes CUDA in neither, but the {' and '.join(unseen)} scan could not see everything"
         return "initializes CUDA in neither"
+
+    def _where(self) -> str:
+        found = self.regression
+        if found is None:
+            return ""
+        line = f"{found.line.file.rsplit('/', 1)[-1]}:{found.line.line}"  # the headline gives the whole path
+        if found.edge is not None:
+            return f": the chain is broken at {found.edge.importer} -> {found.edge.imported} ({line})"
+        return f": the culprit's own code at {line} no longer runs at import"
 
     def graph(self) -> Any:
         """The before graph with the removed modules and edges marked."""
@@ -85,6 +114,8 @@ class ScanDiff(Serial):
             "fixed": self.fixed,
             "before_culprit": self.before.culprit,
             "after_culprit": self.after.culprit,
+            "regression": self.regression,
+            "headline": self.headline,
         }
 
 
@@ -92,14 +123,11 @@ def _edges(result: ScanResult) -> set[tuple[str, str]]:
     return {(node.parent, node.name) for node in result.modules if node.parent is not None}
 
 
-def _broken_edge(before: ScanResult, after_edges: set[tuple[str, str]]) -> tuple[str, str] | None:
-    culprit = before.culprit
-    if culprit is None:
-        return None
-    for edge in zip(culprit.chain, culprit.chain[1:], strict=False):
-        if edge not in after_edges:
-            return edge
-    return None
+def _broken_edge(before: ScanResult, after: ScanResult) -> tuple[str, str] | None:
+    """The regression edge's two modules (a fix's when ``before`` initializes CUDA, a regression's otherwise)."""
+    bad, good = (before, after) if before.cuda_initialized else (after, before)
+    found = regression(bad, good)
+    return (found.edge.importer, found.edge.imported) if found is not None and found.edge is not None else None
 
 
 def _chain_first(names: set[str], before: ScanResult) -> tuple[str, ...]:
@@ -119,5 +147,5 @@ def diff_scans(before: ScanResult, after: ScanResult) -> ScanDiff:
         added_modules=tuple(sorted(after_names - before_names)),
         removed_edges=tuple(sorted(before_edges - after_edges)),
         added_edges=tuple(sorted(after_edges - before_edges)),
-        broken_edge=_broken_edge(before, after_edges),
+        broken_edge=_broken_edge(before, after),
     )

@@ -14,8 +14,10 @@ from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
 from diagtools.model._display import present
+from diagtools.model.cuts import CutSearch, Headline, headline, unsearched
 from diagtools.model.driver import DriverInfo
 from diagtools.model.serial import Serial
+from diagtools.model.site import Site
 from diagtools.model.verdict import ScanStatus, Verdict
 
 __all__ = [
@@ -31,19 +33,6 @@ __all__ = [
 ]
 
 SCAN_SCHEMA = "diagtools.scan/1"
-
-
-@dataclass(frozen=True)
-class Site(Serial):
-    """One Python source location: a stack frame or the line that made a call."""
-
-    file: str
-    line: int
-    function: str
-    source: str = ""
-
-    def __str__(self) -> str:
-        return f"{self.file}:{self.line} in {self.function}"
 
 
 @dataclass(frozen=True)
@@ -76,8 +65,8 @@ class Culprit(Serial):
     ``module`` is the innermost module whose top-level code was executing (for
     a thread, the module whose import started it; at shutdown, the module
     that defined the code running); ``chain`` runs from the scanned target
-    down to ``module``; ``module_site`` is the line to change: the innermost
-    frame in ``module``'s own source; ``site`` is the innermost Python frame
+    down to ``module``; ``module_site`` is the innermost frame in
+    ``module``'s own source ("CUDA initialized at"); ``site`` is the innermost Python frame
     that made the call (``via``: often inside a library); ``stack`` is the
     whole Python stack, outermost first.  For a thread, ``thread`` is its
     name and ``thread_started_at`` the line that started it.  ``evidence`` says
@@ -123,15 +112,22 @@ class Culprit(Serial):
     first_party: Site | None = None
 
     @property
-    def line_to_change(self) -> Site | None:
-        """Where to edit: the user's own line on the chain, else the culprit module's line, else the call."""
-        return self.first_party or self.module_site or self.site
+    def initialized_at(self) -> Site | None:
+        """The culprit module's own line that led into the driver ("CUDA initialized at"), else the call."""
+        return self.module_site or self.site
 
     @property
     def initialized_in(self) -> Site | None:
-        """The line that initialized CUDA, when it is not the line to change (a third-party initializer)."""
-        inner = self.module_site or self.site
-        return inner if self.first_party is not None and inner != self.first_party else None
+        """The library line that made the call ("initialized in"), when it is not :attr:`initialized_at`."""
+        at = self.initialized_at
+        return self.site if self.site is not None and self.site != at else None
+
+    @property
+    def own_line(self) -> Site | None:
+        """The last line on the chain in the user's own code, else :attr:`initialized_at`: where the user's code
+        reaches the initializer (a sweep's root cause is named by it).  Not the line to change: that is a
+        verified cut's, or a regression edge's (:mod:`diagtools.model.cuts`)."""
+        return self.first_party or self.initialized_at
 
     def import_edges(self) -> tuple[tuple[str, str, Site | None], ...]:
         """``(importer, imported, import line)`` for each edge of the chain, outermost first."""
@@ -139,11 +135,7 @@ class Culprit(Serial):
         return tuple((self.chain[i - 1], self.chain[i], lines[i]) for i in range(1, len(self.chain)))
 
     def _json_extra(self) -> dict[str, Any]:
-        change, initialized = self.line_to_change, self.initialized_in
-        return {
-            "line_to_change": change.to_json() if change else None,
-            "initialized_in": initialized.to_json() if initialized else None,
-        }
+        return {"own_line": self.own_line, "initialized_at": self.initialized_at, "initialized_in": self.initialized_in}
 
 
 @dataclass(frozen=True)
@@ -207,9 +199,24 @@ class ScanResult(Serial):
     threads_alive: tuple[AliveThread, ...] = ()
     simulation_gaps: tuple[str, ...] = ()
     skipped_events: int = 0
+    own: tuple[str, ...] = ()
+    cuts: CutSearch | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "status", ScanStatus(self.status))  # accepts the JSON spelling too
+
+    @property
+    def headline(self) -> Headline:
+        """The line to change by the one rule (:func:`diagtools.model.cuts.headline`): the nearest verified cut."""
+        return headline(self.cuts) if self.cuts is not None else unsearched(self.targets)
+
+    @property
+    def line_to_change(self) -> Site | None:
+        """The first edge of the nearest verified cut; ``None`` when no cut was searched or none verified."""
+        return self.headline.line
+
+    def with_cuts(self, cuts: CutSearch | None) -> ScanResult:
+        return replace(self, cuts=cuts)
 
     @property
     def ok(self) -> bool:
@@ -252,7 +259,7 @@ class ScanResult(Serial):
         return replace(self, culprits=culprits)
 
     def _json_extra(self) -> dict[str, Any]:
-        return {"verdict": self.verdict, "doubts": self.doubts()}
+        return {"verdict": self.verdict, "doubts": self.doubts(), "headline": self.headline}
 
     def graph(self, view: str = "culprits", *, max_children: int = 12) -> Any:
         """The import tree as a ``graphviz.Digraph`` (needs the ``notebook`` extra)."""

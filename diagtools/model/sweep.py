@@ -9,11 +9,12 @@ itself preloaded there (``preloaded``).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from diagtools.model._display import present
+from diagtools.model.cuts import CutSearch, Headline, headline
 from diagtools.model.scan import Culprit, ScanResult, Site
 from diagtools.model.serial import Serial, load
 from diagtools.model.verdict import Verdict, combine
@@ -154,12 +155,12 @@ def cause_key(culprit: Culprit | None) -> str:
     """A root cause's identity, the same on any machine and after unrelated edits move lines.
 
     ``first-party module: `source line` <- initializing module``: the module and
-    text of the line to change (its number when the source is unavailable)
-    and the module whose code initialized CUDA.
+    text of the line where the user's code reaches the initializer (its number
+    when the source is unavailable) and the module whose code initialized CUDA.
     """
     if culprit is None:
         return UNKNOWN_CAUSE
-    change, module = culprit.line_to_change, culprit.module or "?"
+    change, module = culprit.own_line, culprit.module or "?"
     if change is None:
         return f"{module} ({culprit.phase})"
     text = change.source.strip() or f"line {change.line}"
@@ -172,38 +173,54 @@ class RootCause(Serial):
 
     ``modules`` are every swept module whose import reaches it;
     ``through_parent`` those among them that reach it only because a parent
-    package's import does (``cuda_source == "parent"``).
+    package's import does (``cuda_source == "parent"``).  ``own_line`` is
+    where the user's code reaches the initializer, ``initialized_at`` the
+    line that led into the driver.  ``cuts`` (``sweep --cuts``) is the cut
+    search made on ``representative``, one of the modules, whose nearest cut
+    is the cause's line to change.
     """
 
     key: str
     culprit: str | None
-    line_to_change: Site | None
-    initialized_in: Site | None
+    own_line: Site | None
+    initialized_at: Site | None
     modules: tuple[str, ...]
     through_parent: tuple[str, ...] = ()
+    representative: str | None = None
+    cuts: CutSearch | None = None
 
     @classmethod
-    def group(cls, rows: Iterable[SweepRow]) -> tuple[RootCause, ...]:
-        """The causes behind ``rows`` that initialize CUDA, most modules first, then by key."""
+    def group(cls, rows: Iterable[SweepRow], cuts: Mapping[str, CutSearch] | None = None) -> tuple[RootCause, ...]:
+        """The causes behind ``rows`` that initialize CUDA, most modules first, then by key.
+
+        ``cuts`` maps a cause's key to the cut search made for it, when one was."""
         found: dict[str, list[SweepRow]] = {}
         for row in rows:
             if row.cuda_initialized:
                 found.setdefault(cause_key(row.culprit), []).append(row)
-        causes = [cls._of(key, members) for key, members in found.items()]
+        causes = [cls._of(key, members, (cuts or {}).get(key)) for key, members in found.items()]
         return tuple(sorted(causes, key=lambda cause: (-len(cause.modules), cause.key)))
 
     @classmethod
-    def _of(cls, key: str, rows: list[SweepRow]) -> RootCause:
-        culprit = next((row.culprit for row in rows if row.cuda_source != "parent" and row.culprit), None)
-        culprit = culprit or rows[0].culprit
+    def _of(cls, key: str, rows: list[SweepRow], cuts: CutSearch | None) -> RootCause:
+        own = [row for row in rows if row.cuda_source != "parent" and row.culprit]
+        chosen = min(own or rows, key=lambda row: (len(row.culprit.chain) if row.culprit else 0, row.module))
+        culprit = chosen.culprit
         return cls(
             key=key,
             culprit=culprit.module if culprit else None,
-            line_to_change=culprit.line_to_change if culprit else None,
-            initialized_in=(culprit.initialized_in or culprit.module_site or culprit.site) if culprit else None,
+            own_line=culprit.own_line if culprit else None,
+            initialized_at=culprit.initialized_at if culprit else None,
             modules=tuple(sorted(row.module for row in rows)),
             through_parent=tuple(sorted(row.module for row in rows if row.cuda_source == "parent")),
+            representative=chosen.module,
+            cuts=cuts,
         )
+
+    @property
+    def headline(self) -> Headline:
+        """The cause's line to change by the one rule: its nearest verified cut, when one was searched."""
+        return headline(self.cuts)
 
     def _json_extra(self) -> dict[str, Any]:
         return {"count": len(self.modules)}
@@ -234,14 +251,16 @@ class SweepResult(Serial):
     fallback: str = ""
     interrupted: int = 0  # modules left unscanned by an interrupt (0: the sweep finished)
     preload_notes: tuple[str, ...] = ()
+    cuts: dict[str, CutSearch] = field(default_factory=dict)  # cause key -> its cut search (sweep --cuts)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "seconds", round(self.seconds, 3))
 
     @property
     def causes(self) -> tuple[RootCause, ...]:
-        """The root causes, each once: its line to change, its initializer, the modules that reach it."""
-        return RootCause.group(self.rows)
+        """The root causes, each once: its initializer, where the user's code reaches it, the modules that
+        reach it, and its verified cut when one was searched."""
+        return RootCause.group(self.rows, self.cuts)
 
     def new_causes(self, known: Iterable[str]) -> tuple[RootCause, ...]:
         """The causes whose key is not among ``known`` (a baseline's keys)."""

@@ -31,6 +31,9 @@ _PRESENTATIONS = {
     "comparison.html": ("diagtools.render.html", "comparison_html"),
     "run.text": ("diagtools.render.run_text", "render_run"),
     "run.html": ("diagtools.render.run_html", "run_html"),
+    "fix.text": ("diagtools.render.cuts_text", "render_fix"),
+    "fix.html": ("diagtools.render.cuts_html", "fix_html"),
+    "fix.shareable": ("diagtools.render.cuts_text", "shareable_fix_text"),
 }
 
 

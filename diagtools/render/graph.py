@@ -101,7 +101,7 @@ def _label(node: ImportNode, hidden: int, site: str) -> str:
 
 def _site_text(result: ScanResult, name: str) -> str:
     for culprit in result.culprits:
-        site = culprit.initialized_in or culprit.line_to_change  # the module's own line, never a library's
+        site = culprit.initialized_at  # the module's own line, never a library's
         if culprit.module == name and site is not None:
             return _short(site)
     return ""
@@ -164,6 +164,7 @@ def scan_graph(
     max_children: int = 12,
     title: str | None = None,
     marks: _Marks | None = None,
+    change: Site | None = None,
 ) -> Any:
     """A ``graphviz.Digraph`` of the scan's import tree (``view``: culprits or full)."""
     if view not in GRAPH_VIEWS:
@@ -180,12 +181,14 @@ def scan_graph(
         edge_attr={"fontname": "DejaVu Sans", "fontsize": str(BASE_FONT_PX)},
     )
     _add_clusters(graph, names, lambda name: _draw_node(name, tree, hidden, result, marks))
-    _add_edges(graph, names, tree, marks, lines=_import_lines(result), changes=_changes(result))
+    changes = _changes(result.line_to_change if change is None else change)
+    _add_edges(graph, names, tree, marks, lines=_import_lines(result), changes=changes)
     return graph
 
 
-def _changes(result: ScanResult) -> frozenset[Site]:
-    return frozenset(c.line_to_change for c in result.culprits if c.line_to_change is not None)
+def _changes(line: Site | None) -> frozenset[tuple[str, int]]:
+    """The line to change as ``(file, line)``: the chain edge whose import line it is gets marked."""
+    return frozenset() if line is None else frozenset({(line.file, line.line)})
 
 
 def _title(result: ScanResult) -> str:
@@ -228,7 +231,7 @@ def _add_edges(
     marks: _Marks,
     *,
     lines: dict[tuple[str, str], Site] | None = None,
-    changes: frozenset[Site] = frozenset(),
+    changes: frozenset[tuple[str, int]] = frozenset(),
 ) -> None:
     shown = set(names)
     for name in names:
@@ -238,7 +241,7 @@ def _add_edges(
             attrs = {"color": CULPRIT_FILL, "penwidth": "2.5", "class": "chain"} if on_chain else {"color": "#999999"}
             site = (lines or {}).get((parent, name)) if on_chain else None
             if site is not None:
-                mark = "line to change: " if site in changes else ""
+                mark = "line to change: " if (site.file, site.line) in changes else ""
                 attrs["label"] = _escape(mark + _short(site))
             if (parent, name) in marks.edges:
                 attrs.update(REMOVED_EDGE)
@@ -248,7 +251,14 @@ def _add_edges(
 def diff_graph(diff: ScanDiff, *, max_children: int = 12) -> Any:
     """The before graph with what the fix removed greyed and dashed, and the verdict as its title."""
     marks = _Marks(frozenset(diff.removed_modules), frozenset(diff.removed_edges))
-    return scan_graph(diff.before, "culprits", max_children=max_children, title=f"diff: {diff.summary()}", marks=marks)
+    return scan_graph(
+        diff.before,
+        "culprits",
+        max_children=max_children,
+        title=f"diff: {diff.summary()}",
+        marks=marks,
+        change=diff.headline.line,
+    )
 
 
 def write_svg(result: ScanResult, path: str | Path, view: str = "culprits") -> Path:

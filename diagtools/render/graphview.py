@@ -151,14 +151,21 @@ def node_details(result: ScanResult) -> dict[str, dict[str, Any]]:
             "initializes CUDA": "yes" if node.initializes_cuda else "no",
         }
         for culprit in result.culprits:
-            line = culprit.line_to_change
-            if culprit.module == node.name and line is not None:
-                entry["line to change"] = f"{display_path(line.file, roots)}:{line.line}: {line.source.strip()}"
-                if culprit.site is not None and culprit.site != line:
-                    site = culprit.site
-                    entry["via"] = f"{display_path(site.file, roots)}:{site.line}: {site.source.strip()}"
+            at = culprit.initialized_at
+            if culprit.module == node.name and at is not None:
+                entry["CUDA initialized at"] = f"{display_path(at.file, roots)}:{at.line}: {at.source.strip()}"
+                inside = culprit.initialized_in
+                if inside is not None:
+                    entry["initialized in"] = (
+                        f"{display_path(inside.file, roots)}:{inside.line}: {inside.source.strip()}"
+                    )
                 entry["stack"] = [f"{display_path(f.file, roots)}:{f.line} in {f.function}" for f in culprit.stack]
         details[node.name] = entry
+    headline = result.headline
+    if headline.edge is not None and headline.line is not None and headline.edge.importer in details:
+        line = headline.line
+        where = f"{display_path(line.file, roots)}:{line.line}: {line.source.strip()}"
+        details[headline.edge.importer]["line to change"] = f"{where} (the nearest verified cut)"
     return details
 
 

@@ -8,6 +8,7 @@ from html import escape
 from typing import Any
 
 from diagtools.errors import MissingExtraError
+from diagtools.model.cuts import Cut, Headline
 from diagtools.model.diff import ScanDiff, diff_scans
 from diagtools.model.replay import ChildOutcome, ReplayComparison, ReplayResult, Tone
 from diagtools.model.scan import Culprit, ScanResult, Site
@@ -15,10 +16,12 @@ from diagtools.model.sweep import RootCause, SweepResult
 from diagtools.model.verdict import Verdict
 from diagtools.render.ordering import ModuleGroups, group_modules
 from diagtools.render.paths import shareable, short_path
+from diagtools.render.text import headline_words, try_text
 
 __all__ = [
     "bench_table_html",
     "comparison_html",
+    "cuts_html",
     "diff_html",
     "graph_block",
     "module_html",
@@ -77,7 +80,7 @@ def _site_html(label: str, site: Site) -> str:
     )
 
 
-def _culprit_html(culprit: Culprit) -> str:
+def _culprit_html(culprit: Culprit, headline: Headline | None = None) -> str:
     parts = [
         f"<p>Culprit: <code>{escape(culprit.module or '(no module)')}</code> ({escape(culprit.phase)}, "
         f"evidence: {escape(culprit.evidence)})</p>"
@@ -88,16 +91,35 @@ def _culprit_html(culprit: Culprit) -> str:
         parts.append(f"<p>Thread: <code>{escape(culprit.thread)}</code></p>")
         if culprit.thread_started_at is not None:
             parts.append(_site_html("Started at", culprit.thread_started_at))
-    change, initialized = culprit.line_to_change, culprit.initialized_in
-    if change is not None:
-        parts.append(_site_html("<b>Line to change</b>", change))
-    if initialized is not None:
-        parts.append(_site_html("Initialized in", initialized))
-    if culprit.site is not None and culprit.site not in (change, initialized):
-        parts.append(_site_html("Via", culprit.site))
+    parts.append(change_html(culprit, headline))
     edges = culprit.import_edges()
     if any(site is not None for _, _, site in edges):
         parts.append("<p>Imports:</p><ul>" + "".join(_edge_html(edge) for edge in edges) + "</ul>")
+    return "".join(parts)
+
+
+def change_html(culprit: Culprit, headline: Headline | None) -> str:
+    """The line to change by the one rule (and the deepest cut beside it), then where CUDA got initialized, the
+    library line that called the driver, and where the user's code reaches it: the text report's words."""
+    parts = []
+    shown: list[Site | None] = []
+    if headline is not None and headline.line is not None:
+        words = headline_words(headline)
+        parts.append(_site_html(f"<b>Line to change</b> ({escape(words)})", headline.line))
+        shown.append(headline.line)
+        if headline.deepest is not None:
+            parts.append(_site_html("Deepest first-party cut", headline.deepest.site))
+            shown.append(headline.deepest.site)
+    elif headline is not None:
+        parts.append(f'<p class="unknown">Line to change: none verified ({escape(headline.reason)})</p>')
+    at, inside = culprit.initialized_at, culprit.initialized_in
+    if at is not None:
+        parts.append(_site_html("CUDA initialized at", at))
+    if inside is not None:
+        parts.append(_site_html("Initialized in", inside))
+    reach = culprit.first_party
+    if reach is not None and reach not in (*shown, at, inside):
+        parts.append(_site_html("Your code reaches it at", reach))
     return "".join(parts)
 
 
@@ -148,20 +170,58 @@ def scan_html(result: ScanResult, *, graph: bool = False, selected: str | None =
     if not result.cuda_initialized and result.doubts():
         reasons = "".join(f"<li>{escape(reason)}</li>" for reason in result.doubts())
         parts.append(f'<p class="unknown">Not called clean: the run could not see everything.</p><ul>{reasons}</ul>')
-    parts += [_culprit_html(culprit) for culprit in shown.culprits]
+    parts += [_culprit_html(c, shown.headline if i == 0 else None) for i, c in enumerate(shown.culprits)]
+    if shown.cuts is not None and result.cuda_initialized:
+        parts.append(cuts_html(shown))
     if graph:
         parts.append(graph_block(shown.graph, _graph_details(result), selected=selected))
     parts.append("</div>")
     return "".join(parts)
 
 
+def _cut_html(cut: Cut, label: str) -> str:
+    reach = f"; on the chain of {cut.reach} swept module(s)" if cut.reach is not None else ""
+    items = "".join(
+        f"<li>{path_html(e.site.file, e.site.line)} <code>{escape(e.site.source)}</code></li>"
+        for e in cut.edges
+    )
+    count = f"{len(cut.edges)} import{'s' if len(cut.edges) != 1 else ''}"
+    verified = f'<span class="good">{escape(cut.verified.value)}</span>'
+    return f"<p>{label}: {count}, verified {verified}{reach}</p><ul>{items}</ul>"
+
+
+def cuts_html(result: ScanResult) -> str:
+    """The verified cuts of a scan, and the statements passed over with the reason."""
+    search = result.cuts
+    if search is None:
+        return ""
+    runs = sum(1 for attempt in search.tries if attempt.outcome != "cannot-defer")
+    parts = [f"<p><b>Where to cut</b>: {runs} verification run(s), {search.seconds:.2f} s.</p>"]
+    if search.nearest is None:
+        parts.append(f'<p class="unknown">No verified cut: {escape(search.reason)}</p>')
+    else:
+        parts.append(_cut_html(search.nearest, "Nearest cut"))
+        if search.same:
+            parts.append("<p>Deepest first-party cut: the same.</p>")
+        elif search.deepest is not None:
+            parts.append(_cut_html(search.deepest, "Deepest first-party cut"))
+    passed = [a for a in search.tries if a.outcome in ("cannot-defer", "breaks", "unknown")]
+    if passed:
+        parts.append("<p>Passed over:</p><ul>" + "".join(f"<li>{escape(try_text(a))}</li>" for a in passed) + "</ul>")
+    return "".join(parts)
+
+
 def scan_status_html(result: ScanResult) -> str:
-    """A panel's status line after a scan: the verdict, the line to change, the driver."""
-    culprit = shareable(result).culprit
-    line = culprit.line_to_change if culprit is not None else None
+    """A panel's status line after a scan: the verdict, the line to change (the nearest verified cut), the driver."""
+    shown = shareable(result)
+    culprit = shown.culprit
+    line = shown.line_to_change
     where = f" &mdash; <code>{escape(culprit.module or '?')}</code>" if culprit is not None else ""
     if line is not None:
         where += f", line to change {path_html(line.file, line.line)}"
+    elif culprit is not None and culprit.initialized_at is not None:
+        at = culprit.initialized_at
+        where += f", CUDA initialized at {path_html(at.file, at.line)}"
     return f"done: {_verdict_badge(result.verdict)}{where} (driver {escape(result.driver.kind)})"
 
 
@@ -186,10 +246,23 @@ def sweep_html(result: SweepResult) -> str:
 
 def _cause_html(cause: RootCause) -> str:
     parts = [f"<li><code>{escape(cause.key)}</code>"]
-    if cause.line_to_change is not None:
-        parts.append(_site_html("<b>Line to change</b>", cause.line_to_change))
-    if cause.initialized_in is not None and cause.initialized_in != cause.line_to_change:
-        parts.append(_site_html("Initialized in", cause.initialized_in))
+    headline = cause.headline
+    if headline.line is not None:
+        parts.append(
+            _site_html(
+                f"<b>Line to change</b> (the nearest verified cut, on {escape(cause.representative or '?')})",
+                headline.line,
+            )
+        )
+        if headline.deepest is not None:
+            parts.append(_site_html("Deepest first-party cut", headline.deepest.site))
+    else:
+        why = headline.reason if cause.cuts is not None else "not searched: sweep --cuts, or diagtools fix MODULE"
+        parts.append(f'<p class="unknown">Line to change: none verified ({escape(why)})</p>')
+    if cause.own_line is not None and cause.own_line not in (headline.line, cause.initialized_at):
+        parts.append(_site_html("Your code reaches it at", cause.own_line))
+    if cause.initialized_at is not None:
+        parts.append(_site_html("CUDA initialized at", cause.initialized_at))
     parent = f", {len(cause.through_parent)} only through a parent package" if cause.through_parent else ""
     names = ", ".join(f"<code>{escape(m)}</code>" for m in cause.modules)
     parts.append(f"<p>Reached by {len(cause.modules)} module(s){parent}: {names}</p></li>")

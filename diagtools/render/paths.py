@@ -16,6 +16,7 @@ from collections.abc import Iterable
 from dataclasses import replace
 from pathlib import Path
 
+from diagtools.model.cuts import Cut, CutSearch, Edge
 from diagtools.model.scan import ScanResult, Site
 
 __all__ = ["PATH_CHARS", "display_path", "import_roots", "shareable", "short_path", "shorten_paths"]
@@ -86,6 +87,23 @@ def _site(site: Site | None, roots: tuple[str, ...]) -> Site | None:
     return None if site is None else replace(site, file=display_path(site.file, roots))
 
 
+def _edge(edge: Edge, roots: tuple[str, ...]) -> Edge:
+    return replace(edge, site=_site(edge.site, roots) or edge.site)
+
+
+def _cut(cut: Cut | None, roots: tuple[str, ...]) -> Cut | None:
+    return None if cut is None else replace(cut, edges=tuple(_edge(e, roots) for e in cut.edges))
+
+
+def _cuts(search: CutSearch | None, roots: tuple[str, ...]) -> CutSearch | None:
+    if search is None:
+        return None
+    tries = tuple(
+        replace(t, edges=tuple(_edge(e, roots) for e in t.edges), at=_site(t.at, roots)) for t in search.tries
+    )
+    return replace(search, nearest=_cut(search.nearest, roots), deepest=_cut(search.deepest, roots), tries=tries)
+
+
 def shareable(result: ScanResult) -> ScanResult:
     """A copy of ``result`` fit to paste into a ticket: every path shown relative, no driver cache path."""
     roots = import_roots(result)
@@ -107,7 +125,15 @@ def shareable(result: ScanResult) -> ScanResult:
     if error is not None and error.file:
         error = replace(error, file=display_path(error.file, roots))
     driver = replace(result.driver, library=None)
-    return replace(result, culprits=culprits, modules=modules, error=error, driver=driver, threads_alive=threads)
+    return replace(
+        result,
+        culprits=culprits,
+        modules=modules,
+        error=error,
+        driver=driver,
+        threads_alive=threads,
+        cuts=_cuts(result.cuts, roots),
+    )
 
 
 def shorten_paths(text: str, roots: Iterable[str]) -> str:

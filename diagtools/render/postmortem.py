@@ -1,9 +1,13 @@
 """The postmortem: one self-contained HTML page and a paste-ready Markdown twin with its graphs beside it.
 
 Sections: a summary (what broke, the line to change, the fix, the guard),
-how to fix this class of bug, the root cause (culprit, chain, source line,
-graph), the replay transcript, the fix's diff, kernel timing, the regression
-guard, and the timeline of the analysis itself.  Everything is built from
+how to fix it (the actual change between the compared trees, or the
+verified patch), the root cause (culprit, chain, source line, graph), the
+replay transcript, what the fix changed in the import tree, kernel timing,
+the regression guard, and the timeline of the analysis itself.  The line to
+change follows the one rule of :func:`diagtools.model.cuts.headline`: the
+regression edge when a fixed tree is compared, else the nearest verified cut;
+it is always a line the change shown beside it changes.  Everything is built from
 result objects, so the same analysis a notebook ran is what the report says;
 every path is shown relative to its repository or import root.
 """
@@ -19,7 +23,9 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from diagtools.errors import MissingExtraError
+from diagtools.model.cuts import Headline, headline
 from diagtools.model.diff import ScanDiff, diff_scans
+from diagtools.model.fix import FixResult
 from diagtools.model.replay import ReplayComparison
 from diagtools.model.scan import Culprit, ScanResult, Site
 from diagtools.render.html import _STYLE, bench_table_html, comparison_html, graph_block, scan_html
@@ -82,6 +88,7 @@ class Postmortem:
     before: ScanResult
     after: ScanResult | None = None
     replay: ReplayComparison | None = None
+    fix: FixResult | None = None
     bench_rows: tuple[dict[str, Any], ...] = ()
     bench_note: str = ""
     bench_device: str = ""
@@ -119,23 +126,40 @@ class Postmortem:
             events.append((self.after.started_at, f"scan after the fix: {_verdict(self.after)}"))
         return sorted(events, key=lambda event: event[0])  # stable: same instant keeps the order the steps ran
 
+    @property
+    def headline(self) -> Headline:
+        """The line to change by the one rule: the regression edge against the fixed tree when one is compared,
+        else the nearest verified cut (of the fix, or of the scan)."""
+        diff = self.diff
+        if diff is not None and diff.regression is not None:
+            return diff.headline
+        if self.fix is not None and self.fix.cut is not None:
+            return headline(shareable(self.fix.scan).cuts)
+        return self.shown_before.headline
+
+    @property
+    def change(self) -> str:
+        """The change shown under "How to fix": the diff of the compared trees' changed files, else the patch."""
+        if self.after is not None:
+            from diagtools.usecases.fix import changed_files
+
+            return changed_files(self.before, self.after)
+        return self.fix.patch if self.fix is not None else ""
+
     def guard_snippet(self) -> str:
-        return (
-            "# tests/test_cuda_free.py\n"
-            "from diagtools.pytest_plugin import assert_import_cuda_free\n\n\n"
-            "def test_import_stays_cuda_free():\n"
-            f"    assert_import_cuda_free({self.target!r})\n\n"
-            "# CI step\n"
-            f"diagtools scan {self.target} --fail-on-cuda\n"
-        )
+        from diagtools.usecases.fix import guard_test
+
+        test = self.fix.guard if self.fix is not None else guard_test(self.target)
+        name = self.fix.guard_file if self.fix is not None else f"test_{self.target.replace('.', '_')}_cuda_free.py"
+        return f"# tests/{name}\n{test}\n# CI step\ndiagtools scan {self.target} --fail-on-cuda --no-cuts\n"
 
     def summary(self) -> list[tuple[str, str]]:
         """(heading, one or two sentences): what broke, the line to change, the fix, the guard."""
         before, culprit = self.shown_before, self.shown_before.culprit
         items = [("What broke", _what_broke(self, before, culprit))]
-        line = _line_to_change(culprit)
+        line = _line_to_change(self.headline, culprit)
         items.append(("The line to change", line or "no culprit line was recorded"))
-        items.append(("The fix", _the_fix(self.diff)))
+        items.append(("The fix", _the_fix(self)))
         items.append(
             (
                 "The guard",
@@ -145,20 +169,28 @@ class Postmortem:
         )
         return items
 
-    def source_context(self) -> list[tuple[int, str]]:
-        """The culprit line and three lines either side, read from the scanned file."""
+    def marked_line(self) -> Site | None:
+        """The line the source excerpt is centred on: the line to change, else where CUDA was initialized."""
+        line = self._raw_headline().line
+        if line is not None:
+            return line
         culprit = self.before.culprit
-        if culprit is None or culprit.site is None:
-            return []
-        site = _line_site(culprit)
-        return _source_context(site.file, site.line)
+        return culprit.initialized_at if culprit is not None else None
 
+    def _raw_headline(self) -> Headline:
+        """:attr:`headline` with the files as scanned (absolute), to read the source from."""
+        if self.after is not None:
+            diff = diff_scans(self.before, self.after)
+            if diff.regression is not None:
+                return diff.headline
+        if self.fix is not None and self.fix.cut is not None:
+            return self.fix.scan.headline
+        return self.before.headline
 
-def _line_site(culprit: Culprit) -> Site:
-    """The line to change: the culprit module's own line when known (``module_site``), else the call site."""
-    site = culprit.line_to_change
-    assert site is not None  # callers check culprit.site first
-    return site
+    def source_context(self) -> list[tuple[int, str]]:
+        """The line to change and three lines either side, read from the scanned file."""
+        site = self.marked_line()
+        return [] if site is None else _source_context(site.file, site.line)
 
 
 def _code(text: object) -> str:
@@ -185,16 +217,28 @@ def _md_text(text: str) -> str:
     return "".join([*out, _MD_SPECIAL.sub(r"\\\1", text[position:])])
 
 
-def _line_to_change(culprit: Culprit | None) -> str:
-    if culprit is None or culprit.site is None:
-        return ""
-    site, initialized = _line_site(culprit), culprit.initialized_in
-    if initialized is not None:
-        where = f"{_code(f'{initialized.file}:{initialized.line}')} in {_code(culprit.module)}"
-        return f"{_code(f'{site.file}:{site.line}')}: {_code(site.source.strip())} (initialized in {where})"
-    same = (site.file, site.line) == (culprit.site.file, culprit.site.line)
-    via = "" if same else f" (via {_code(f'{culprit.site.file}:{culprit.site.line}')})"
-    return f"{_code(f'{site.file}:{site.line}')} in {_code(culprit.module)}: {_code(site.source.strip())}{via}"
+_RULE_WORDS = {
+    "regression-edge": "the import the fixed tree no longer runs",
+    "nearest-cut": "the nearest cut, verified by scanning again without it",
+}
+
+
+def _line_to_change(head: Headline, culprit: Culprit | None) -> str:
+    """The line to change by the one rule, and where CUDA was initialized, once each."""
+    at = culprit.initialized_at if culprit is not None else None
+    initialized = ""
+    if at is not None and culprit is not None:
+        initialized = f"CUDA initialized at {_code(f'{at.file}:{at.line}')} in {_code(culprit.module)}"
+        initialized += f": {_code(at.source.strip())}" if at.source.strip() else ""
+    if head.line is None:
+        return f"none verified ({head.reason}); {initialized}" if initialized else ""
+    site = head.line
+    words = (
+        _RULE_WORDS[head.rule.value] if head.edge is not None else "the line the fixed tree no longer runs at import"
+    )
+    said = f"{_code(f'{site.file}:{site.line}')}: {_code(site.source.strip())} ({words})"
+    same = at is not None and (at.file, at.line) == (site.file, site.line)
+    return said if same or not initialized else f"{said}; {initialized}"
 
 
 def _what_broke(report: Postmortem, before: ScanResult, culprit: Culprit | None) -> str:
@@ -211,14 +255,25 @@ def _what_broke(report: Postmortem, before: ScanResult, culprit: Culprit | None)
     )
 
 
-def _the_fix(diff: ScanDiff | None) -> str:
+def _the_fix(report: Postmortem) -> str:
+    diff = report.diff
+    if diff is None and report.fix is not None and report.fix.patch:
+        check = "verified: with it the import scans clean and every re-exported name resolves"
+        state = check if report.fix.verified else "NOT verified (see its check)"
+        return f"the patch under How to fix, {state}."
     if diff is None:
-        return "not analysed yet: scan the fixed tree and pass it as `after`."
-    if diff.fixed and diff.broken_edge:
-        importer, imported = diff.broken_edge
+        return "not analysed yet: scan the fixed tree and pass it as `after`, or pass `fix=diagtools.fix(...)`."
+    if diff.fixed and diff.regression is not None:
+        found = diff.regression
+        where = _code(f"{found.line.file}:{found.line.line}")
+        what = (
+            f"{_code(found.edge.importer)} no longer imports {_code(found.edge.imported)} at import time ({where})"
+            if found.edge is not None
+            else f"the culprit's own line {where} no longer runs at import"
+        )
         return (
-            f"`{importer}` no longer imports `{imported}` at import time; after the fix the import initializes "
-            f"no CUDA and {len(diff.removed_modules)} modules are no longer imported."
+            f"{what}; after the fix the import initializes no CUDA and {len(diff.removed_modules)} modules are no "
+            "longer imported (the change is under How to fix)."
         )
     return diff.summary()
 
@@ -253,14 +308,15 @@ def _html_sections(report: Postmortem) -> list[str]:
         f"<h1>{escape(report.title)}</h1>",
         f"<p>Target <code>{escape(report.target)}</code>; driver: {escape(before.driver.describe())}.</p>",
         f'<h2>Summary</h2><dl class="summary">{summary}</dl>',
-        f"<h2>How to fix</h2><ol>{fixes}</ol>",
+        "<h2>How to fix</h2>",
+        *_change_html(report),
+        f"<p>The pattern behind it:</p><ol>{fixes}</ol>",
         "<h2>Root cause</h2>",
         scan_html(before, graph=True),
     ]
-    context, culprit = report.source_context(), report.before.culprit
-    if context and culprit is not None:
-        marked = _line_site(culprit).line
-        lines = "\n".join(f"{'&gt;' if n == marked else ' '} {n:>5} | {escape(text)}" for n, text in context)
+    context, marked = report.source_context(), report.marked_line()
+    if context and marked is not None:
+        lines = "\n".join(f"{'&gt;' if n == marked.line else ' '} {n:>5} | {escape(text)}" for n, text in context)
         sections.append(f"<p>Source around the line to change:</p><pre>{lines}</pre>")
     if report.replay is not None:
         sections += [
@@ -271,6 +327,7 @@ def _html_sections(report: Postmortem) -> list[str]:
     if diff is not None:
         sections += [
             "<h2>The fix</h2>",
+            "<p>What it changed in the import tree:</p>",
             f"<pre>{escape(render_diff(diff))}</pre>",
             graph_block(diff.graph),
         ]
@@ -283,6 +340,26 @@ def _html_sections(report: Postmortem) -> list[str]:
         + "</table>",
     ]
     return sections
+
+
+def _change_html(report: Postmortem) -> list[str]:
+    """The change itself: the compared trees' diff, or the verified patch, with what it is."""
+    from diagtools.render.cuts_html import patch_html
+
+    change = report.change
+    if not change:
+        return [
+            "<p>No change to show yet: compare the fixed tree (<code>after</code>) or pass a "
+            "<code>diagtools.fix</code> result.</p>"
+        ]
+    return [f"<p>{escape(_change_caption(report))}</p>", patch_html(change)]
+
+
+def _change_caption(report: Postmortem) -> str:
+    if report.after is not None:
+        return "The change between the analysed tree and the fixed one (the files on the import path that differ):"
+    state = "verified" if report.fix is not None and report.fix.verified else "not verified"
+    return f"The patch diagtools fix wrote for the nearest cut ({state}; apply it with git apply):"
 
 
 def _bench_title(report: Postmortem) -> str:
@@ -307,17 +384,22 @@ def _markdown(report: Postmortem, graphs: dict[str, str]) -> str:
     lines = [f"# {_md_text(report.title)}", "", f"Target {_code(report.target)}; driver: {driver}.", ""]
     lines += ["## Summary", ""] + [f"- **{heading}:** {_md_text(text)}" for heading, text in report.summary()] + [""]
     lines += ["## How to fix", ""]
+    change = report.change
+    if change:
+        lines += [_md_text(_change_caption(report)), "", *_fenced(change.rstrip("\n"), "diff"), ""]
+    lines += ["The pattern behind it:", ""]
     lines += [f"{i}. **{_md_text(h)}.** {_md_text(t)}" for i, (h, t) in enumerate(HOW_TO_FIX, 1)] + [""]
     lines += ["## Root cause", "", *_fenced(render_scan(before, stack=True), "text"), ""]
-    context = report.source_context()
-    if context and report.before.culprit is not None:
-        marked = _line_site(report.before.culprit).line
-        lines += [*_fenced("\n".join(f"{'>' if n == marked else ' '} {n:>5} | {t}" for n, t in context), "python"), ""]
+    context, marked = report.source_context(), report.marked_line()
+    if context and marked is not None:
+        excerpt = "\n".join(f"{'>' if n == marked.line else ' '} {n:>5} | {t}" for n, t in context)
+        lines += [*_fenced(excerpt, "python"), ""]
     lines += _graph_markdown(GRAPH_FILE, "Import graph: the culprit in red, its chain in orange", graphs, before)
     if report.replay is not None:
         lines += ["## Replay", "", *_fenced(render_comparison(report.replay), "text"), ""]
     if report.diff is not None:
-        lines += ["## The fix", "", *_fenced(render_diff(report.diff), "text"), ""]
+        lines += ["## The fix", "", "What it changed in the import tree:", ""]
+        lines += [*_fenced(render_diff(report.diff), "text"), ""]
         lines += _graph_markdown(FIX_GRAPH_FILE, "What the fix removed (dashed grey)", graphs, None)
     lines += [f"## {_bench_title(report)}", ""]
     if report.bench_note:
@@ -420,16 +502,20 @@ def postmortem(
     bench_rows: Sequence[dict[str, Any]] = (),
     bench_note: str = "",
     bench_device: str = "",
+    fix: FixResult | None = None,
 ) -> PostmortemFiles:
     """Write the postmortem of ``before`` (and its fix ``after``) under ``out``; returns the HTML and Markdown paths.
 
-    ``bench_device`` names where ``bench_rows`` were measured; rows measured on ``cpu`` are left out.
+    ``fix`` (a :func:`diagtools.fix` result) supplies the verified patch and its guard test; without ``after``
+    the patch is the change shown.  ``bench_device`` names where ``bench_rows`` were measured; rows measured
+    on ``cpu`` are left out.
     """
     report = Postmortem(
         title=title or f"Postmortem: importing {' '.join(before.targets)} initialized CUDA",
         before=before,
         after=after,
         replay=replay,
+        fix=fix,
         bench_rows=bench_rows_of(bench_rows),
         bench_note=bench_note,
         bench_device=bench_device,

@@ -7,6 +7,7 @@ import os
 import shlex
 from collections.abc import Sequence
 
+from diagtools.model.cuts import unsearched
 from diagtools.model.run import RunResult
 from diagtools.model.scan import Culprit, Site
 from diagtools.render.paths import shorten_paths
@@ -34,10 +35,14 @@ def _stack_cell(stack: Sequence[Site]) -> str:
 def _cuinit_html(cuinit: Culprit | None) -> str:
     if cuinit is None:
         return "<p>culprit: seen only through the driver's state.</p>"
-    site = cuinit.line_to_change
-    where = f"; line to change <code>{_esc(site)}</code>: <code>{_esc(site.source)}</code>" if site else ""
+    site = cuinit.initialized_at
+    where = f"; CUDA initialized at <code>{_esc(site)}</code>: <code>{_esc(site.source)}</code>" if site else ""
     if cuinit.initialized_in is not None:
         where += f" (initialized in <code>{_esc(cuinit.initialized_in)}</code>)"
+    reach = cuinit.first_party
+    if reach is not None and reach not in (site, cuinit.initialized_in):
+        where += f"; your code reaches it at <code>{_esc(reach)}</code>: <code>{_esc(reach.source)}</code>"
+    where += f"; line to change: none verified ({_esc(unsearched(cuinit.chain).reason)})"
     context = f" while <code>{_esc(cuinit.context)}</code>" if cuinit.context else ""
     return (
         f"<p>culprit: <b>{_esc(cuinit.module or '?')}</b>{where}{context} "

@@ -13,6 +13,7 @@ import shlex
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
+from diagtools.model.cuts import unsearched
 from diagtools.model.run import Finding, RunResult
 from diagtools.model.scan import Culprit, Site
 from diagtools.render.paths import display_path, shorten_paths
@@ -112,7 +113,7 @@ def _culprit_lines(cuinit: Culprit | None) -> list[str]:
         return ["    culprit: seen only through the driver's state (no stack)"]
     return [
         f"    culprit: {one_line(cuinit.module or '(no module was executing)')}",
-        *culprit_details(cuinit, indent="      "),
+        *culprit_details(cuinit, indent="      ", headline=unsearched(cuinit.chain)),
     ]
 
 

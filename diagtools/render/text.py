@@ -18,14 +18,17 @@ from diagtools.render.paths import display_path, short_path
 
 if TYPE_CHECKING:  # the result types are only read here; a scan's report loads no replay, sweep or diff model
     from diagtools.model.bisect import BisectResult
+    from diagtools.model.cuts import Cut, CutTry, Edge, Headline
     from diagtools.model.diff import ScanDiff
     from diagtools.model.replay import ChildOutcome, ParentState, ReplayComparison, ReplayResult
     from diagtools.model.scan import Culprit, ScanResult, Site
-    from diagtools.model.sweep import SweepResult, SweepRow
+    from diagtools.model.sweep import RootCause, SweepResult, SweepRow
     from diagtools.render.ordering import ModuleGroups
 
 __all__ = [
+    "OUTCOME_WORDS",
     "culprit_details",
+    "cut_lines",
     "one_line",
     "paint",
     "render_bisect",
@@ -84,8 +87,10 @@ def render_scan(result: ScanResult, *, stack: bool = False) -> str:
     ]
     lines += _error_lines(result)
     lines += _cuda_lines(result)
-    for culprit in result.culprits:
-        lines += _culprit_lines(culprit, stack=stack)
+    for index, culprit in enumerate(result.culprits):
+        lines += _culprit_lines(culprit, stack=stack, headline=result.headline if index == 0 else None)
+    if result.cuts is not None and result.cuda_initialized:
+        lines += cut_lines(result)
     if result.skipped_events:
         lines.append(f"  note: {result.skipped_events} malformed event line(s) from the subkernel were skipped")
     return "\n".join(lines)
@@ -136,17 +141,21 @@ def _site_lines(label: str, site: Site, indent: str = "    ") -> list[str]:
     return lines
 
 
-def _culprit_lines(culprit: Culprit, *, stack: bool) -> list[str]:
+def _culprit_lines(culprit: Culprit, *, stack: bool, headline: Headline | None = None) -> list[str]:
     return [
         f"  culprit: {_one_line(culprit.module or '(no module was executing)')}",
-        *culprit_details(culprit, stack=stack),
+        *culprit_details(culprit, stack=stack, headline=headline),
     ]
 
 
-def culprit_details(culprit: Culprit, *, stack: bool = False, indent: str = "    ") -> list[str]:
-    """A culprit's chain, thread, line to change, calling line, context and evidence: the words every report uses.
+def culprit_details(
+    culprit: Culprit, *, stack: bool = False, indent: str = "    ", headline: Headline | None = None
+) -> list[str]:
+    """A culprit's chain, thread, line to change, where CUDA got initialized, context and evidence: the words every
+    report uses.
 
-    The calling line (``via``) is shown only when it is not the line to change.
+    ``headline`` is the line to change by the one rule (:func:`diagtools.model.cuts.headline`); without one
+    (a run, whose culprits no cut was searched for) the report names no line to change.
     """
     lines = []
     if culprit.chain:
@@ -155,7 +164,7 @@ def culprit_details(culprit: Culprit, *, stack: bool = False, indent: str = "   
         lines.append(f"{indent}thread: {_one_line(culprit.thread)}")
         if culprit.thread_started_at is not None:
             lines += _site_lines("started at:", culprit.thread_started_at, indent)
-    lines += _change_lines(culprit, indent)
+    lines += change_lines(culprit, headline, indent)
     if culprit.context:
         lines.append(f"{indent}while: {_one_line(culprit.context)}")
     lines.append(f"{indent}evidence: {culprit.evidence} (phase {culprit.phase})")
@@ -170,16 +179,100 @@ def culprit_details(culprit: Culprit, *, stack: bool = False, indent: str = "   
     return lines
 
 
-def _change_lines(culprit: Culprit, indent: str) -> list[str]:
-    """The line to change, then the third-party line that initialized CUDA, then the calling line."""
-    change, initialized = culprit.line_to_change, culprit.initialized_in
-    if change is None:
+def headline_words(headline: Headline) -> str:
+    """Which rule chose the line to change, in words."""
+    if headline.rule.value == "regression-edge":
+        if headline.edge is None:
+            return "the line the known-good state no longer runs at import"
+        return "the import the known-good state does not run"
+    return "the nearest verified cut" if headline.rule.value == "nearest-cut" else ""
+
+
+def change_lines(culprit: Culprit, headline: Headline | None, indent: str = "    ") -> list[str]:
+    """The line to change (with the rule that chose it and the deepest cut beside it), then where CUDA got
+    initialized, the library line that called the driver, and where the user's code reaches it."""
+    lines = []
+    shown: list[Site | None] = []
+    if headline is not None and headline.line is not None:
+        lines += _site_lines(f"line to change ({headline_words(headline)}):", headline.line, indent)
+        shown.append(headline.line)
+        if headline.deepest is not None:
+            lines += _site_lines("deepest first-party cut:", headline.deepest.site, indent)
+            shown.append(headline.deepest.site)
+    elif headline is not None:
+        lines.append(f"{indent}line to change: none verified ({_one_line(headline.reason)})")
+    at, inside = culprit.initialized_at, culprit.initialized_in
+    if at is not None:
+        lines += _site_lines("CUDA initialized at:", at, indent)
+    if inside is not None:
+        lines += _site_lines("initialized in:", inside, indent)
+    reach = culprit.first_party
+    if reach is not None and reach not in (*shown, at, inside):
+        lines += _site_lines("your code reaches it at:", reach, indent)
+    return lines
+
+
+# ---- where to cut ---------------------------------------------------------------------------
+
+OUTCOME_WORDS = {  # a try's outcome (diagtools.model.cuts.Outcome) in words
+    "clean": "clean",
+    "still-initializes": "still initializes CUDA",
+    "breaks": "breaks the import",
+    "cannot-defer": "cannot wait",
+    "unknown": "unknown",
+}
+_PASSED_OVER = ("cannot-defer", "breaks", "unknown")
+
+
+def edge_text(edge: Edge) -> str:
+    """``file:line  statement`` of an edge, the path shown as a reader would see it."""
+    site = edge.site
+    return _one_line(f"{display_path(site.file)}:{site.line}  {site.source}".rstrip())
+
+
+def try_text(attempt: CutTry) -> str:
+    """One try in a line: the statements deferred, what happened, and where."""
+    edges = ", ".join(f"{display_path(e.site.file)}:{e.site.line}" for e in attempt.edges)
+    words = OUTCOME_WORDS[attempt.outcome]
+    detail = ""
+    if attempt.outcome == "still-initializes" and attempt.chain:
+        detail = f" (through {' -> '.join(attempt.chain)})"
+    elif attempt.reason and attempt.outcome != "clean":
+        where = f"{attempt.at.file.rsplit('/', 1)[-1]}: " if attempt.at is not None and len(attempt.edges) > 1 else ""
+        detail = f": {where}{attempt.reason}"
+    return _one_line(f"defer {edges}: {words}{detail}")
+
+
+def _cut_block(cut: Cut, label: str, indent: str) -> list[str]:
+    count = f"{len(cut.edges)} import{'s' if len(cut.edges) != 1 else ''}"
+    reach = f"; on the chain of {cut.reach} swept module(s)" if cut.reach is not None else ""
+    lines = [f"{indent}{label}: {count}, verified {cut.verified}{reach}"]
+    lines += [f"{indent}  - {edge_text(edge)}" for edge in cut.edges]
+    return lines
+
+
+def cut_lines(result: ScanResult, indent: str = "  ") -> list[str]:
+    """Where to cut: the nearest and deepest verified cuts, the statements passed over, and what to run next."""
+    search = result.cuts
+    if search is None:
         return []
-    lines = _site_lines("line to change:", change, indent)
-    if initialized is not None:
-        lines += _site_lines("initialized in:", initialized, indent)
-    if culprit.site is not None and culprit.site not in (change, initialized):
-        lines += _site_lines("via:", culprit.site, indent)
+    runs = sum(1 for attempt in search.tries if attempt.outcome != "cannot-defer")
+    lines = [f"{indent}where to cut: {runs} verification run(s), {search.seconds:.2f} s"]
+    inner = indent + "  "
+    if search.nearest is None:
+        lines.append(_one_line(f"{inner}no verified cut: {search.reason}"))
+    else:
+        lines += _cut_block(search.nearest, "nearest cut", inner)
+        if search.same:
+            lines.append(f"{inner}deepest first-party cut: the same")
+        elif search.deepest is not None:
+            lines += _cut_block(search.deepest, "deepest first-party cut", inner)
+    passed = [a for a in search.tries if a.outcome in _PASSED_OVER]
+    if passed:
+        lines.append(f"{inner}passed over:")
+        lines += [f"{inner}  - {try_text(attempt)}" for attempt in passed]
+    if search.nearest is not None:
+        lines.append(_one_line(f"{inner}the patch and its guard: diagtools fix {' '.join(result.targets)}"))
     return lines
 
 
@@ -296,12 +389,16 @@ def render_diff(diff: ScanDiff, *, limit: int = 20) -> str:
     """
     lines = [f"diagtools diff: {diff.summary()}"]
     lines.append(f"  verdict: {diff.verdict}")
-    if diff.before.culprit is not None:
-        culprit = diff.before.culprit
-        lines.append(f"  before: culprit {_one_line(culprit.module)} via {' -> '.join(map(_one_line, culprit.chain))}")
-    if diff.after.culprit is not None:
-        culprit = diff.after.culprit
-        lines.append(f"  after:  culprit {_one_line(culprit.module)} via {' -> '.join(map(_one_line, culprit.chain))}")
+    head = diff.headline
+    if head.line is not None:
+        lines += _site_lines(f"line to change ({headline_words(head)}):", _shown_site(head.line), "  ")
+    for label, scan in (("before:", diff.before), ("after: ", diff.after)):
+        culprit = scan.culprit
+        if culprit is None:
+            continue
+        lines.append(f"  {label} culprit {_one_line(culprit.module)} via {' -> '.join(map(_one_line, culprit.chain))}")
+        if culprit.initialized_at is not None:
+            lines += _site_lines("CUDA initialized at:", _shown_site(culprit.initialized_at), "    ")
     from diagtools.render.ordering import group_modules  # a diff's grouping: a scan's report does not need it
 
     chain = diff.before.culprit.chain if diff.before.culprit else ()
@@ -313,6 +410,11 @@ def render_diff(diff: ScanDiff, *, limit: int = 20) -> str:
         lines.append(f"  modules {label}: {groups.total}")
         lines += _group_lines(groups, sign, limit)
     return "\n".join(lines)
+
+
+def _shown_site(site: Site) -> Site:
+    """``site`` with its path as a reader sees it (repository-relative, ``~`` for home)."""
+    return replace(site, file=display_path(site.file))
 
 
 def _group_lines(groups: ModuleGroups, sign: str, limit: int) -> list[str]:
@@ -342,17 +444,18 @@ def render_guard_failure(result: ScanResult) -> str:
         reasons = "; ".join(result.doubts())
         return f"{target}: verdict {result.verdict}, not clean: {reasons} [{result.driver.describe()}]"
     lines = [f"importing {target} initialized CUDA (verdict {result.verdict}) [{result.driver.describe()}]"]
-    for culprit in result.culprits:
-        lines += _culprit_lines(culprit, stack=False)
+    for index, culprit in enumerate(result.culprits):
+        lines += _culprit_lines(culprit, stack=False, headline=result.headline if index == 0 else None)
     return "\n".join(lines)
 
 
 def _sweep_where(row: SweepRow) -> str:
-    """The row's last column: the line to change (repository-relative), the parent it inherits from, or the error."""
+    """The row's last column: the culprit and where the user's code reaches it (repository-relative), the parent
+    it inherits from, or the error.  The line to change is a root cause's verified cut, listed below."""
     if row.culprit is not None and row.inherited_from:
         return _one_line(f"(inherited from {row.inherited_from})")  # the README's words
     if row.culprit is not None:
-        line = row.culprit.line_to_change  # the initializer's own line is in the root causes below
+        line = row.culprit.own_line
         site = f" at {display_path(line.file)}:{line.line}" if line else ""
         return _one_line(f"{row.culprit.module}{site}")
     if row.preloaded:
@@ -366,23 +469,42 @@ def _fit(cell: str, width: int) -> str:
 
 
 def _cause_lines(result: SweepResult) -> list[str]:
-    """Each root cause once: the line to change, the initializer, how many modules reach it."""
+    """Each root cause once: its line to change (a verified cut, when searched), the initializer, how many modules
+    reach it."""
     causes = result.causes
     if not causes:
         return []
     lines = [f"root causes: {len(causes)} (for {len(result.culprits)} modules that initialize CUDA)"]
     for number, cause in enumerate(causes, 1):
         lines.append(_one_line(f"  {number}. {cause.key}"))
-        if cause.line_to_change is not None:
-            change = cause.line_to_change
-            lines.append(_one_line(f"     line to change: {_fit(f'{display_path(change.file)}:{change.line}', 78)}"))
-        if cause.initialized_in is not None and cause.initialized_in != cause.line_to_change:
-            where = cause.initialized_in
-            lines.append(_one_line(f"     initialized in: {_fit(f'{display_path(where.file)}:{where.line}', 78)}"))
+        lines += _cause_sites(cause)
         parent = len(cause.through_parent)
         only = f", {parent} only through a parent package" if parent else ""
         reached = f"     reached by {len(cause.modules)} module(s){only}: {_names(cause.modules)}"
         lines.append(_one_line(reached if len(reached) <= WIDTH else reached[: WIDTH - 4] + " ..."))
+    return lines
+
+
+def _cause_sites(cause: RootCause) -> list[str]:
+    """The cause's line to change by the one rule, then where the user's code reaches it and CUDA's line."""
+
+    def where(label: str, site: Site | None) -> list[str]:
+        return [_one_line(f"     {label} {_fit(f'{display_path(site.file)}:{site.line}', 78)}")] if site else []
+
+    headline = cause.headline
+    lines = where(f"line to change ({headline_words(headline)}, on {cause.representative}):", headline.line)
+    if headline.deepest is not None:
+        lines += where("deepest first-party cut:", headline.deepest.site)
+    if headline.line is None:
+        why = headline.reason if cause.cuts is not None else "not searched: sweep --cuts, or diagtools fix MODULE"
+        lines.append(_one_line(f"     line to change: none verified ({why})"))
+    shown = {headline.line, headline.deepest.site if headline.deepest else None}
+    if cause.own_line not in shown and cause.own_line != cause.initialized_at:
+        lines += where("your code reaches it at:", cause.own_line)
+    lines += where("CUDA initialized at:", cause.initialized_at)
+    reach = cause.cuts.nearest.reach if cause.cuts is not None and cause.cuts.nearest is not None else None
+    if reach is not None:
+        lines.append(f"     the nearest cut is on the chain of {reach} swept module(s)")
     return lines
 
 
@@ -419,7 +541,7 @@ def render_sweep(result: SweepResult) -> str:
     for row in rows:
         cuda = {"initializes-cuda": "YES", "clean": "no"}.get(row.verdict.value, "?")
         table.append([row.module, cuda, f"{row.import_s:.3f}", str(row.status), _sweep_where(row)])
-    header = ["module", "CUDA?", "import s", "status", "line to change / why"]
+    header = ["module", "CUDA?", "import s", "status", "culprit at / why"]
     used = sum(max(len(header[i]), *(len(r[i]) for r in table)) + 2 for i in range(4)) if table else 0
     for cells in table:
         cells[4] = _fit(cells[4], WIDTH - used)
@@ -451,7 +573,9 @@ def render_bisect(result: BisectResult) -> str:
         lines.append(f"  first bad commit: {result.first_bad}  {_one_line(result.subject)}")
         lines += [f"    touched: {_one_line(file)}" for file in result.files]
         if result.culprit is not None:
-            lines += _culprit_lines(result.culprit, stack=False)
+            lines += _culprit_lines(result.culprit, stack=False, headline=result.headline)
+            if result.parent is not None:
+                lines.append(f"    compared with its parent {result.parent[:12]} (clean): the known-good state")
     skipped = sum(1 for step in result.steps if step.verdict == "skip")
     lines.append(f"  {len(result.steps)} commits tested by git bisect, {skipped} skipped (target did not import)")
     return "\n".join(lines)

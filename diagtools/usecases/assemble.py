@@ -268,6 +268,7 @@ def assemble(raw: RawRun, targets: Sequence[str], driver: DriverInfo, own: Itera
         threads_alive=_alive_threads(events),
         simulation_gaps=simulation_gaps(final.get("refusals") if final else None),
         skipped_events=raw.skipped_events,
+        own=mine,
     )
 
 

@@ -14,7 +14,6 @@ or the module bodies the run agent saw on the stack (:class:`StackChain`).
 
 from __future__ import annotations
 
-import fnmatch
 import linecache
 import sys
 from collections.abc import Iterable, Sequence
@@ -23,6 +22,7 @@ from typing import Any, Protocol
 
 from diagtools import agents, protocol
 from diagtools.model.scan import Culprit, Site
+from diagtools.model.site import is_own, own_patterns
 
 __all__ = [
     "EVIDENCE",
@@ -144,17 +144,6 @@ def start_site(stack: Sequence[Sequence[Any]] | None) -> Site | None:
     """The line that started a thread: the innermost frame outside ``threading`` itself."""
     frames = [frame for frame in visible(stack or []) if not str(frame[0]).endswith(_THREAD_MACHINERY)]
     return frame_site(frames[0]) if frames else None
-
-
-def own_patterns(targets: Sequence[str], own: Iterable[str] = ()) -> tuple[str, ...]:
-    """The user's own packages: ``own`` when given, else the targets' top-level packages."""
-    given = tuple(pattern for pattern in own if pattern)
-    return given or tuple(dict.fromkeys(target.split(".", 1)[0] for target in targets))
-
-
-def is_own(module: str, patterns: Sequence[str]) -> bool:
-    """``module`` is one of ``patterns`` (a package and its submodules, or a glob on dotted names)."""
-    return any(module == p or module.startswith(p + ".") or fnmatch.fnmatchcase(module, p) for p in patterns)
 
 
 _INSTALLED = ("/site-packages/", "/dist-packages/")

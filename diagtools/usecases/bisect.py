@@ -23,8 +23,9 @@ from typing import Any
 
 from diagtools.errors import UsageError
 from diagtools.model.bisect import BisectResult, BisectStep
-from diagtools.model.scan import Culprit, Site
-from diagtools.usecases.bisect_step import BAD, GOOD, verdict
+from diagtools.model.cuts import Edge, regression
+from diagtools.model.scan import Culprit, ScanResult, Site
+from diagtools.usecases.bisect_step import BAD, GOOD, scan_at, verdict
 from diagtools.usecases.scan import validate_targets, validate_timeout
 
 __all__ = ["bisect"]
@@ -76,6 +77,10 @@ class _Job:
     def verdict_at(self, rev: str) -> tuple[int, dict[str, Any]]:
         _git(self.work, "checkout", "--quiet", "--detach", rev)
         return verdict(self.target, str(self.work / self.subdir), self.driver, self.timeout)
+
+    def scan_at(self, rev: str) -> ScanResult:
+        _git(self.work, "checkout", "--quiet", "--detach", rev)
+        return scan_at(self.target, str(self.work / self.subdir), self.driver, self.timeout)
 
     def step_args(self) -> list[str]:
         return [
@@ -168,19 +173,30 @@ def _describe(job: _Job, good: str, bad: str, first: str, steps: tuple[BisectSte
     subject = _git(job.work, "show", "--no-patch", "--format=%s", first).strip()
     files = tuple(_git(job.work, "diff-tree", "--no-commit-id", "--name-only", "-r", "--root", first).split())
     _git(job.work, "bisect", "reset", "--quiet", check=False)
-    _, record = job.verdict_at(first)
-    culprit = Culprit.from_json(record["culprit"]) if record.get("culprit") else None
-    return BisectResult(job.target, good, bad, first, subject, files, _relative(culprit, job.work), steps)
+    bad_scan = job.scan_at(first)
+    parent = _git(job.work, "rev-parse", "--verify", "--quiet", f"{first}^", check=False).strip() or None
+    found = regression(bad_scan, job.scan_at(parent), f"commit {parent[:12]}") if parent else None
+    culprit = _relative(bad_scan.culprit, job.work)
+    if found is not None:
+        found = replace(found, line=_strip(found.line, job.work), edge=_relative_edge(found.edge, job.work))
+    return BisectResult(job.target, good, bad, first, subject, files, culprit, steps, parent=parent, regression=found)
+
+
+def _strip(site: Site, work: Path) -> Site:
+    return replace(site, file=site.file.removeprefix(str(work) + os.sep))
+
+
+def _relative_edge(edge: Edge | None, work: Path) -> Edge | None:
+    return None if edge is None else replace(edge, site=_strip(edge.site, work))
 
 
 def _relative(culprit: Culprit | None, work: Path) -> Culprit | None:
     """Site paths inside the throwaway clone, made relative to the repository."""
     if culprit is None:
         return None
-    prefix = str(work) + os.sep
 
     def strip(site: Site) -> Site:
-        return replace(site, file=site.file.removeprefix(prefix))
+        return _strip(site, work)
 
     def maybe(site: Site | None) -> Site | None:
         return strip(site) if site is not None else None

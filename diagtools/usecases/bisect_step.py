@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 
+from diagtools.model.scan import ScanResult
 from diagtools.usecases.scan import scan
 
 GOOD, BAD, SKIP = 0, 1, 125
@@ -23,9 +24,14 @@ def _commit() -> str:
     return done.stdout.strip()
 
 
+def scan_at(target: str, path: str, driver: str, timeout: float) -> ScanResult:
+    """The scan of ``target`` in the checkout at ``path`` (no cut search: a bisect only judges commits)."""
+    return scan(target, path=[path] if os.path.isdir(path) else [], driver=driver, timeout=timeout, cuts=False)
+
+
 def verdict(target: str, path: str, driver: str, timeout: float) -> tuple[int, dict]:
     """The exit code for this commit and what to journal about it."""
-    result = scan(target, path=[path] if os.path.isdir(path) else [], driver=driver, timeout=timeout)
+    result = scan_at(target, path, driver, timeout)
     if not result.ok:
         return SKIP, {"verdict": "skip", "status": result.status, "error": result.error.message if result.error else ""}
     culprit = result.culprit.to_json() if result.culprit else None

@@ -12,11 +12,13 @@ from diagtools import agents, protocol
 from diagtools.driver import build_probe_extension, resolve_driver
 from diagtools.errors import UsageError
 from diagtools.model.options import DEFAULT_SETTLE_S
+from diagtools.model.verdict import Verdict
 from diagtools.runner.subkernel import RawRun, SubkernelRequest, run_subkernel
 from diagtools.usecases.interpreter import validate_python
 
 if TYPE_CHECKING:
     from diagtools.model.scan import Culprit, DriverInfo, ScanResult
+    from diagtools.model.sweep import SweepRow
 
 __all__ = [
     "DEFAULT_SETTLE_S",
@@ -90,8 +92,10 @@ def scan(
     runner: Runner = run_subkernel,
     own: str | Iterable[str] = (),
     python: str | os.PathLike[str] | None = None,
+    cuts: bool = True,
+    sweep: Iterable[SweepRow] = (),
 ) -> ScanResult:
-    """Import ``targets`` in a fresh subkernel and report who initialized CUDA.
+    """Import ``targets`` in a fresh subkernel and report who initialized CUDA, and where to cut.
 
     Parameters
     ----------
@@ -121,6 +125,14 @@ def scan(
     python
         The interpreter that runs the subkernel (the environment under test);
         default: this one.  CPython 3.10 or later.
+    cuts
+        When the targets initialize CUDA, search for the nearest and the
+        deepest cut and verify each by running the targets again with those
+        import statements deferred (``result.cuts``; the headline line to
+        change is the nearest cut's first edge).  Each try is a subkernel run.
+    sweep
+        Rows of a sweep of the same code: each cut then says how many swept
+        modules have one of its edges on their chain (``reach``).
     """
     names = validate_targets(targets)
     mine = validate_own(own)
@@ -134,6 +146,11 @@ def scan(
     result = _assemble(runner(request), names, setup.info, mine)
     if refine and _needs_refinement(result.culprit):
         result = _refine(result, request, runner, mine)
+    if cuts and result.verdict == Verdict.INITIALIZES_CUDA:
+        from diagtools.usecases.cuts import Verifier, search_cuts
+
+        verifier = Verifier(request, targets=names, driver=setup.info, own=mine, runner=runner)
+        result = result.with_cuts(search_cuts(result, verifier, sweep))
     return result
 
 

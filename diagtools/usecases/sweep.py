@@ -229,6 +229,7 @@ def sweep(
     own: str | Iterable[str] = (),
     python: str | os.PathLike[str] | None = None,
     adapt: bool = True,
+    cuts: bool = False,
 ) -> SweepResult:
     """Scan every submodule of ``package`` alone, ``jobs`` at a time (or on ``executor``).
 
@@ -261,6 +262,11 @@ def sweep(
         modules: learn from a sample of children which of the package's modules
         most of them import, and preload those too (each checked clean in the
         zygote); ``result.preload_notes`` says what was added and why.
+    cuts
+        After the sweep, search and verify the cut of each root cause on one of
+        its modules (:func:`diagtools.scan` with ``cuts``): its nearest cut
+        becomes the cause's line to change, with how many swept modules it
+        reaches.  Each search is a few more subkernel runs per cause.
     """
     if jobs is not None and jobs < 1:
         raise UsageError(f"--jobs must be at least 1, got {jobs}")
@@ -294,7 +300,32 @@ def sweep(
             stopped = ZygotePass(plan.preload or (), "", ())
             partial = _result(tree, run, resumed, started, plan=plan, done=stopped)
             raise SweepInterrupted(partial, getattr(exc, "signum", None)) from exc
-    return _result(tree, run, resumed, started, plan=plan, done=done)
+    result = _result(tree, run, resumed, started, plan=plan, done=done)
+    return _with_cuts(result, plan) if cuts else result
+
+
+def _with_cuts(result: SweepResult, plan: _Plan) -> SweepResult:
+    """``result`` with a verified cut search for each root cause, made on its representative module."""
+    from dataclasses import replace
+
+    from diagtools.usecases.scan import scan
+
+    searches = {}
+    for cause in result.causes:
+        if cause.representative is None:
+            continue
+        scanned = scan(
+            cause.representative,
+            path=plan.roots,
+            driver=plan.driver,
+            timeout=plan.timeout,
+            own=plan.own or (plan.package.split(".", 1)[0],),
+            python=plan.python,
+            sweep=result.rows,
+        )
+        if scanned.cuts is not None:
+            searches[cause.key] = scanned.cuts
+    return replace(result, cuts=searches)
 
 
 def _result(tree: SweptTree, run: _Run, resumed: int, started: float, *, plan: _Plan, done: ZygotePass) -> SweepResult:

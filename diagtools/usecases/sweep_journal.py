@@ -22,7 +22,7 @@ from diagtools.errors import JournalLockedError, SchemaError, UsageError
 from diagtools.model.sweep import SWEEP_SCHEMA, RootCause, SweepRow
 from diagtools.usecases.sweep_discover import SweptTree
 
-__all__ = ["Fingerprints", "Journal", "read_baseline"]
+__all__ = ["Fingerprints", "Journal", "read_baseline", "read_sweep_rows"]
 
 
 class Fingerprints:
@@ -149,14 +149,39 @@ def read_baseline(path: str | Path) -> frozenset[str]:
     A summary lists its ``causes``; a journal's rows are grouped again, the
     last row of each module winning, as a resumed sweep would keep it.
     """
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeError) as exc:
-        raise UsageError(f"cannot read the baseline {path}: {getattr(exc, 'strerror', None) or exc}") from None
+    text = _read(path, "the baseline")
     document = _parse_line(text)  # a summary is one JSON document; a journal is several lines
     if document is not None and document.get("schema") == SWEEP_SCHEMA and "causes" in document:
         return _summary_keys(document, path)
-    return _journal_keys(text.splitlines(), path)
+    return frozenset(cause.key for cause in RootCause.group(_journal_rows(text.splitlines(), path, "the baseline")))
+
+
+def read_sweep_rows(path: str | Path) -> tuple[SweepRow, ...]:
+    """The rows of an earlier sweep: its journal (the last row of each module) or its summary's ``rows``."""
+    text = _read(path, "the sweep")
+    document = _parse_line(text)
+    if document is not None and document.get("schema") == SWEEP_SCHEMA and isinstance(document.get("rows"), list):
+        return tuple(_rows(document["rows"]))
+    return _journal_rows(text.splitlines(), path, "the sweep")
+
+
+def _read(path: str | Path, what: str) -> str:
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeError) as exc:
+        raise UsageError(f"cannot read {what} {path}: {getattr(exc, 'strerror', None) or exc}") from None
+
+
+def _rows(records: list[Any]) -> list[SweepRow]:
+    rows: dict[str, SweepRow] = {}
+    for record in records:
+        if isinstance(record, dict) and "module" in record:
+            try:
+                row = SweepRow.from_json(record)
+            except SchemaError:
+                continue  # a torn or foreign row says nothing
+            rows[row.module] = row
+    return list(rows.values())
 
 
 def _summary_keys(document: dict[str, Any], path: str | Path) -> frozenset[str]:
@@ -166,17 +191,8 @@ def _summary_keys(document: dict[str, Any], path: str | Path) -> frozenset[str]:
     return frozenset(cause["key"] for cause in causes)
 
 
-def _journal_keys(lines: list[str], path: str | Path) -> frozenset[str]:
+def _journal_rows(lines: list[str], path: str | Path, what: str) -> tuple[SweepRow, ...]:
     header = _parse_line(lines[0]) if lines else None
     if header is None or header.get("schema") != SWEEP_SCHEMA:
-        raise UsageError(f"the baseline {path} is not a {SWEEP_SCHEMA} journal or summary")
-    rows: dict[str, SweepRow] = {}
-    for line in lines[1:]:
-        record = _parse_line(line)
-        if record is not None and "module" in record:
-            try:
-                row = SweepRow.from_json(record)
-            except SchemaError:
-                continue  # a torn or foreign row says nothing about known causes
-            rows[row.module] = row
-    return frozenset(cause.key for cause in RootCause.group(rows.values()))
+        raise UsageError(f"{what} {path} is not a {SWEEP_SCHEMA} journal or summary")
+    return tuple(_rows([_parse_line(line) for line in lines[1:]]))

@@ -79,10 +79,15 @@ def test_bisect_names_the_reexport_commit_and_leaves_the_repo_alone(history):
     assert result.culprit.module == "ops.cutedsl"
     assert result.culprit.site.file == "src/ops/cutedsl.py"
     assert result.culprit.site.line == 2
-    # the line to change and the chain's import lines too: the clone they were found in is deleted
+    # where CUDA was initialized and the chain's import lines too: the clone they were found in is deleted
     assert result.culprit.module_site.file == "src/ops/cutedsl.py"
-    assert result.culprit.line_to_change.file == "src/ops/cutedsl.py"
+    assert result.culprit.initialized_at.file == "src/ops/cutedsl.py"
     assert result.culprit.chain_imports[1].file == "src/ops/__init__.py"
+    # the line to change is the import the first bad commit added: its parent does not run it
+    assert result.parent == shas[REEXPORT - 1]
+    line = result.headline.line
+    assert (line.file, line.line, line.source) == ("src/ops/__init__.py", 1, "from .cutedsl import STATUS")
+    assert result.headline.rule == "regression-edge"
     skipped = {step.commit for step in result.steps if step.verdict == "skip"}
     assert skipped, "the broken commits sit where git bisect looks first, so some must be skipped"
     assert skipped <= {shas[n] for n in BROKEN}

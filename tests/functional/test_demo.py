@@ -19,7 +19,8 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_demo_cli_writes_the_specimen_report(tmp_path):
     done = cli("demo", "--out", str(tmp_path / "report"), "--driver", "simulated", "--no-notebooks")
     assert done.returncode == 0, done.stderr
-    assert "[ok ] common_ops/before: initializes-cuda: vmodels.platforms at " in done.stdout
+    assert "[ok ] common_ops/before: initializes-cuda: vmodels.platforms; line to change " in done.stdout
+    assert "before/vmodels/common/ops/__init__.py:3" in done.stdout  # the nearest verified cut
     assert "[ok ] lazy_clean/after: clean: CUDA not initialized" in done.stdout
     assert f"report written to {tmp_path / 'report' / 'index.html'}" in done.stdout
     scans = json.loads((tmp_path / "report" / "specimens.json").read_text())

@@ -1,10 +1,12 @@
-"""The line to change is the user's own line: a third-party initializer is shown as "initialized in".
+"""A third-party initializer: the line to change is a verified cut in the user's code, never the library's line.
 
 The ``third_party_init`` specimen: ``ringllm.layers.quant_fusion`` (the user's
 package) imports ``jitkern`` (a "third-party" kernel library) whose
-``jit/env.py`` initializes CUDA at import.  Every renderer that headlines the
-line to change must name ``quant_fusion.py:3``, and every chain edge carries
-the ``import`` statement that made it.
+``jit/env.py`` initializes CUDA at import.  The nearest verified cut is the
+re-export in ``ringllm/layers/__init__.py:3``, the deepest first-party cut the
+import in ``quant_fusion.py:3`` (where the user's code reaches the library);
+``jitkern/jit/env.py`` is named as where CUDA was initialized.  Every chain
+edge carries the ``import`` statement that made it.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from tests.conftest import cli
 
 SPECIMEN = get("third_party_init")
 USER_LINE = "from jitkern import rmsnorm"
+REEXPORT = "from .quant_fusion import fused_rms_quant"
 
 
 @pytest.fixture(scope="module")
@@ -31,19 +34,28 @@ def result() -> ScanResult:
     return diagtools.scan(SPECIMEN.target, path=[SPECIMEN.tree("before")], driver="simulated", timeout=60.0)
 
 
-def test_headline_is_the_users_import_line_and_the_initializer_is_named(result):
+def test_headline_is_the_nearest_cut_the_deepest_is_the_users_import_and_the_initializer_is_named(result):
     culprit = result.culprit
     assert culprit.module == "jitkern.jit.env"
-    assert culprit.line_to_change.file.endswith("ringllm/layers/quant_fusion.py")
-    assert (culprit.line_to_change.line, culprit.line_to_change.source) == (3, USER_LINE)
-    assert culprit.initialized_in.file.endswith("jitkern/jit/env.py")
-    assert "cuInit(0)" in culprit.initialized_in.source
+    line = result.line_to_change
+    assert line.file.endswith("ringllm/layers/__init__.py")
+    assert (line.line, line.source) == (3, REEXPORT)
+    deepest = result.headline.deepest.site
+    assert deepest.file.endswith("ringllm/layers/quant_fusion.py")
+    assert (deepest.line, deepest.source) == (3, USER_LINE)
+    assert culprit.own_line == deepest  # where the user's code reaches the library
+    assert culprit.initialized_at.file.endswith("jitkern/jit/env.py")
+    assert "cuInit(0)" in culprit.initialized_at.source
 
 
 def test_every_chain_edge_has_its_import_line_in_json(result):
-    document = result.to_json()["culprits"][0]
-    assert document["line_to_change"]["source"] == USER_LINE
-    assert document["initialized_in"]["file"].endswith("jitkern/jit/env.py")
+    scan_document = result.to_json()
+    document = scan_document["culprits"][0]
+    assert document["own_line"]["source"] == USER_LINE
+    assert document["initialized_at"]["file"].endswith("jitkern/jit/env.py")
+    assert scan_document["headline"]["rule"] == "nearest-cut"
+    assert scan_document["headline"]["line"]["source"] == REEXPORT
+    assert [e["site"]["source"] for e in scan_document["cuts"]["deepest"]["edges"]] == [USER_LINE]
     imports = document["chain_imports"]
     assert len(imports) == len(document["chain"]) == 4
     assert imports[0] is None  # the scanned target itself was imported by the scan
@@ -59,11 +71,14 @@ def test_cli_text_headlines_the_users_line_and_lists_imports_with_stack(tmp_path
     done = cli("scan", SPECIMEN.target, "--path", str(SPECIMEN.tree("before")), "--driver", "simulated", "--stack")
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
-    headline = next(i for i, line in enumerate(lines) if "line to change:" in line)
-    assert lines[headline].rstrip().endswith("ringllm/layers/quant_fusion.py:3 in <module>")
-    assert USER_LINE in lines[headline + 1]
-    assert "initialized in:" in lines[headline + 2]
-    assert "jitkern/jit/env.py:11" in lines[headline + 2]
+    headline = next(i for i, line in enumerate(lines) if "line to change (the nearest verified cut):" in line)
+    assert lines[headline].rstrip().endswith("ringllm/layers/__init__.py:3 in <module>")
+    assert REEXPORT in lines[headline + 1]
+    assert "deepest first-party cut:" in lines[headline + 2]
+    assert lines[headline + 2].rstrip().endswith("ringllm/layers/quant_fusion.py:3 in <module>")
+    assert USER_LINE in lines[headline + 3]
+    assert "CUDA initialized at:" in lines[headline + 4]
+    assert "jitkern/jit/env.py:11" in lines[headline + 4]
     edge = next(line for line in lines if "jitkern -> jitkern.jit.env:" in line)
     assert "from jitkern.jit.env import CONTEXT" in edge
 
@@ -71,11 +86,14 @@ def test_cli_text_headlines_the_users_line_and_lists_imports_with_stack(tmp_path
 def test_own_patterns_move_the_line_to_change():
     tree = SPECIMEN.tree("before")
     theirs = diagtools.scan(SPECIMEN.target, path=[tree], driver="simulated", own=["jitkern"])
-    assert theirs.culprit.line_to_change.file.endswith("jitkern/jit/env.py")
-    assert theirs.culprit.initialized_in is None
+    assert theirs.line_to_change.file.endswith("jitkern/__init__.py")  # only jitkern's imports may be cut
+    assert theirs.line_to_change.source == "from jitkern.jit.env import CONTEXT"
+    assert theirs.culprit.own_line.file.endswith("jitkern/jit/env.py")
     nobody = diagtools.scan(SPECIMEN.target, path=[tree], driver="simulated", own=["elsewhere.*"])
     assert nobody.culprit.first_party is None
-    assert nobody.culprit.line_to_change == nobody.culprit.module_site
+    assert nobody.culprit.own_line == nobody.culprit.module_site
+    assert nobody.line_to_change is None
+    assert nobody.cuts.reason.startswith("every import on the chain to jitkern.jit.env is in third-party code")
 
 
 def test_bad_own_pattern_is_a_one_line_usage_error():
@@ -85,19 +103,20 @@ def test_bad_own_pattern_is_a_one_line_usage_error():
     assert "Traceback" not in done.stderr
 
 
-def test_panel_and_postmortem_headline_the_users_line(result, tmp_path):
+def test_panel_and_postmortem_headline_the_verified_cut(result, tmp_path):
     html = scan_html(result)
-    assert "<b>Line to change</b>: " in html
+    assert "<b>Line to change</b> (the nearest verified cut): " in html
     change = html.index("<b>Line to change</b>")
-    assert "quant_fusion.py:3" in html[change : change + 400]
-    assert "Initialized in" in html
+    assert "layers/<wbr>__init__.py:3" in html[change : change + 600]
+    assert "Deepest first-party cut" in html
+    assert "CUDA initialized at" in html
     assert "from jitkern.jit.env import CONTEXT" in html
     files = postmortem(result, out=tmp_path / "pm")
     markdown = files.markdown.read_text(encoding="utf-8")
     summary = next(line for line in markdown.splitlines() if line.startswith("- **The line to change:**"))
-    assert "quant_fusion.py:3" in summary
-    assert USER_LINE in summary
-    assert "initialized in" in summary
+    assert "layers/\\_\\_init\\_\\_.py:3" in summary or "layers/__init__.py:3" in summary
+    assert REEXPORT in summary
+    assert "CUDA initialized at" in summary
     assert "jitkern -> jitkern.jit.env:" in markdown
 
 
@@ -105,12 +124,14 @@ def test_panel_and_postmortem_headline_the_users_line(result, tmp_path):
 def test_sweep_rows_headline_the_users_line(fresh):
     swept = diagtools.sweep("ringllm", path=[SPECIMEN.tree("before")], driver="simulated", jobs=1, fresh=fresh)
     row = swept.row("ringllm.layers.quant_fusion")
-    assert row.culprit.line_to_change.source == USER_LINE
-    assert row.culprit.initialized_in.file.endswith("jitkern/jit/env.py")
+    assert row.culprit.own_line.source == USER_LINE
+    assert row.culprit.initialized_at.file.endswith("jitkern/jit/env.py")
     text = render_sweep(swept)
     line = next(line for line in text.splitlines() if line.startswith("ringllm.layers.quant_fusion "))
-    assert line.endswith("quant_fusion.py:3")  # a long cell is cut in the middle: the line to change stays
-    assert "     initialized in: " in text
+    assert line.endswith("quant_fusion.py:3")  # a long cell is cut in the middle: the user's line stays
+    assert "     your code reaches it at: " in text
+    assert "     CUDA initialized at: " in text
+    assert "     line to change: none verified (not searched: sweep --cuts, or diagtools fix MODULE)" in text
 
 
 def test_run_finding_headlines_the_scripts_import_line(tmp_path):
@@ -132,10 +153,11 @@ def test_run_finding_headlines_the_scripts_import_line(tmp_path):
     assert result.exitcode == 0, result.stderr
     cuinit = result.findings[0].cuinit
     assert cuinit.module == "jitkern.jit.env"
-    assert (cuinit.line_to_change.file, cuinit.line_to_change.line) == (str(script), 2)
-    assert cuinit.initialized_in.file == str(installed / "jitkern" / "jit" / "env.py")
-    assert result.to_json()["findings"][0]["cuinit"]["line_to_change"]["source"] == "from jitkern import rmsnorm"
+    assert (cuinit.own_line.file, cuinit.own_line.line) == (str(script), 2)
+    assert cuinit.initialized_at.file == str(installed / "jitkern" / "jit" / "env.py")
+    assert result.to_json()["findings"][0]["cuinit"]["own_line"]["source"] == "from jitkern import rmsnorm"
     text = render_run(result)
-    assert f"line to change: {script}:2 in <module>" in text
-    assert "initialized in: " in text
+    assert f"your code reaches it at: {script}:2 in <module>" in text
+    assert "CUDA initialized at: " in text
+    assert "line to change: none verified (no cut was searched: diagtools fix jitkern verifies one)" in text
     assert "serve.py:2" in run_html(result)

@@ -118,8 +118,9 @@ def test_chain_edges_carry_their_import_lines_and_the_users_line(sim_scan):
     specimen = get("third_party_init")
     dot = sim_scan(specimen.target, path=[specimen.tree("before")]).to_dot()
     assert (
-        '"ringllm.layers.quant_fusion" -> jitkern '
-        '[label="line to change: quant_fusion.py:3: from jitkern import rmsnorm"'
-    ) in dot
+        '"ringllm.layers" -> "ringllm.layers.quant_fusion" '
+        '[label="line to change: __init__.py:3: from .quant_fusion import fused_rms_quant"'
+    ) in dot  # the nearest verified cut
+    assert '"ringllm.layers.quant_fusion" -> jitkern [label="quant_fusion.py:3: from jitkern import rmsnorm"' in dot
     assert 'jitkern -> "jitkern.jit.env" [label="__init__.py:3: from jitkern.jit.env import CONTEXT"' in dot
     assert "env.py:11: if cuda.cuInit(0) != 0:" in node_line(dot, "jitkern.jit.env")

@@ -42,7 +42,7 @@ def test_scan_runs_the_subkernel_with_the_given_interpreter(tmp_path):
     document = json.loads(out.read_text())
     version = OTHER.split("/versions/")[1].split("/")[0]
     assert document["python"] == version != sys.version.split()[0]
-    assert document["culprits"][0]["line_to_change"]["source"] == "from jitkern import rmsnorm"
+    assert document["culprits"][0]["own_line"]["source"] == "from jitkern import rmsnorm"
 
 
 @needs_other
@@ -51,7 +51,7 @@ def test_sweep_runs_with_the_given_interpreter(fresh):
     swept = diagtools.sweep(
         "ringllm", path=[SPECIMEN.tree("before")], driver="simulated", jobs=1, fresh=fresh, python=OTHER
     )
-    assert swept.row("ringllm.layers.quant_fusion").culprit.line_to_change.source == "from jitkern import rmsnorm"
+    assert swept.row("ringllm.layers.quant_fusion").culprit.own_line.source == "from jitkern import rmsnorm"
     assert [cause.key for cause in swept.causes] == [
         "ringllm.layers.quant_fusion: `from jitkern import rmsnorm` <- jitkern.jit.env"
     ]

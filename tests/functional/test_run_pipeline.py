@@ -94,7 +94,7 @@ def test_forkserver_childs_cuinit_is_blamed_on_the_users_module(make_tree):
     assert cuinit.module == "__mp_main__"  # the user's script, as the forkserver child knows it
     assert cuinit.module_site is not None
     assert (cuinit.module_site.file, cuinit.module_site.line) == (str(root / "app.py"), marked_line(root / "app.py"))
-    assert cuinit.line_to_change.file != "<string>"
+    assert cuinit.own_line.file != "<string>"
 
 
 # ---- how forked children end ------------------------------------------------------------

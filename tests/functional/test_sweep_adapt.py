@@ -39,7 +39,7 @@ def verdict(row: SweepRow) -> tuple:
         row.cuda_source,
         culprit.module if culprit else None,
         culprit.chain if culprit else None,
-        culprit.line_to_change.line if culprit and culprit.line_to_change else None,
+        culprit.own_line.line if culprit and culprit.own_line else None,
         culprit.thread if culprit else None,
         culprit.evidence if culprit else None,
     )

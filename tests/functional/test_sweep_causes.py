@@ -44,8 +44,8 @@ def test_rows_are_grouped_by_root_cause(trees):
     assert cause.key == "app.fusion: `from kernlib import env` <- kernlib.env"
     assert cause.modules == ("app.fusion", "app.layers", "app.layers.leaf", "app.user1", "app.user2")
     assert cause.through_parent == ("app.layers.leaf",)
-    assert (cause.line_to_change.file, cause.line_to_change.line) == (str(own / "app" / "fusion.py"), 2)
-    assert cause.initialized_in.file == str(third / "kernlib" / "env.py")
+    assert (cause.own_line.file, cause.own_line.line) == (str(own / "app" / "fusion.py"), 2)
+    assert cause.initialized_at.file == str(third / "kernlib" / "env.py")
     document = result.to_json()["causes"]
     assert [(c["key"], c["count"], c["through_parent"]) for c in document] == [(cause.key, 5, ["app.layers.leaf"])]
     text = str(result)

@@ -53,7 +53,7 @@ def tree(make_tree, tmp_path):
 
 def rows(result):
     """Each row's verdict, culprit and line, and the files it depends on."""
-    change = {r.module: r.culprit.line_to_change if r.culprit else None for r in result.rows}
+    change = {r.module: r.culprit.own_line if r.culprit else None for r in result.rows}
     found = sweep_verdicts(result)
     return {r.module: (*found[r.module], change[r.module], r.deps) for r in result.rows}
 

@@ -23,7 +23,11 @@ EXPECTED = {
         "vmodels.platforms",
         "driver.cuInit(0)",
         "no longer initializes CUDA",
-        "line to change: diagtools/specimens/common_ops/before/vmodels/platforms.py:8 in vmodels.platforms",
+        "line to change: diagtools/specimens/common_ops/before/vmodels/common/ops/__init__.py:3 (the nearest verified",
+        "CUDA initialized at: diagtools/specimens/common_ops/before/vmodels/platforms.py:8 in vmodels.platforms",
+        "from .fused_allreduce_rms_norm import fused_allreduce_rms_norm (the regression edge)",
+        "verified",
+        "test_vmodels_common_ops_cuda_free.py",
         "cuda.*</del>: 47 modules",
     ],
     "02_fork_replay": [
@@ -37,12 +41,14 @@ EXPECTED = {
         "faithful variant, CPU",
         "C128     triton",
     ],
-    "04_postmortem": ["postmortem.html", "Regression guard"],
+    "04_postmortem": ["postmortem.html", "Regression guard", "How to fix", "def test_importing_vmodels_common_ops"],
 }
 
 
 ROOT = NOTEBOOKS.parent
-SHOWN_LINE = re.compile(r'title="(diagtools/specimens/[^"]+?):(\d+)">.*?</code></td><td[^>]*><code>([^<]*)</code></td>')
+SHOWN_LINE = re.compile(
+    r'title="(diagtools/specimens/[^"]+?):(\d+)">(?:(?!</td>).)*</code></td><td[^>]*><code>([^<]*)</code></td>'
+)
 
 
 def assert_lines_are_the_specimens_own(text: str) -> None:

@@ -212,8 +212,9 @@ def test_graph_view_is_self_contained_and_escapes_what_it_embeds():
 
 def test_node_details_carry_the_culprit_line_and_stack_with_relative_paths():
     details = node_details(result(BEFORE))
-    assert details["pkg.leaf"]["line to change"] == "pkg/leaf.py:4: lib.cuInit(0)"
-    assert "via" not in details["pkg.leaf"]
+    assert details["pkg.leaf"]["CUDA initialized at"] == "pkg/leaf.py:4: lib.cuInit(0)"
+    assert "initialized in" not in details["pkg.leaf"]
+    assert "line to change" not in details["pkg.leaf"]  # no cut was searched: no line to change is claimed
     assert details["pkg.leaf"]["stack"] == ["pkg/leaf.py:4 in probe"]
     assert details["pkg"]["file"] == "pkg.py"
 
@@ -262,26 +263,64 @@ def test_postmortem_is_public_and_lazy():
     assert callable(diagtools.postmortem)
 
 
-def test_every_view_headlines_the_line_to_change_and_the_library_line_only_as_via():
+def test_every_view_headlines_the_verified_cut_and_names_where_cuda_was_initialized():
+    from diagtools.model.cuts import Cut, CutSearch, Edge
+
     library = Site(f"{ROOT}/libdsl/cuda.py", 163, "get_arch", "cuInit(0)")
     own = Site(f"{ROOT}/pkg/leaf.py", 4, "<module>", "import libdsl")
-    culprit = Culprit("pkg.leaf", ("pkg", "pkg.ops", "pkg.leaf"), library, (own, library), "import", module_site=own)
+    reexport = Site(f"{ROOT}/pkg/ops.py", 2, "<module>", "from .leaf import kernel")
+    culprit = Culprit(
+        "pkg.leaf",
+        ("pkg", "pkg.ops", "pkg.leaf"),
+        library,
+        (reexport, own, library),
+        "import",
+        module_site=own,
+        chain_imports=(None, None, reexport),
+    )
     plain = result(BEFORE)
     modules = tuple(replace(n, initializes_cuda=n.name == "pkg.leaf") for n in plain.modules)
-    scan = replace(plain, culprits=(culprit,), modules=modules)
-    details = node_details(scan)["pkg.leaf"]
-    assert details["line to change"] == "pkg/leaf.py:4: import libdsl"
-    assert details["via"].endswith("cuda.py:163: cuInit(0)")
+    edge = Edge("pkg.ops", "pkg.leaf", reexport)
+    cuts = CutSearch(nearest=Cut("nearest", (edge,)), deepest=Cut("deepest", (edge,)))
+    scan = replace(plain, culprits=(culprit,), modules=modules, cuts=cuts)
+    assert scan.line_to_change == reexport
+    leaf = node_details(scan)["pkg.leaf"]
+    assert leaf["CUDA initialized at"] == "pkg/leaf.py:4: import libdsl"
+    assert leaf["initialized in"].endswith("cuda.py:163: cuInit(0)")
+    assert node_details(scan)["pkg.ops"]["line to change"].startswith("pkg/ops.py:2: from .leaf import kernel")
     from diagtools.render.graph import scan_graph
     from diagtools.render.html import scan_html, scan_status_html
+    from diagtools.render.text import render_scan
 
+    text = render_scan(scan)
+    assert (
+        text.index("line to change (the nearest verified cut)")
+        < text.index("ops.py:2")
+        < text.index("CUDA initialized at")
+        < text.index("leaf.py:4")
+        < text.index("initialized in:")
+        < text.index("cuda.py:163")
+    )
     require("graphviz", "notebook")
-    assert "leaf.py:4: import libdsl" in scan_graph(scan).source
-    assert "cuda.py:163" not in scan_graph(scan).source
+    source = scan_graph(scan).source
+    assert "line to change: ops.py:2" in source
+    assert "leaf.py:4: import libdsl" in source
+    assert "cuda.py:163" not in source
     html = scan_html(scan)
-    assert html.index("Line to change") < html.index("leaf.py:4") < html.index("Via")
-    assert "leaf.py:4" in scan_status_html(scan)
+    assert (
+        html.index("Line to change")
+        < html.index("ops.py")
+        < html.index("CUDA initialized at")
+        < html.index("Initialized in")
+    )
+    assert "ops.py" in scan_status_html(scan)
     assert "163" not in scan_status_html(scan)
+    unsearched = replace(scan, cuts=None)
+    assert unsearched.line_to_change is None
+    assert "line to change: none verified (no cut was searched: diagtools fix pkg verifies one)" in render_scan(
+        unsearched
+    )
+    assert "CUDA initialized at" in scan_status_html(unsearched)
 
 
 def test_long_paths_lose_their_middle_never_their_file_name():

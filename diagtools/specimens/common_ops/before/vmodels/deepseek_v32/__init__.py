@@ -1,0 +1,1 @@
+"""A model that uses the common ops."""

@@ -1,0 +1,1 @@
+"""Code every DeepSeek-V4 backend shares."""
