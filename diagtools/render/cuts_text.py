@@ -17,6 +17,7 @@ if TYPE_CHECKING:
 
 __all__ = ["render_fix", "shareable_fix_text"]
 
+
 @_safe
 def render_fix(fix: FixResult, *, patch: bool = True) -> str:
     """The fix as a person reads it: the cut, the patch, its check, the callers, the guard; ``patch``: the diff

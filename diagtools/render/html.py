@@ -182,8 +182,7 @@ def scan_html(result: ScanResult, *, graph: bool = False, selected: str | None =
 def _cut_html(cut: Cut, label: str) -> str:
     reach = f"; on the chain of {cut.reach} swept module(s)" if cut.reach is not None else ""
     items = "".join(
-        f"<li>{path_html(e.site.file, e.site.line)} <code>{escape(e.site.source)}</code></li>"
-        for e in cut.edges
+        f"<li>{path_html(e.site.file, e.site.line)} <code>{escape(e.site.source)}</code></li>" for e in cut.edges
     )
     count = f"{len(cut.edges)} import{'s' if len(cut.edges) != 1 else ''}"
     verified = f'<span class="good">{escape(cut.verified.value)}</span>'

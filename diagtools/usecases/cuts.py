@@ -9,9 +9,9 @@ is imported from where it lies.  Lines the rewrite moved are mapped back to
 the file as it is, so each chain and error a try reports names the user's
 real lines.
 
-The search: cut the chain's first deferrable first-party edge (nearest) or
-its last (deepest), run, and when CUDA is still initialized follow the new
-chain the same way, until the target runs clean; then drop every edge whose
+The search: cut the chain's first deferrable first-party edge (nearest: the
+target's own statements before its parent packages') or its last (deepest),
+run, and when CUDA is still initialized follow the new chain the same way, until the target runs clean; then drop every edge whose
 restoration keeps it clean.  An edge whose deferral breaks the import, or
 whose statement cannot wait, is passed over for the next one along the chain.
 """
@@ -274,6 +274,8 @@ def _search(result: ScanResult, verifier: Verifier, kind: CutKind) -> Cut | None
         candidates = [e for e in chain_edges(current) if e.first_party and _key(e) not in {_key(c) for c in cut}]
         if kind == CutKind.DEEPEST:
             candidates.reverse()
+        else:  # the target's own statements first: a parent package's import of it is rarely the change
+            candidates.sort(key=lambda edge: not _inside(edge.importer, result.targets))
         step = _step(cut, candidates, verifier)
         if step is None:
             return None
@@ -314,6 +316,11 @@ def _minimal(cut: list[Edge], verifier: Verifier) -> tuple[Edge, ...]:
         if attempt.outcome == Outcome.CLEAN:
             kept = rest
     return tuple(sorted(kept, key=cut.index))
+
+
+def _inside(module: str, targets: Sequence[str]) -> bool:
+    """``module`` is one of the targets or a module below one."""
+    return any(module == target or module.startswith(target + ".") for target in targets)
 
 
 def _key(edge: Edge) -> tuple[str, int]:
