@@ -20,8 +20,8 @@ verifies (rescan clean, every re-exported name resolves); the diff's headline is
 
 Usage::
 
-    PYTHONPATH=$PWD python3 benchmarks/fix_vllm.py --venv /work/vllm-env --out /tmp/fix-vllm \\
-        --save-path benchmarks/fix_vllm.json > benchmarks/fix_vllm.md
+    cd benchmarks && PYTHONPATH=$PWD/.. python3 fix_vllm.py --venv /work/vllm-env --out /tmp/fix-vllm \\
+        --save-path fix_vllm.json > fix_vllm.md
 """
 
 from __future__ import annotations
@@ -184,14 +184,16 @@ def markdown(results: dict[str, Any]) -> str:
         f"Machine: {_machine(results['machine'])}. Environment: `benchmarks/vllm_env.sh` ({results['venv']}), "
         "this checkout on `PYTHONPATH`, `--driver simulated`, one run of each command, one after the other.",
         "",
-        "| case | bare scan (with cuts) | fix (scan, cuts, patch, check) | headline (the nearest verified cut) "
-        "| deepest first-party cut | patch verified | diff headline (regression edge) |",
-        "| --- | ---: | ---: | --- | --- | --- | --- |",
+        "| case | bare scan (with cuts) | fix (scan, cuts, patch, check) | load before (1 min) "
+        "| headline (the nearest verified cut) | deepest first-party cut | patch verified "
+        "| diff headline (regression edge) |",
+        "| --- | ---: | ---: | ---: | --- | --- | --- | --- |",
     ]
     for case, entry in results["cases"].items():
         f, runs = entry["facts"], entry["runs"]
         lines.append(
-            f"| {case} | {runs['scan']['wall_s']} s | {runs['fix']['wall_s']} s | `{f['headline']}` "
+            f"| {case} | {runs['scan']['wall_s']} s | {runs['fix']['wall_s']} s "
+            f"| {runs['scan']['load_before'][0]}, {runs['fix']['load_before'][0]} | `{f['headline']}` "
             f"({len(f['nearest_cut'])} edge(s)) | `{', '.join(f['deepest_cut'])}` | {f['patch_verified']} "
             f"| `{f['diff_headline']}` |"
         )
@@ -224,7 +226,11 @@ def main() -> None:
     parser.add_argument("--out", required=True)
     parser.add_argument("--save-path", required=True)
     parser.add_argument("--case", action="append", choices=sorted(CASES))
+    parser.add_argument("--report", action="store_true", help="only print the summary of --save-path again")
     args = parser.parse_args()
+    if args.report:
+        print(markdown(json.loads(Path(args.save_path).read_text(encoding="utf-8"))))
+        return
     python = str(Path(args.venv) / "bin" / "python")
     site_vllm = Path(
         subprocess.check_output(

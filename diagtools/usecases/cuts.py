@@ -11,8 +11,9 @@ real lines.
 
 The search: cut the chain's first deferrable first-party edge (nearest: the
 target's own statements before its parent packages') or its last (deepest),
-run, and when CUDA is still initialized follow the new chain the same way, until the target runs clean; then drop every edge whose
-restoration keeps it clean.  An edge whose deferral breaks the import, or
+run, and when CUDA is still initialized follow the new chain the same way,
+until the target runs clean; then drop every edge whose restoration keeps it
+clean.  An edge whose deferral breaks the import, or
 whose statement cannot wait, is passed over for the next one along the chain.
 """
 
