@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from diagtools.render.paths import shareable
+from diagtools.specimens import get
 from diagtools.usecases.selfcheck import process_cuda_state
 from tests.conftest import MARK, require
 
@@ -70,6 +71,15 @@ def test_cuda_scan_renders_a_scan(shell, make_tree):
     assert str(root) not in plain
     assert plain.startswith("diagtools scan early")
     assert process_cuda_state().clean
+
+
+def test_cuda_scan_shows_where_to_cut(shell):
+    specimen = get("common_ops")
+    where = f"{specimen.target} --path {specimen.tree('before')} --driver simulated"
+    html = shell.run_line_magic("cuda_scan", where)._repr_html_()
+    assert "<b>Where to cut</b>" in html
+    assert "<b>Line to change</b> (the nearest verified cut)" in html
+    assert shell.run_line_magic("cuda_scan", f"{where} --no-cuts").cuts is None
 
 
 def test_bad_driver_is_reported_not_raised(shell, capsys):

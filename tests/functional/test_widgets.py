@@ -105,3 +105,19 @@ def test_bench_panel_is_static_html_with_its_note_on_table_and_chart():
     assert 'src="data:image/png;base64,' in html
     assert "max-width:100%" in html
     assert panel.png[:4] == b"\x89PNG"
+
+
+def test_suggest_fix_shows_the_checked_patch_and_the_guard():
+    specimen = get("common_ops")
+    panel = ScanPanel(specimen.target, str(specimen.tree("before")), "simulated", background=False)
+    panel.fix_button.click()
+    view, status = panel.view.value, panel.status.value
+    assert panel.fix_result is not None
+    assert panel.fix_result.verified
+    assert status.startswith('done: <span class="good">verified patch</span>'), status
+    assert "common/<wbr>ops/<wbr>__init__.py:3" in status
+    assert '<pre class="dt-patch">' in view
+    assert '<span class="add">+def __getattr__(name):</span>' in view
+    assert "from vmodels.common.ops import fused_allreduce_rms_norm</code>: " in view
+    assert "assert_import_cuda_free(&#x27;vmodels.common.ops&#x27;)" in view
+    assert str(specimen.tree("before")) not in view
