@@ -205,21 +205,19 @@ class ScanPanel(_Panel):
 
     def run_scan(self) -> None:
         """Scan the target in a fresh subkernel and show the result."""
-        target, paths, driver = self.target.value.strip(), _split_paths(self.path.value), self.driver.value
-        runner = self.stopwatch.phased(run_subkernel, SCAN_PHASES, later=SCAN_AGAIN)
-        self._run(
-            lambda: self.show(self.scanner(target, path=paths, driver=driver, runner=runner)),
-            f"scanning <code>{escape(target)}</code> in a fresh subkernel&hellip;",
-            SCAN_PHASES[0],
-        )
+        self._call(self.scanner, self.show, "scanning {} in a fresh subkernel&hellip;", SCAN_AGAIN)
 
     def run_fix(self) -> None:
         """Find the nearest verified cut, write it as a patch checked on a copy, and show it with its guard."""
+        self._call(self.fixer, self.show_fix, "looking for the fix of {}&hellip;", FIX_PHASE)
+
+    def _call(self, call: Callable[..., Any], show: Callable[[Any], None], message: str, later: str) -> None:
+        """``show(call(target, path=..., driver=..., runner=...))`` off the kernel's thread, its runs named."""
         target, paths, driver = self.target.value.strip(), _split_paths(self.path.value), self.driver.value
-        runner = self.stopwatch.phased(run_subkernel, SCAN_PHASES, later=FIX_PHASE)
+        runner = self.stopwatch.phased(run_subkernel, SCAN_PHASES, later=later)
         self._run(
-            lambda: self.show_fix(self.fixer(target, path=paths, driver=driver, runner=runner)),
-            f"looking for the fix of <code>{escape(target)}</code>&hellip;",
+            lambda: show(call(target, path=paths, driver=driver, runner=runner)),
+            message.format(f"<code>{escape(target)}</code>"),
             SCAN_PHASES[0],
         )
 

@@ -10,6 +10,7 @@ reports for each process's first cuInit.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
@@ -128,6 +129,22 @@ class Culprit(Serial):
         reaches the initializer (a sweep's root cause is named by it).  Not the line to change: that is a
         verified cut's, or a regression edge's (:mod:`diagtools.model.cuts`)."""
         return self.first_party or self.initialized_at
+
+    def with_sites(self, move: Callable[[Site], Site]) -> Culprit:
+        """This culprit with ``move`` applied to every site it holds (relative paths, a rewrite's lines)."""
+
+        def maybe(site: Site | None) -> Site | None:
+            return None if site is None else move(site)
+
+        return replace(
+            self,
+            site=maybe(self.site),
+            module_site=maybe(self.module_site),
+            first_party=maybe(self.first_party),
+            thread_started_at=maybe(self.thread_started_at),
+            stack=tuple(map(move, self.stack)),
+            chain_imports=tuple(map(maybe, self.chain_imports)),
+        )
 
     def import_edges(self) -> tuple[tuple[str, str, Site | None], ...]:
         """``(importer, imported, import line)`` for each edge of the chain, outermost first."""

@@ -107,18 +107,7 @@ def _cuts(search: CutSearch | None, roots: tuple[str, ...]) -> CutSearch | None:
 def shareable(result: ScanResult) -> ScanResult:
     """A copy of ``result`` fit to paste into a ticket: every path shown relative, no driver cache path."""
     roots = import_roots(result)
-    culprits = tuple(
-        replace(
-            c,
-            site=_site(c.site, roots),
-            module_site=_site(c.module_site, roots),
-            thread_started_at=_site(c.thread_started_at, roots),
-            stack=tuple(_site(f, roots) or f for f in c.stack),
-            chain_imports=tuple(_site(f, roots) for f in c.chain_imports),
-            first_party=_site(c.first_party, roots),
-        )
-        for c in result.culprits
-    )
+    culprits = tuple(c.with_sites(lambda site: _site(site, roots) or site) for c in result.culprits)
     threads = tuple(replace(t, started_at=_site(t.started_at, roots)) for t in result.threads_alive)
     modules = tuple(replace(n, file=display_path(n.file, roots) or None) for n in result.modules)
     error = result.error

@@ -192,21 +192,4 @@ def _relative_edge(edge: Edge | None, work: Path) -> Edge | None:
 
 def _relative(culprit: Culprit | None, work: Path) -> Culprit | None:
     """Site paths inside the throwaway clone, made relative to the repository."""
-    if culprit is None:
-        return None
-
-    def strip(site: Site) -> Site:
-        return _strip(site, work)
-
-    def maybe(site: Site | None) -> Site | None:
-        return strip(site) if site is not None else None
-
-    return replace(
-        culprit,
-        site=maybe(culprit.site),
-        module_site=maybe(culprit.module_site),
-        first_party=maybe(culprit.first_party),
-        thread_started_at=maybe(culprit.thread_started_at),
-        chain_imports=tuple(map(maybe, culprit.chain_imports)),
-        stack=tuple(map(strip, culprit.stack)),
-    )
+    return None if culprit is None else culprit.with_sites(lambda site: _strip(site, work))

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 from diagtools import protocol
 from diagtools.errors import CannotDeferError
 from diagtools.model.cuts import Cut, CutKind, CutSearch, CutTry, Edge, Outcome, chain_edges, edge_keys
-from diagtools.model.scan import Culprit, ScanResult, Site, TargetError
+from diagtools.model.scan import ScanResult, Site, TargetError
 from diagtools.model.verdict import ScanStatus, Verdict
 from diagtools.runner.subkernel import RawRun, SubkernelRequest
 
@@ -193,8 +193,8 @@ def remap(result: ScanResult, deferred: Sequence[Deferred]) -> ScanResult:
 
     maps = {change.file: (line_map(change.before, change.after), change.after.splitlines()) for change in deferred}
 
-    def site(value: Site | None) -> Site | None:
-        if value is None or value.file not in maps:
+    def site(value: Site) -> Site:
+        if value.file not in maps:
             return value
         mapping, lines = maps[value.file]
         if value.line in mapping:
@@ -202,24 +202,11 @@ def remap(result: ScanResult, deferred: Sequence[Deferred]) -> ScanResult:
         text = lines[value.line - 1].strip() if 0 < value.line <= len(lines) else value.source
         return replace(value, source=f"{text}  [a line the rewrite added]")
 
-    culprits = tuple(_remap_culprit(culprit, site) for culprit in result.culprits)
+    culprits = tuple(culprit.with_sites(site) for culprit in result.culprits)
     error = result.error
     if error is not None and error.file in maps and error.line:
-        moved = site(Site(error.file, error.line, ""))
-        error = replace(error, line=moved.line if moved else error.line)
+        error = replace(error, line=site(Site(error.file, error.line, "")).line)
     return replace(result, culprits=culprits, error=error)
-
-
-def _remap_culprit(culprit: Culprit, site: Callable[[Site | None], Site | None]) -> Culprit:
-    return replace(
-        culprit,
-        site=site(culprit.site),
-        module_site=site(culprit.module_site),
-        first_party=site(culprit.first_party),
-        thread_started_at=site(culprit.thread_started_at),
-        stack=tuple(s for s in map(site, culprit.stack) if s is not None),
-        chain_imports=tuple(map(site, culprit.chain_imports)),
-    )
 
 
 # ---- the search -------------------------------------------------------------------------------

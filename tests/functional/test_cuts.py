@@ -114,33 +114,26 @@ def test_the_seed_shaped_specimens_headline_the_reexport_as_the_seeds_did(sim_sc
     assert scan.cuts.nearest.verified == Outcome.CLEAN
 
 
-def test_a_parent_packages_edge_that_the_target_does_not_need_is_dropped(sim_scan, make_tree):
+@pytest.mark.parametrize(
+    ("parent", "cut"),
+    [
+        ("from . import ops  # noqa: F401\n", ["pk.models.ops"]),  # the parent only imports the package
+        ("from .ops import kernel  # noqa: F401\n", ["pk.models", "pk.models.ops"]),  # it pulls the lazy name
+    ],
+    ids=["parent-not-needed", "parent-needed"],
+)
+def test_a_parent_packages_edge_is_in_the_cut_only_when_the_target_needs_it(sim_scan, make_tree, parent, cut):
     root = make_tree(
         {
             "pk/__init__.py": "",
-            "pk/models/__init__.py": "from . import ops  # noqa: F401\n",
+            "pk/models/__init__.py": parent,
             "pk/models/ops/__init__.py": "from .leaf import kernel\n",
             "pk/models/ops/leaf.py": LEAF,
         }
     )
     scan = sim_scan("pk.models.ops", path=[root])
-    assert scan.culprit.chain[0] == "pk.models"  # the parent's re-export is on the chain...
-    edges = scan.cuts.nearest.edges
-    assert [(e.importer, e.site.line) for e in edges] == [("pk.models.ops", 1)]  # ...but not in the cut
-    assert scan.cuts.nearest.verified == Outcome.CLEAN
-
-
-def test_a_parent_that_pulls_the_name_keeps_its_edge_in_the_cut(sim_scan, make_tree):
-    root = make_tree(
-        {
-            "pq/__init__.py": "",
-            "pq/models/__init__.py": "from .ops import kernel  # noqa: F401\n",
-            "pq/models/ops/__init__.py": "from .leaf import kernel\n",
-            "pq/models/ops/leaf.py": LEAF,
-        }
-    )
-    scan = sim_scan("pq.models.ops", path=[root])
-    assert sorted(e.importer for e in scan.cuts.nearest.edges) == ["pq.models", "pq.models.ops"]
+    assert scan.culprit.chain[0] == "pk.models"  # the parent's import is on the chain
+    assert sorted(e.importer for e in scan.cuts.nearest.edges) == cut
     assert scan.cuts.nearest.verified == Outcome.CLEAN
 
 
