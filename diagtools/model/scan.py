@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
 from diagtools.model._display import present
-from diagtools.model.cuts import CutSearch, Headline, headline, unsearched
+from diagtools.model.cuts import CutSearch, Headline, HeadlineRule, headline, unsearched
 from diagtools.model.driver import DriverInfo
 from diagtools.model.serial import Serial
 from diagtools.model.site import Site
@@ -225,6 +225,8 @@ class ScanResult(Serial):
     @property
     def headline(self) -> Headline:
         """The line to change by the one rule (:func:`diagtools.model.cuts.headline`): the nearest verified cut."""
+        if not self.cuda_initialized:
+            return Headline(HeadlineRule.NONE, reason="nothing to change: CUDA was not seen initialized")
         return headline(self.cuts) if self.cuts is not None else unsearched(self.targets)
 
     @property
