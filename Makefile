@@ -15,7 +15,7 @@ CORE_TESTS := tests/test_packaging.py tests/unit \
 	tests/functional/test_scan_failures.py tests/functional/test_replay.py tests/functional/test_run.py \
 	tests/functional/test_sweep.py tests/functional/test_sweep_zygote.py tests/functional/test_pytest_plugin.py \
 	tests/functional/test_sweep_packages.py tests/functional/test_late_init.py tests/functional/test_driver_threads.py \
-	tests/functional/test_cuts.py
+	tests/functional/test_cuts.py tests/functional/test_vendor_driver.py
 # The main venv has every extra; a module of one of them missing under CI fails the run (tests/conftest.py).
 ALL_EXTRAS := notebook,cuda,kernels,dev
 

@@ -3,12 +3,13 @@
 # (see benchmarks/README.md, "GPU check", for the exact `run` command):
 #   1. what the machine is: GPU, driver, and the python, torch, Triton, CUDA and nvidia-cutlass-dsl
 #      versions it runs with (the machine's own image, not the repository venv's);
-#   2. tests/gpu/test_state_gpu.py: the faithful variant, Triton and CuTe DSL, every stored byte
+#   2. the users' path: tests/gpu's scan and replay on the real driver, first, so that a short
+#      session proves it even if the kernels' timing runs out of time;
+#   3. tests/gpu/test_state_gpu.py: the faithful variant, Triton and CuTe DSL, every stored byte
 #      against the reference quantizer;
-#   3. benchmarks/state_kernels.py at realistic batches: the launch alone (CUDA graph replays,
+#   4. benchmarks/state_kernels.py at realistic batches: the launch alone (CUDA graph replays,
 #      host work done once) and the eager call;
-#   4. tests/gpu/test_kernels_gpu.py and benchmarks/kernels.py (the simplified kernel);
-#   5. the other GPU tests (scan and replay on the real driver);
+#   5. tests/gpu/test_kernels_gpu.py and benchmarks/kernels.py (the simplified kernel);
 #   6. compute-sanitizer memcheck of both CuTe DSL kernels at small sizes, or "skipped" without it.
 # The CuTe DSL kernels need no nvidia-cutlass-dsl there: their PTX for sm_90a is compiled on a CPU
 # machine (benchmarks/build_ptx.py), ships in diagtools/kernels/ptx/, and is loaded with
@@ -103,14 +104,16 @@ section "machine"
 record "versions" "$(grep -E '^(python|torch|triton|nvidia-cutlass-dsl) ' "$log" | paste -sd ';' -)"
 
 pytest_args=(-q -p no:cacheprovider -p no:diagtools -rfEs)
+# The users' path first: scan and replay on the real driver (its result is the first one written), then
+# the kernels, which only time and check what the tool found.
+step "real-driver path (scan, replay)" 60 "$python" -m pytest "${pytest_args[@]}" tests/gpu \
+  --ignore tests/gpu/test_kernels_gpu.py --ignore tests/gpu/test_state_gpu.py
 step "faithful variant tests" 150 "$python" -m pytest "${pytest_args[@]}" \
   --junitxml="$out/state-tests.xml" tests/gpu/test_state_gpu.py
 step "faithful variant benchmark" 120 "$python" benchmarks/state_kernels.py --save-path "$out"
 step "simplified kernel tests" 120 "$python" -m pytest "${pytest_args[@]}" \
   --junitxml="$out/gpu-tests.xml" tests/gpu/test_kernels_gpu.py
 step "simplified kernel benchmark" 120 "$python" benchmarks/kernels.py --out "$out"
-step "other GPU tests" 60 "$python" -m pytest "${pytest_args[@]}" tests/gpu \
-  --ignore tests/gpu/test_kernels_gpu.py --ignore tests/gpu/test_state_gpu.py
 
 if command -v compute-sanitizer >/dev/null 2>&1; then
   step "memcheck of the CuTe DSL kernels" 90 compute-sanitizer --tool memcheck --error-exitcode 9 \

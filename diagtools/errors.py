@@ -8,6 +8,7 @@ because errors cross the subkernel boundary.
 from __future__ import annotations
 
 __all__ = [
+    "CacheDirectoryError",
     "CannotDeferError",
     "DiagtoolsError",
     "DriverBuildError",
@@ -52,6 +53,23 @@ class DriverBuildError(DiagtoolsError):
         return (
             f"could not build {self.what}: {last[0]} "
             f"(command: {self.command}; install gcc and the Python headers, or set CC)"
+        )
+
+
+class CacheDirectoryError(DiagtoolsError):
+    """Raised when a compiled artefact (the simulated driver, the injection hook, the probe) cannot be written
+    into the cache directory."""
+
+    def __init__(self, what: str, where: str, reason: str) -> None:
+        super().__init__(what, where, reason)
+        self.what = what
+        self.where = where
+        self.reason = reason
+
+    def __str__(self) -> str:
+        return (
+            f"could not build {self.what} in {self.where}: {self.reason}; set DIAGTOOLS_CACHE_DIR (or "
+            "XDG_CACHE_HOME) to a writable directory"
         )
 
 

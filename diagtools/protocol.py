@@ -67,6 +67,7 @@ RUN_AGENT_MODULE = "_diagtools_run_agent"
 CUDA_SUCCESS = 0
 CUDA_ERROR_NOT_INITIALIZED = 3
 NO_DRIVER = -1
+DRIVER_UNASKABLE = -2  # a driver library loads but has no cuDeviceGetCount: its state cannot be asked
 
 # the exit code a program uses when the target closed or replaced its channel: the events are incomplete
 CHANNEL_LOST_EXIT = 213
@@ -418,7 +419,7 @@ def load_cuprobe(env):
 
 def driver_initialized(state):
     """Whether a ``cuDeviceGetCount`` result code means some caller already ran ``cuInit``."""
-    return state not in (None, NO_DRIVER, CUDA_ERROR_NOT_INITIALIZED)
+    return state not in (None, NO_DRIVER, DRIVER_UNASKABLE, CUDA_ERROR_NOT_INITIALIZED)
 
 
 # ---- reading (on the host) -------------------------------------------------------
@@ -648,6 +649,8 @@ FIELD_TYPES = {
     "seq": _optional(_is_int),
     "child": _optional(_is_int),
     "driver_initialized": _is_bool,
+    "driver_unaskable": _is_bool,
+    "state": _is_int,
     "call": _is_str,
     "how": _is_str,
     "exitcode": _optional(_is_int),

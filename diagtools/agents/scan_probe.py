@@ -538,13 +538,15 @@ def _torch_cuda_initialized():
 
 
 def _hello(startup=True, **extra):
+    state = _cuprobe.driver_state()
     _channel.emit(
         "hello",
         pid=posix.getpid(),
         python=sys.version,
         main_thread=_MAIN_THREAD,
         library=_cuprobe.driver_path(),
-        initialized=_driver_initialized(),
+        initialized=protocol.driver_initialized(state),
+        state=state,
         **extra,
     )
     if startup:

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from diagtools.driver._inputs import input_files
-from diagtools.errors import DriverBuildError, DriverUnavailableError, UsageError
+from diagtools.errors import CacheDirectoryError, DriverBuildError, DriverUnavailableError, UsageError
 from diagtools.model.driver import DriverInfo
 from diagtools.model.options import DRIVER_CHOICES
 
@@ -115,9 +115,10 @@ def _compile(what: str, source: Path | list[Path], output: Path, extra: list[str
     import tempfile  # only needed to compile
 
     sources = source if isinstance(source, list) else [source]
-    output.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=output.parent, suffix=".so.tmp")
-    os.close(fd)
+    with _cache_writes(what, output.parent):
+        output.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=output.parent, suffix=".so.tmp")
+        os.close(fd)
     command = [*_compiler(), "-shared", "-fPIC", "-O2", "-o", tmp, *map(str, sources), *extra]
     try:
         done = subprocess.run(command, capture_output=True, text=True, check=False)
@@ -127,8 +128,18 @@ def _compile(what: str, source: Path | list[Path], output: Path, extra: list[str
     if done.returncode != 0:
         Path(tmp).unlink(missing_ok=True)  # the compiler may have removed it already
         raise DriverBuildError(what, shlex.join(command), done.stderr or done.stdout)
-    os.replace(tmp, output)
+    with _cache_writes(what, output.parent):
+        os.replace(tmp, output)
     return output
+
+
+@contextlib.contextmanager
+def _cache_writes(what: str, where: Path) -> Any:
+    """Turn a failure to write into the cache directory into an error that says what, where, and what to set."""
+    try:
+        yield
+    except OSError as exc:
+        raise CacheDirectoryError(what, str(where), exc.strerror or str(exc)) from None
 
 
 def build_simulated_driver() -> Path:
@@ -199,7 +210,8 @@ def build_simulated_world() -> SimulatedWorld:
     directory = cache_dir() / "simdriver" / key
     settled = [*SIMULATED_LIBRARIES, *(r.soname for r in runtimes)]
     if not all((directory / name).exists() or (directory / f"{name}.failed").exists() for name in settled):
-        directory.mkdir(parents=True, exist_ok=True)
+        with _cache_writes("the simulated CUDA driver", directory):
+            directory.mkdir(parents=True, exist_ok=True)
         include = f"-I{_SOURCES}"
         for what, soname, source, stubs, name in (
             ("the simulated CUDA driver", "libcuda.so.1", "simcuda.c", driver_stubs, "simcuda_stubs.c"),

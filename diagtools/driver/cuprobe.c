@@ -40,14 +40,15 @@ static void load_driver(void)
         device_get_count = (device_get_count_fn)dlsym(libcuda, "cuDeviceGetCount");
 }
 
-/* The driver's answer to cuDeviceGetCount; -1 when no driver library loads. */
+/* The driver's answer to cuDeviceGetCount; -1 when no driver library loads, -2 when the library that
+ * loads has no cuDeviceGetCount (its state cannot be asked). */
 static PyObject *driver_state(PyObject *self, PyObject *args)
 {
     (void)self;
     (void)args;
     load_driver();
     if (device_get_count == NULL)
-        return PyLong_FromLong(-1);
+        return PyLong_FromLong(libcuda == NULL ? -1 : -2);
     int count = 0;
     int result = device_get_count(&count);
     return PyLong_FromLong(result);
@@ -60,7 +61,8 @@ static PyObject *driver_path(PyObject *self, PyObject *args)
     (void)args;
     load_driver();
     Dl_info info;
-    if (device_get_count == NULL || dladdr((void *)device_get_count, &info) == 0 || info.dli_fname == NULL)
+    void *symbol = libcuda == NULL ? NULL : dlsym(libcuda, "cuInit");
+    if (symbol == NULL || dladdr(symbol, &info) == 0 || info.dli_fname == NULL)
         Py_RETURN_NONE;
     return PyUnicode_DecodeFSDefault(info.dli_fname);
 }
@@ -144,8 +146,8 @@ static PyObject *runtime_refusals(PyObject *self, PyObject *args)
     Py_RETURN_NONE;
 }
 
-/* cuDeviceGetCount's answer from a libcuda.so.1 the process already loaded; -1 when none is.
- * Never loads the library, so asking cannot change the process. */
+/* cuDeviceGetCount's answer from a libcuda.so.1 the process already loaded; -1 when none is, -2 when
+ * the loaded one has no cuDeviceGetCount.  Never loads the library, so asking cannot change the process. */
 static PyObject *loaded_driver_state(PyObject *self, PyObject *args)
 {
     (void)self;
@@ -155,7 +157,7 @@ static PyObject *loaded_driver_state(PyObject *self, PyObject *args)
         return PyLong_FromLong(-1);
     device_get_count_fn fn = (device_get_count_fn)dlsym(handle, "cuDeviceGetCount");
     int count = 0;
-    int result = fn != NULL ? fn(&count) : -1;
+    int result = fn != NULL ? fn(&count) : -2;
     dlclose(handle);
     return PyLong_FromLong(result);
 }

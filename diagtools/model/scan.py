@@ -218,6 +218,7 @@ class ScanResult(Serial):
     skipped_events: int = 0
     own: tuple[str, ...] = ()
     cuts: CutSearch | None = None
+    blind_spots: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "status", ScanStatus(self.status))  # accepts the JSON spelling too
@@ -257,6 +258,7 @@ class ScanResult(Serial):
         if self.driver.kind == "none":
             reasons.append("no driver was loaded, so a cuInit could not be observed")
         reasons += [f"a library failed under the simulated driver: {gap}" for gap in self.simulation_gaps]
+        reasons += list(self.blind_spots)
         return tuple(reasons)
 
     @property

@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 
 from diagtools.model._display import present
 from diagtools.model.cuts import CutSearch, Headline, headline
-from diagtools.model.scan import Culprit, ScanResult, Site
+from diagtools.model.scan import Culprit, DriverInfo, ScanResult, Site
 from diagtools.model.serial import Serial, load
 from diagtools.model.verdict import Verdict, combine
 
@@ -252,6 +252,7 @@ class SweepResult(Serial):
     interrupted: int = 0  # modules left unscanned by an interrupt (0: the sweep finished)
     preload_notes: tuple[str, ...] = ()
     cuts: dict[str, CutSearch] = field(default_factory=dict)  # cause key -> its cut search (sweep --cuts)
+    driver: DriverInfo | None = None  # the driver the subkernels saw (None: a summary written before it was kept)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "seconds", round(self.seconds, 3))

@@ -16,7 +16,7 @@ from diagtools.model.sweep import RootCause, SweepResult
 from diagtools.model.verdict import Verdict
 from diagtools.render.ordering import ModuleGroups, group_modules
 from diagtools.render.paths import shareable, short_path
-from diagtools.render.text import headline_words, try_text
+from diagtools.render.text import headline_words, hook_note, try_text
 
 __all__ = [
     "bench_table_html",
@@ -171,6 +171,8 @@ def scan_html(result: ScanResult, *, graph: bool = False, selected: str | None =
         reasons = "".join(f"<li>{escape(reason)}</li>" for reason in result.doubts())
         parts.append(f'<p class="unknown">Not called clean: the run could not see everything.</p><ul>{reasons}</ul>')
     parts += [_culprit_html(c, shown.headline if i == 0 else None) for i, c in enumerate(shown.culprits)]
+    if hook_note(result):
+        parts.append(f'<p class="unknown">Note: {escape(hook_note(result))}.</p>')
     if shown.cuts is not None and result.cuda_initialized:
         parts.append(cuts_html(shown))
     if graph:

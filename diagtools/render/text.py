@@ -89,11 +89,26 @@ def render_scan(result: ScanResult, *, stack: bool = False) -> str:
     lines += _cuda_lines(result)
     for index, culprit in enumerate(result.culprits):
         lines += _culprit_lines(culprit, stack=stack, headline=result.headline if index == 0 else None)
+    note = hook_note(result)
+    if note:
+        lines.append(f"  note: {note}")
     if result.cuts is not None and result.cuda_initialized:
         lines += cut_lines(result)
     if result.skipped_events:
         lines.append(f"  note: {result.skipped_events} malformed event line(s) from the subkernel were skipped")
     return "\n".join(lines)
+
+
+def hook_note(result: ScanResult) -> str:
+    """On the real driver, when its injection hook stayed silent: how the moment was found instead."""
+    culprit = result.culprit
+    if result.driver.kind != "real" or culprit is None or culprit.evidence == "driver-hook":
+        return ""
+    return (
+        "the driver never called the injection library (CUDA_INJECTION64_PATH: an old driver, or the library did "
+        "not load), so the moment was found from the driver's state"
+        + (" and a line-traced rerun" if culprit.evidence == "trace" else "")
+    )
 
 
 def _driver_text(result: ScanResult) -> str:
@@ -524,6 +539,13 @@ def render_baseline(result: SweepResult, known: frozenset[str], source: str) -> 
 
 
 def _sweep_mode(result: SweepResult) -> str:
+    driver = result.driver
+    shown = replace(driver, library=display_path(driver.library) if driver.library else None) if driver else None
+    lines = [f"driver: {shown.describe()}"] if shown is not None else []
+    return "\n".join([*lines, _sweep_run(result)])
+
+
+def _sweep_run(result: SweepResult) -> str:
     if result.mode == "zygote":
         preload = ", ".join(result.preload) or "nothing"
         line = f"mode: zygote (preloaded {preload}; each module in a forked child)"

@@ -269,7 +269,27 @@ def assemble(raw: RawRun, targets: Sequence[str], driver: DriverInfo, own: Itera
         simulation_gaps=simulation_gaps(final.get("refusals") if final else None),
         skipped_events=raw.skipped_events,
         own=mine,
+        blind_spots=() if cuda_initialized or culprits else blind_spots(driver, hello),
     )
+
+
+def blind_spots(driver: DriverInfo, hello: dict[str, Any]) -> tuple[str, ...]:
+    """Why neither the driver's hook nor its state could have shown a cuInit (``()``: something could).
+
+    A real driver reports cuInit only by calling the injection library, and
+    only a driver whose ``cuDeviceGetCount`` answers can be asked afterwards; a
+    driver with neither leaves a scan that saw nothing unable to say "clean".
+    """
+    state = hello.get("state")
+    library = hello.get("library") or driver.library or "libcuda.so.1"
+    if state == protocol.DRIVER_UNASKABLE:
+        return (
+            f"the driver ({library}) has no cuDeviceGetCount, so its state cannot be asked, and it never called the "
+            "injection library (CUDA_INJECTION64_PATH): a cuInit could not have been seen",
+        )
+    if driver.kind == "real" and state == protocol.NO_DRIVER:
+        return ("libcuda.so.1 did not load in the subkernel, so a cuInit could not have been seen",)
+    return ()
 
 
 _EXPORT_TABLE_REFUSED, _UNMODELLED_CALLED, _INIT_INFERRED = 1, 2, 4

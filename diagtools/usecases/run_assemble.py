@@ -240,6 +240,17 @@ def _is_resource_tracker(argv: Sequence[str]) -> bool:
     return any(word == "-c" and code.startswith(_RESOURCE_TRACKER) for word, code in itertools.pairwise(argv))
 
 
+def _unaskable_forks(images: Sequence[_Image]) -> list[str]:
+    """Forks made while a driver was loaded that could not be asked whether it was initialized."""
+    return [
+        f"pid {image.pid} forked while a CUDA driver was loaded whose state cannot be asked (no cuDeviceGetCount) "
+        "and that reported no cuInit through the injection library: whether the fork was poisoned is unknown"
+        for image in images
+        for event in image.of_kind("start")
+        if event.get("driver_unaskable") is True
+    ]
+
+
 def _lost_children(images: Sequence[_Image], starts: Sequence[list[_Start]]) -> list[str]:
     """Forked children whose records never arrived (their file could not be written)."""
     reported = {image.pid for image in images}
@@ -276,6 +287,7 @@ def assemble_run(records: RunRecords, command: Sequence[str], driver: DriverInfo
         *outcome.notes,
         *_unwatched(images, starts, outcome, command),
         *_lost_children(images, starts),
+        *_unaskable_forks(images),
         *(f"pid {pid}: the program took the agent's record file and it could not be reopened, so what the process"
           " did after that is unknown" for pid in records.lost),
     ]  # fmt: skip

@@ -273,7 +273,7 @@ def sweep(
     timeout = validate_timeout(timeout)
     roots = validate_paths(tuple(path))
     tree = locate_tree(package, roots, exclude)
-    resolve_driver(driver)  # build the driver once, before the workers start
+    seen_driver = resolve_driver(driver).info  # build the driver once, before the workers start
     plan = _Plan(
         tree.package,
         str(tree.root),
@@ -298,18 +298,14 @@ def sweep(
             done = _dispatch(plan, pending, run, executor, tree)
         except KeyboardInterrupt as exc:
             stopped = ZygotePass(plan.preload or (), "", ())
-            partial = _result(tree, run, resumed, started, plan=plan, done=stopped)
+            partial = replace(_result(tree, run, resumed, started, plan=plan, done=stopped), driver=seen_driver)
             raise SweepInterrupted(partial, getattr(exc, "signum", None)) from exc
-    result = _result(tree, run, resumed, started, plan=plan, done=done)
+    result = replace(_result(tree, run, resumed, started, plan=plan, done=done), driver=seen_driver)
     return _with_cuts(result, plan) if cuts else result
 
 
 def _with_cuts(result: SweepResult, plan: _Plan) -> SweepResult:
     """``result`` with a verified cut search for each root cause, made on its representative module."""
-    from dataclasses import replace
-
-    from diagtools.usecases.scan import scan
-
     searches = {}
     for cause in result.causes:
         if cause.representative is None:

@@ -235,6 +235,10 @@ class Agent:
     def initialized(self):
         return self.cuinit_seen or self.driver_state() == 0
 
+    def unaskable(self):
+        """A driver is loaded whose state cannot be asked, and it reported no cuInit: initialized or not is unknown."""
+        return not self.cuinit_seen and self.driver_state() == protocol.DRIVER_UNASKABLE
+
     # -- what was running --
 
     def describe(self, frame, tid=None):
@@ -336,6 +340,7 @@ class Agent:
             argv=None,
             stack=[_row(f) for f in frames],
             driver_initialized=initialized,
+            driver_unaskable=not initialized and self.unaskable(),
             context=self.context,
         )
 
