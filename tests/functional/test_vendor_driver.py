@@ -121,17 +121,34 @@ def test_the_specimens_cut_is_verified_on_the_real_driver(on_driver):
     assert not diagtools.scan(specimen.target, path=[specimen.tree("after")], driver="real").cuda_initialized
 
 
-def test_a_disconnected_injection_hook_fails_the_driver_hook_assertions(on_driver, make_tree, monkeypatch):
+def foreign_injection(kind: str, folder: Path) -> Path:
+    """An injection library that does not load: missing, not an ELF file, or built for another machine."""
+    path = folder / "libdiagtools_injection.so"
+    if kind == "not-elf":
+        path.write_text("not an ELF file\n")
+    elif kind == "aarch64":
+        image = bytearray(drivers.build_injection_library().read_bytes())
+        image[18:20] = (183).to_bytes(2, "little")  # e_machine: EM_AARCH64
+        path.write_bytes(bytes(image))
+    return path
+
+
+@pytest.mark.parametrize("kind", ["missing", "not-elf", "aarch64"])
+def test_a_disconnected_injection_hook_fails_the_driver_hook_assertions(on_driver, make_tree, monkeypatch, kind):
     """Break CUDA_INJECTION64_PATH (a library that does not load): the same scan no longer has the hook's
-    evidence, so every test above that asserts ``driver-hook`` depends on the injection path."""
+    evidence, so every test here that asserts ``driver-hook`` depends on the injection path."""
     on_driver("vendor")
-    broken = make_tree({"libdiagtools_injection.so": "not an ELF file\n"}) / "libdiagtools_injection.so"
+    broken = foreign_injection(kind, make_tree({}))
     monkeypatch.setattr(drivers, "build_injection_library", lambda: broken)
     root = make_tree({"early.py": EARLY})
     result = diagtools.scan("early", path=[root], driver="real")
     assert result.cuda_initialized  # the driver's state still shows the initialization...
     assert result.culprit.evidence != "driver-hook"  # ...but not the hook
     assert result.culprit.evidence in ("state-probe", "trace")
+    assert (result.culprit.site.file, result.culprit.site.line) == (
+        str(root / "early.py"),
+        marked_line(root / "early.py"),
+    )
     assert "never called the injection library" in str(result)
 
 
