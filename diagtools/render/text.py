@@ -111,7 +111,7 @@ def hook_note(result: ScanResult) -> str:
     )
 
 
-def _driver_text(result: ScanResult) -> str:
+def _driver_text(result: ScanResult | ReplayResult) -> str:
     """The driver, its library shown home-relative (``~/.cache/...``) like every path a report prints."""
     library = result.driver.library
     return replace(result.driver, library=display_path(library) if library else None).describe()
@@ -302,7 +302,7 @@ def render_replay(result: ReplayResult) -> str:
     """The replay as a transcript: setup, parent state, child outcome, driver answers."""
     lines = [
         f"diagtools replay {result.target} --start-method {result.start_method} --child {result.child_action}",
-        f"  driver: {_one_line(replace(result.driver, library=None).describe())}",
+        f"  driver: {_one_line(_driver_text(result))}",
         f"  {result.headline()[0]}",
         f"  status: {result.status}; the import {_import_verdict(result)}",
     ]

@@ -163,6 +163,7 @@ def test_replay_on_the_real_driver_sees_the_forked_child_refused(stand_ins, make
     document = json.loads(out.read_text())
     assert document["driver"]["kind"] == "real"
     assert document["driver"]["library"] == str(stand_ins["vendor"] / "libcuda.so.1")
+    assert f"driver: real CUDA driver ({stand_ins['vendor'] / 'libcuda.so.1'})" in done.stdout
     assert document["child"]["status"] == "failed"
     assert document["child"]["driver_calls"][0][:2] == ["cuInit(0)", 3]
 
