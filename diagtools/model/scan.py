@@ -70,7 +70,8 @@ class Culprit(Serial):
     ``module``'s own source ("CUDA initialized at"); ``site`` is the innermost Python frame
     that made the call (``via``: often inside a library); ``stack`` is the
     whole Python stack, outermost first.  For a thread, ``thread`` is its
-    name and ``thread_started_at`` the line that started it.  ``evidence`` says
+    name, ``thread_started_at`` the line that started it and ``thread_started_by``
+    the module whose code started it (``start-up`` outside any import).  ``evidence`` says
     how the moment was caught: ``driver-hook`` (the driver called back during
     cuInit), ``trace`` (a line-traced rerun) or ``state-probe`` (the driver's
     state changed between two observations).
@@ -107,10 +108,17 @@ class Culprit(Serial):
     evidence: str = "driver-hook"
     module_site: Site | None = None
     thread_started_at: Site | None = None
+    thread_started_by: str | None = None
     stack_dropped: int = 0
     context: str | None = None
     chain_imports: tuple[Site | None, ...] = ()
     first_party: Site | None = None
+
+    @property
+    def thread_described(self) -> str:
+        """The thread in words for a report: its name, and who started it when not the main thread."""
+        name = self.thread or "an unnamed thread"
+        return f"{name} (started by {self.thread_started_by})" if self.thread_started_by else name
 
     @property
     def initialized_at(self) -> Site | None:

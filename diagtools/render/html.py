@@ -88,7 +88,7 @@ def _culprit_html(culprit: Culprit, headline: Headline | None = None) -> str:
     if culprit.chain:
         parts.append("<p>Chain: " + " &rarr; ".join(f"<code>{escape(m)}</code>" for m in culprit.chain) + "</p>")
     if culprit.phase == "thread":
-        parts.append(f"<p>Thread: <code>{escape(culprit.thread)}</code></p>")
+        parts.append(f"<p>Thread: <code>{escape(culprit.thread_described)}</code></p>")
         if culprit.thread_started_at is not None:
             parts.append(_site_html("Started at", culprit.thread_started_at))
     parts.append(change_html(culprit, headline))

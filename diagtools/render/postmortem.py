@@ -429,7 +429,7 @@ def _graph_markdown(name: str, caption: str, graphs: dict[str, str], chain_of: S
 
 def _mermaid_chain(culprit: Culprit) -> str:
     chain = list(culprit.chain) or [culprit.module or "?"]
-    nodes = [f'    n{i}["{name.replace(chr(34), "#quot;")}"]' for i, name in enumerate(chain)]
+    nodes = [f'    n{i}["{mermaid_text(name)}"]' for i, name in enumerate(chain)]
     lines = culprit.chain_imports + (None,) * len(chain)
     edges = [f"    n{i} -->{_mermaid_label(lines[i + 1])} n{i + 1}" for i in range(len(chain) - 1)]
     return "\n".join(["graph LR", *nodes, *edges, f"    style n{len(chain) - 1} fill:#d62728,color:#fff"])
@@ -439,8 +439,19 @@ def _mermaid_label(site: Site | None) -> str:
     """``|file:line|`` of an import line for a Mermaid edge, or nothing."""
     if site is None:
         return ""
-    text = f"{site.file.rsplit('/', 1)[-1]}:{site.line}"
-    return "|" + re.sub(r'["|<>]', "_", text) + "|"
+    return "|" + mermaid_text(f"{site.file.rsplit('/', 1)[-1]}:{site.line}") + "|"
+
+
+_MERMAID_PLAIN = re.compile(r"[A-Za-z0-9_.:/ -]")
+
+
+def mermaid_text(text: str) -> str:
+    """Text for a Mermaid label: every character outside a plain set becomes an entity code (``#35;``).
+
+    Names come from the target (module names, import filenames), so a newline, ``%%``, ``]``, ``|`` or a quote
+    would otherwise end the label or start a new Mermaid statement.
+    """
+    return "".join(ch if _MERMAID_PLAIN.fullmatch(ch) else f"#{ord(ch)};" for ch in text)
 
 
 def _md_align(column: str) -> str:

@@ -46,7 +46,8 @@ def _cuinit_html(cuinit: Culprit | None) -> str:
     context = f" while <code>{_esc(cuinit.context)}</code>" if cuinit.context else ""
     return (
         f"<p>culprit: <b>{_esc(cuinit.module or '?')}</b>{where}{context} "
-        f"(chain {_esc(' -> '.join(cuinit.chain) or '-')}; phase {_esc(cuinit.phase)}; {_esc(cuinit.thread)})</p>"
+        f"(chain {_esc(' -> '.join(cuinit.chain) or '-')}; phase {_esc(cuinit.phase)}; "
+        f"{_esc(cuinit.thread_described)})</p>"
     )
 
 

@@ -176,7 +176,7 @@ def culprit_details(
     if culprit.chain:
         lines.append(f"{indent}chain: {' -> '.join(map(_one_line, culprit.chain))}")
     if culprit.phase == "thread":
-        lines.append(f"{indent}thread: {_one_line(culprit.thread)}")
+        lines.append(f"{indent}thread: {_one_line(culprit.thread_described)}")
         if culprit.thread_started_at is not None:
             lines += _site_lines("started at:", culprit.thread_started_at, indent)
     lines += change_lines(culprit, headline, indent)

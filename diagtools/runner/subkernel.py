@@ -104,6 +104,9 @@ class RawRun:
     started_at: float = 0.0
     skipped_events: int = 0
     channel_truncated: bool = False
+    never_kept: int | None = None
+    """The exit status of an interpreter that ended without ever starting the keeper (a ``--python`` wrapper that
+    does not run its arguments); ``None`` when the keeper ran."""
 
 
 class _Buffer:
@@ -256,6 +259,7 @@ def run_subkernel(
         raise
     said = collected.keeper_said("exit")
     _release(keeper, fds, marker, swept=said is not None and len(said) == 1)  # "exit CODE", no "leftover"
+    never_kept = keeper.returncode if collected.keeper_said("pid") is None and said is None else None
     fault_dump = fds.read_dump()
     decoded = collected.events.decoded()
     return RawRun(
@@ -268,6 +272,7 @@ def run_subkernel(
         duration_s=clock() - started,
         marker=marker,
         started_at=wall_start,
+        never_kept=never_kept,
         skipped_events=decoded.skipped,
         channel_truncated=collected.events.truncated,
     )

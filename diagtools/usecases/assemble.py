@@ -174,9 +174,20 @@ def _signal_name(number: int) -> str:
         return f"signal {number}"
 
 
+def _exit_words(code: int) -> str:
+    return f"{code}" if code >= 0 else f"{-code} ({_signal_name(-code)})"
+
+
 def subkernel_failure(raw: RawRun) -> tuple[ScanStatus, TargetError] | None:
-    """``timeout`` or ``crashed`` with the stack dump's innermost frame; ``None`` otherwise."""
+    """``timeout`` or ``crashed`` with the stack dump's innermost frame, ``exited`` when the interpreter never
+    started the probe; ``None`` otherwise."""
     code = raw.returncode
+    if raw.never_kept is not None and not raw.timed_out:
+        message = (
+            "the interpreter never ran the probe: it exited with status "
+            f"{_exit_words(raw.never_kept)} before starting it (is --python a wrapper that drops its arguments?)"
+        )
+        return ScanStatus.EXITED, TargetError("exited", message, raw.stderr.text[-4000:], exitcode=raw.never_kept)
     if raw.timed_out:
         where = _fault_where(raw.fault_dump)
         message = "the subkernel did not finish in time" + (f"; it was at {where}" if where else "")

@@ -205,7 +205,8 @@ def attribute(
         site=pick_site(stack),
         stack=stack_sites(stack),
         phase=event.get("ph", "import"),
-        thread=_thread_label(event, main_thread),
+        thread=_thread_name(event, main_thread),
+        thread_started_by=None if event.get("th") == main_thread else (event.get("origin") or "start-up"),
         evidence=INFERRED_EVIDENCE if event.get("inferred") else EVIDENCE[event["e"]],
         module_site=_module_site(stack, modules.file_of(module)),
         thread_started_at=started_at,
@@ -216,12 +217,12 @@ def attribute(
     )
 
 
-def _thread_label(event: dict[str, Any], main_thread: int) -> str:
+def _thread_name(event: dict[str, Any], main_thread: int) -> str:
+    """The thread's own name (``""`` when the driver call came from a thread Python never named)."""
     if event.get("th") == main_thread:
         return "MainThread"
     name = event.get("name")
-    started_by = f"thread started by {event.get('origin') or 'start-up'}"
-    return f"{name} ({started_by})" if isinstance(name, str) and name else started_by
+    return name if isinstance(name, str) else ""
 
 
 def _module_site(stack: Sequence[Sequence[Any]], module_file: str | None) -> Site | None:

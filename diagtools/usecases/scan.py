@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import sys
 from collections.abc import Callable, Iterable
 from dataclasses import replace
@@ -154,6 +155,10 @@ def scan(
     return result
 
 
+_GLOB = re.compile(r"\[!?[^\].]+\]|[*?]")
+"""One glob element (``*``, ``?``, a ``[...]`` class): it stands for part of an identifier."""
+
+
 def validate_own(own: str | Iterable[str]) -> tuple[str, ...]:
     """``--own`` patterns: dotted names, optionally with ``*``/``?``/``[]`` globs."""
     try:
@@ -161,8 +166,7 @@ def validate_own(own: str | Iterable[str]) -> tuple[str, ...]:
     except TypeError:
         raise UsageError(f"own must be a package name or a list of them, got {own!r}") from None
     for pattern in patterns:
-        bare = pattern.replace("*", "x").replace("?", "x").replace("[", "").replace("]", "").replace("!", "")
-        if not isinstance(pattern, str) or not all(part.isidentifier() for part in bare.split(".")):
+        if not isinstance(pattern, str) or not all(part.isidentifier() for part in _GLOB.sub("x", pattern).split(".")):
             raise UsageError(f"--own {pattern!r} is not a package name or a glob on dotted names (such as vllm.*)")
     return patterns
 

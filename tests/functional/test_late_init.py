@@ -31,7 +31,7 @@ def test_a_daemon_thread_that_initializes_after_the_import_is_blamed_on_its_star
     assert culprit.module == "latepkg.worker"
     assert culprit.phase == "thread"
     assert culprit.chain == ("latepkg", "latepkg.worker")
-    assert culprit.thread.startswith("late-init ")
+    assert (culprit.thread, culprit.thread_started_by) == ("late-init", "latepkg.worker")
     source = root / "latepkg/worker.py"
     assert culprit.thread_started_at.line == marked_line(source, "# <- start")
     assert culprit.module_site.line == marked_line(source)  # never a line of threading.py

@@ -81,3 +81,17 @@ def test_a_bad_interpreter_is_a_one_line_error(tmp_path):
         done = cli("scan", "colorsys", "--driver", "none", "--python", old[0])
         assert done.returncode == 2
         assert "diagtools needs CPython 3.10+" in done.stderr
+
+
+def test_a_wrapper_that_never_runs_the_probe_is_named_with_its_exit_status(tmp_path):
+    wrapper = tmp_path / "python-once"
+    wrapper.write_text(  # answers the interpreter check, then exits 7 without running what it was given
+        f'#!/bin/sh\nif [ -e "{tmp_path}/asked" ]; then echo gone >&2; exit 7; fi\n'
+        f'touch "{tmp_path}/asked"\nexec "{sys.executable}" "$@"\n'
+    )
+    wrapper.chmod(0o755)
+    result = diagtools.scan("colorsys", driver="none", python=str(wrapper))
+    assert result.status == "exited"
+    assert result.error.message.startswith("the interpreter never ran the probe: it exited with status 7")
+    assert "None" not in result.error.message
+    assert result.error.exitcode == 7

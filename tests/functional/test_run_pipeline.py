@@ -171,7 +171,7 @@ def test_a_threads_cuinit_has_the_starter_modules_chain(make_tree):
     assert cuinit.phase == "thread"
     assert cuinit.module == "tmod"
     assert cuinit.chain == ("__main__", "tmod")
-    assert cuinit.thread == "warmup (thread started by tmod)"
+    assert (cuinit.thread, cuinit.thread_started_by) == ("warmup", "tmod")  # data, not prose
     assert cuinit.thread_started_at.line == marked_line(root / "tmod.py")
 
 

@@ -377,7 +377,8 @@ def test_module_imported_by_a_thread_is_chained_through_the_starter(sim_scan, ma
     assert culprit.module == "gpuleaf"
     assert culprit.phase == "thread"
     assert culprit.chain == ("th", "gpuleaf")
-    assert culprit.thread.endswith("(load) (thread started by th)")  # threading's own name, then the starter
+    assert culprit.thread.endswith("(load)")  # threading's own name
+    assert culprit.thread_started_by == "th"
     assert culprit.thread_started_at.file == str(root / "th/__init__.py")
     assert culprit.thread_started_at.source == "worker.start()"
     assert result.module("gpuleaf").parent == "th"

@@ -111,10 +111,11 @@ def test_a_culprit_thread_is_named_with_its_starter_when_threading_is_preloaded(
     fresh = sweep("tp", path=[root], driver="simulated", timeout=10, jobs=1, fresh=True)
     assert forked.mode == "zygote", forked.fallback
     zygote_culprit, fresh_culprit = forked.row("tp.starter").culprit, fresh.row("tp.starter").culprit
-    assert fresh_culprit.thread == "gpu-probe (thread started by tp.starter)"
+    assert (fresh_culprit.thread, fresh_culprit.thread_started_by) == ("gpu-probe", "tp.starter")
     assert fresh_culprit.thread_started_at.line == 9
-    assert (zygote_culprit.thread, zygote_culprit.thread_started_at) == (
+    assert (zygote_culprit.thread, zygote_culprit.thread_started_by, zygote_culprit.thread_started_at) == (
         fresh_culprit.thread,
+        fresh_culprit.thread_started_by,
         fresh_culprit.thread_started_at,
     )
     assert (zygote_culprit.module, zygote_culprit.chain, zygote_culprit.phase) == (

@@ -356,3 +356,39 @@ def test_the_child_failure_shows_the_users_frames_and_the_drivers_answer_only():
         "    lib.cuInit(0)",
         "DriverCallError: cuInit(0) failed with CUDA_ERROR_NOT_INITIALIZED (3)",
     ]
+
+
+HOSTILE_NAMES = [
+    "a\nclick n0 call alert(1)",
+    "b%%comment",
+    "c]-->x[",
+    'd"quoted"',
+    "e|pipe|",
+    "f;#35;g",
+    "h\r\ti\u2028j",
+    "k`<script>`",
+]
+
+
+@pytest.mark.parametrize("hostile", HOSTILE_NAMES)
+def test_a_hostile_name_stays_inside_its_mermaid_label(hostile):
+    from diagtools.render.postmortem import _mermaid_chain
+
+    site = Site(f"/src/{hostile}.py", 3, "<module>", "import x")
+    culprit = Culprit(
+        module=hostile,
+        chain=("app", hostile, "vmodels.platforms"),
+        site=site,
+        stack=(),
+        phase="import",
+        chain_imports=(None, site, site),
+    )
+    block = _mermaid_chain(culprit)
+    lines = block.splitlines()
+    assert lines[0] == "graph LR"
+    statement = re.compile(
+        r'    (n\d+\["[^"\n\]\[|%]*"\]|n\d+ -->(\|[^|"\n\]\[%]*\|)? n\d+|style n\d+ fill:#d62728,color:#fff)'
+    )
+    assert len(lines) == 1 + 3 + 2 + 1, block
+    for line in lines[1:]:
+        assert statement.fullmatch(line), line

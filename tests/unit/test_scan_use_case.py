@@ -66,3 +66,25 @@ def test_no_rerun_when_refinement_is_off_or_not_needed():
     runner = fake_runner([BASE])
     assert diagtools.scan("pkg", driver="simulated", refine=False, runner=runner).culprit.evidence == "state-probe"
     assert len(runner.requests) == 1
+
+
+@pytest.mark.parametrize("pattern", ["app", "vllm.*", "app[0-9]*", "app[!x]?", "vllm.model_executor.*.ops"])
+def test_own_takes_every_glob_the_readme_promises(pattern):
+    from diagtools.usecases.scan import validate_own
+
+    assert validate_own(pattern) == (pattern,)
+
+
+def test_own_bracket_range_matches_what_it_says():
+    from diagtools.model.site import is_own
+
+    assert is_own("app7.models", ("app[0-9]*",))
+    assert not is_own("apx.models", ("app[0-9]*",))
+
+
+@pytest.mark.parametrize("pattern", ["not a package", "app-1", "a..b", "app[", "1app", "app[.]x"])
+def test_own_refuses_what_is_no_dotted_name(pattern):
+    from diagtools.usecases.scan import validate_own
+
+    with pytest.raises(UsageError, match="not a package name or a glob"):
+        validate_own(pattern)
