@@ -358,12 +358,13 @@ def _check_directory(destination: str, option: str) -> None:
 
 def _write_json(document: dict[str, Any], destination: str) -> None:
     from diagtools.model.serial import json_text
+    from diagtools.render.paths import write_report
 
     text = json_text(document) + "\n"  # json.dumps(document, indent=2, sort_keys=True), faster
     if destination == "-":
         sys.stdout.write(text)
     else:
-        Path(destination).write_text(text, encoding="utf-8")
+        write_report(destination, text)
 
 
 def _run_scan(args: argparse.Namespace) -> int:
@@ -383,11 +384,11 @@ def _run_scan(args: argparse.Namespace) -> int:
     )
     from diagtools.render.text import render_scan  # loaded while the subkernel started
 
-    if args.svg:
+    _emit(result.to_json(), render_scan(result, stack=args.stack), args.json)
+    if args.svg:  # after the report: a graph that cannot be drawn loses nothing else
         from diagtools.render.graph import write_svg
 
         write_svg(result, args.svg)
-    _emit(result.to_json(), render_scan(result, stack=args.stack), args.json)
     if not result.ok:
         return EXIT_TARGET_FAILED
     return EXIT_CUDA if (args.fail_on_cuda and result.cuda_initialized) else EXIT_OK
@@ -491,8 +492,10 @@ def _print(text: str) -> None:
     """Print a report, coloured when stdout is a terminal (``NO_COLOR`` and ``FORCE_COLOR`` respected)."""
     import os
 
+    from diagtools.render.paths import readable
     from diagtools.render.text import paint, use_color
 
+    text = readable(text)
     print(paint(text) if use_color(sys.stdout.isatty(), os.environ) else text)
 
 
@@ -548,8 +551,9 @@ def _write_sweep_files(result: Any, args: argparse.Namespace) -> None:
         _write_json(result.to_json(), args.summary)
     if args.html:
         from diagtools.render.html import sweep_html
+        from diagtools.render.paths import write_report
 
-        Path(args.html).write_text(sweep_html(result), encoding="utf-8")
+        write_report(args.html, sweep_html(result))
 
 
 def _run_bisect(args: argparse.Namespace) -> int:
@@ -585,6 +589,7 @@ def _read_scan(path: str) -> Any:
 def _run_diff(args: argparse.Namespace) -> int:
     from diagtools.model.diff import diff_scans
     from diagtools.render.html import diff_html
+    from diagtools.render.paths import write_report
     from diagtools.render.text import render_diff
 
     _check_writable(args.html, "--html")
@@ -592,7 +597,7 @@ def _run_diff(args: argparse.Namespace) -> int:
     diff = diff_scans(_read_scan(args.before), _read_scan(args.after))
     if args.html:
         try:
-            Path(args.html).write_text(diff_html(diff), encoding="utf-8")
+            write_report(args.html, diff_html(diff))
         except OSError as exc:
             print(render_diff(diff))
             raise UsageError(f"cannot write {args.html}: {exc.strerror or exc}") from None
@@ -663,15 +668,16 @@ def _run_run(args: argparse.Namespace) -> int:
 
 def _report_run(result: Any, args: argparse.Namespace) -> None:
     """The report on stderr (coloured as a scan's on a terminal), then the files asked for."""
+    from diagtools.render.paths import readable, write_report
     from diagtools.render.run_html import run_page
     from diagtools.render.run_text import render_run
     from diagtools.render.text import paint, use_color
 
-    text = render_run(result)
+    text = readable(render_run(result))
     print(paint(text) if use_color(sys.stderr.isatty(), os.environ) else text, file=sys.stderr, flush=True)
     for destination, write in (
         (args.json, lambda: _write_json(result.to_json(), args.json)),
-        (args.html, lambda: Path(args.html).write_text(run_page(result), encoding="utf-8")),
+        (args.html, lambda: write_report(args.html, run_page(result))),
     ):
         try:
             if destination:

@@ -20,6 +20,7 @@ from diagtools.errors import MissingExtraError, UsageError
 from diagtools.model.diff import ScanDiff
 from diagtools.model.scan import ImportNode, ScanResult, Site
 from diagtools.render.graphview import BASE_FONT_PX
+from diagtools.render.paths import readable, write_report
 
 __all__ = ["GRAPH_VIEWS", "diff_graph", "scan_graph", "write_svg"]
 
@@ -47,8 +48,10 @@ class _Tree:
     @classmethod
     def of(cls, result: ScanResult) -> _Tree:
         nodes = {node.name: node for node in result.modules}
+        for missing in _chain_gaps(result, nodes):
+            nodes[missing.name] = missing
         children: dict[str | None, list[str]] = defaultdict(list)
-        for node in result.modules:
+        for node in nodes.values():
             children[node.parent if node.parent in nodes else None].append(node.name)
         for names in children.values():
             names.sort(key=lambda n: (-nodes[n].cumulative_s, n))
@@ -63,6 +66,17 @@ class _Tree:
             size += 1
             stack.extend(self.children.get(current, ()))
         return size
+
+
+def _chain_gaps(result: ScanResult, nodes: dict[str, ImportNode]) -> list[ImportNode]:
+    """Chain modules the document's ``modules`` lack (trimmed by hand, or run without an import the tracer saw),
+    drawn under the module before them so the chain stays whole."""
+    gaps: dict[str, ImportNode] = {}
+    for culprit in result.culprits:
+        for parent, name in zip((None, *culprit.chain), culprit.chain, strict=False):
+            if name not in nodes and name not in gaps:
+                gaps[name] = ImportNode(name, parent, None, 0.0, 0.0, name == culprit.module, complete=False)
+    return list(gaps.values())
 
 
 def _visible(result: ScanResult, tree: _Tree, view: str, max_children: int) -> tuple[list[str], dict[str, int]]:
@@ -183,7 +197,7 @@ def scan_graph(
     _add_clusters(graph, names, lambda name: _draw_node(name, tree, hidden, result, marks))
     changes = _changes(result.line_to_change if change is None else change)
     _add_edges(graph, names, tree, marks, lines=_import_lines(result), changes=changes)
-    return graph
+    return drawable(graph)
 
 
 def _changes(line: Site | None) -> frozenset[tuple[str, int]]:
@@ -197,7 +211,7 @@ def _title(result: ScanResult) -> str:
 
 
 def _escape(text: str) -> str:
-    return str(_graphviz().escape(text))
+    return str(_graphviz().escape(readable(text)))
 
 
 def _draw_node(
@@ -263,11 +277,14 @@ def diff_graph(diff: ScanDiff, *, max_children: int = 12) -> Any:
 
 def write_svg(result: ScanResult, path: str | Path, view: str = "culprits") -> Path:
     """Render the scan's graph with graphviz ``dot`` and write it as a standalone SVG file."""
-    graph = scan_graph(result, view)
     try:
-        svg = graph.pipe(format="svg")
+        svg = scan_graph(result, view).pipe(format="svg")
     except Exception as exc:  # graphviz raises ExecutableNotFound, CalledProcessError
         raise UsageError(f"cannot render the graph: {str(exc).splitlines()[0]}") from None
-    target = Path(path)
-    target.write_bytes(svg)
-    return target
+    return write_report(path, svg)
+
+
+def drawable(graph: Any) -> Any:
+    """``graph`` with every statement encodable as UTF-8 (a path under a folder named with byte 0xff)."""
+    graph.body[:] = [readable(line) for line in graph.body]
+    return graph

@@ -19,7 +19,16 @@ from pathlib import Path
 from diagtools.model.cuts import Cut, CutSearch, Edge
 from diagtools.model.scan import ScanResult, Site
 
-__all__ = ["PATH_CHARS", "display_path", "import_roots", "shareable", "short_path", "shorten_paths"]
+__all__ = [
+    "PATH_CHARS",
+    "display_path",
+    "import_roots",
+    "readable",
+    "shareable",
+    "short_path",
+    "shorten_paths",
+    "write_report",
+]
 
 PATH_CHARS = 56  # a longer path is shown with a middle ellipsis (in HTML with the whole path on hover)
 
@@ -156,3 +165,35 @@ def short_path(path: str, limit: int = PATH_CHARS) -> str:
         return folders
     keep = limit // 2 + limit // 4
     return f"{path[: limit - keep - 1]}\u2026{path[-keep:]}"
+
+
+def readable(text: str) -> str:
+    """``text`` with every lone surrogate written as an escape, so it can be encoded as UTF-8.
+
+    Linux paths are bytes: a folder named with byte 0xff reaches Python as ``\\udcff`` (surrogateescape), and a
+    document can hold any lone surrogate.  The original byte is shown as ``\\xff``; other surrogates as
+    ``\\udXXX``.
+    """
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        pass
+    try:
+        return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def write_report(path: str | Path, content: str | bytes) -> Path:
+    """Write a report file whole or not at all: a failure (disk full, a rendering error) leaves no empty or
+    half-written file where the report was expected, and a name no codec can encode is escaped."""
+    target = Path(path)
+    data = content if isinstance(content, bytes) else readable(content).encode("utf-8")
+    partial = target.with_name(f".{target.name}.{os.getpid()}.partial")
+    try:
+        partial.write_bytes(data)
+        os.replace(partial, target)
+    finally:
+        partial.unlink(missing_ok=True)
+    return target

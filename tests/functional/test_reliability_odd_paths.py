@@ -1,0 +1,93 @@
+"""Odd paths and hand-edited documents: the report is always written and readable, never lost or left empty."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import pytest
+
+from diagtools.model.diff import diff_scans
+from diagtools.model.scan import ScanResult
+from diagtools.render.html import diff_html
+from diagtools.render.paths import readable
+from tests.conftest import cli, require, write_tree
+
+LEAF = "import ctypes\nctypes.CDLL('libcuda.so.1').cuInit(0)\n"
+
+
+@pytest.fixture
+def undecodable_tree(tmp_path):
+    """A package under a folder whose name is the byte 0xff (valid on Linux, not UTF-8)."""
+    root = tmp_path / os.fsdecode(b"\xffsrc")
+    write_tree(root, {"oddpkg/__init__.py": "from . import leaf\n", "oddpkg/leaf.py": LEAF})
+    return root
+
+
+def test_readable_shows_the_original_byte_and_escapes_any_other_surrogate():
+    assert readable(os.fsdecode(b"/a/\xff/b.py")) == "/a/\\xff/b.py"
+    assert readable("m\ud800x") == "m\\ud800x"
+    assert readable("plain é") == "plain é"
+
+
+def test_scan_under_an_undecodable_folder_keeps_the_report_and_draws_the_graph(undecodable_tree, tmp_path):
+    require("graphviz", "notebook")
+    svg = tmp_path / "graph.svg"
+    done = cli(
+        "scan", "oddpkg", "--path", str(undecodable_tree), "--driver", "simulated", "--no-cuts", "--svg", str(svg)
+    )
+    assert done.returncode == 0, done.stderr
+    assert "culprit: oddpkg.leaf" in done.stdout
+    assert "Traceback" not in done.stderr
+    assert "codec" not in done.stderr
+    assert "\\xffsrc" in svg.read_text(encoding="utf-8")
+
+
+@pytest.mark.parametrize("command", ["sweep", "run"])
+def test_html_under_an_undecodable_folder_is_written_whole(command, undecodable_tree, tmp_path):
+    page = tmp_path / "report.html"
+    if command == "sweep":
+        args = ["sweep", "oddpkg", "--path", str(undecodable_tree), "--driver", "simulated", "--html", str(page)]
+    else:
+        code = f"import sys; sys.path.insert(0, {str(undecodable_tree)!r}); import oddpkg"
+        args = ["run", "--driver", "simulated", "--html", str(page), "--", sys.executable, "-c", code]
+    done = cli(*args)
+    assert "internal error" not in done.stderr, done.stderr
+    assert done.returncode in (0, 1), done.stderr
+    text = page.read_text(encoding="utf-8")
+    assert "oddpkg.leaf" in text
+    assert text.rstrip().endswith("</div>" if command == "sweep" else "</html>")
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".partial")]
+
+
+@pytest.fixture
+def scanned(tmp_path, make_tree):
+    tree = make_tree({"trimpkg/__init__.py": "from . import leaf\n", "trimpkg/leaf.py": LEAF})
+    out = tmp_path / "scan.json"
+    done = cli("scan", "trimpkg", "--path", str(tree), "--driver", "simulated", "--no-cuts", "--json", str(out))
+    assert done.returncode == 0, done.stderr
+    return json.loads(out.read_text(encoding="utf-8"))
+
+
+def test_diff_of_a_document_with_a_lone_surrogate_renders_it_escaped(scanned, tmp_path):
+    before = tmp_path / "before.json"
+    before.write_text(json.dumps(scanned), encoding="utf-8")
+    after = tmp_path / "after.json"
+    after.write_text(json.dumps(scanned).replace("trimpkg.leaf", "trimpkg.le\\ud800af"), encoding="utf-8")
+    page, document = tmp_path / "diff.html", tmp_path / "diff.json"
+    done = cli("diff", str(before), str(after), "--html", str(page), "--json", str(document))
+    assert done.returncode == 0, done.stderr
+    assert "trimpkg.le\\ud800af" in done.stdout
+    assert "trimpkg.le\\ud800af" in page.read_text(encoding="utf-8")
+    assert json.loads(document.read_text(encoding="utf-8"))
+
+
+def test_a_chain_module_trimmed_from_modules_still_renders(scanned):
+    require("graphviz", "notebook")
+    trimmed = dict(scanned, modules=[m for m in scanned["modules"] if m["name"] != "trimpkg.leaf"])
+    whole, cut = ScanResult.from_json(scanned), ScanResult.from_json(trimmed)
+    assert "trimpkg.leaf" in cut._repr_html_()
+    assert "trimpkg.leaf" in diff_html(diff_scans(whole, cut))
+    assert "trimpkg.leaf" in diff_html(diff_scans(cut, whole))
+    assert b"trimpkg.leaf" in cut.graph().pipe(format="svg")
