@@ -28,6 +28,7 @@ PROGRAM_FILE = "DIAGTOOLS_PROGRAM_FILE"
 CUPROBE = "DIAGTOOLS_CUPROBE"
 SUBKERNEL_MARKER = "DIAGTOOLS_SUBKERNEL"
 DRIVER_KIND = "DIAGTOOLS_DRIVER"
+SIMULATED_WORLD = "DIAGTOOLS_SIMULATED_WORLD"  # the simulated libraries' real folder: the only one they may load from
 PROTOCOL_MODULE = "_diagtools_protocol"  # the name the agents import this module under
 CUPROBE_MODULE = "_diagtools_cuprobe"
 

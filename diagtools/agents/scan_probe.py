@@ -574,8 +574,33 @@ def _finish_scan():
         initialized=_driver_initialized(),
         torch=_torch_cuda_initialized(),
         refusals=_simulation_refusals(),
+        foreign=_foreign_cuda_libraries(),
     )
     _channel.emit("done")
+
+
+_CUDA_LIBRARIES = ("libcuda.so", "libcudart.so", "libnvidia-ml.so")
+
+
+def _foreign_cuda_libraries():
+    """Under the simulated driver: CUDA libraries mapped into this process from outside the simulated world's
+    folder (read from the loaded maps, not the environment), each as its path; ``[]`` when there are none."""
+    world = _ENV.get(protocol.SIMULATED_WORLD)
+    if _ENV.get(protocol.DRIVER_KIND) != "simulated" or not world:
+        return []
+    try:
+        with open("/proc/self/maps", "rb") as maps:
+            lines = maps.read().decode("utf-8", "surrogateescape").splitlines()
+    except OSError:
+        return []
+    found = []
+    for line in lines:
+        path = line.split(None, 5)[5] if line.count(" ") >= 5 and "/" in line else ""
+        path = path.strip()
+        name = path.rsplit("/", 1)[-1]
+        if name.startswith(_CUDA_LIBRARIES) and path.rsplit("/", 1)[0] != world and path not in found:
+            found.append(path)
+    return found
 
 
 def main():

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from diagtools import protocol
 from diagtools.driver._inputs import input_files
 from diagtools.errors import CacheDirectoryError, DriverBuildError, DriverUnavailableError, UsageError
 from diagtools.model.driver import DriverInfo
@@ -431,15 +432,58 @@ def _simulated_setup(requested: str) -> DriverSetup:
     a spawned child, a worker the target starts.  It does nothing until called.
     """
     world = build_simulated_world()
-    directory = world.directory
+    directory = loader_safe(world.directory)
     current = _without_simulated_paths(dict(os.environ))
     runtimes = [str(directory / name) for name in world.libraries if name.startswith("libcudart.")]
     env = {
         "LD_LIBRARY_PATH": ":".join(p for p in (str(directory), current.get("LD_LIBRARY_PATH", "")) if p),
         "TRITON_LIBCUDA_PATH": str(directory),
-        "DIAGTOOLS_DRIVER": "simulated",
+        protocol.DRIVER_KIND: "simulated",
+        protocol.SIMULATED_WORLD: os.path.realpath(world.directory),
     }
     # set even when empty: a preload of an older simulated world must not be inherited
     env["LD_PRELOAD"] = ":".join(p for p in (*runtimes, current.get("LD_PRELOAD", "")) if p)
-    info = DriverInfo("simulated", requested, str(directory / "libcuda.so.1"), world.libraries)
+    info = DriverInfo("simulated", requested, str(world.directory / "libcuda.so.1"), world.libraries)
     return DriverSetup(info, env, libraries=world.libraries, notes=world.notes)
+
+
+_LOADER_UNSAFE = frozenset(" \t\n:;$")
+"""Characters the loader's path lists cannot carry: ``LD_LIBRARY_PATH`` splits at ``:`` and ``;``,
+``LD_PRELOAD`` also at spaces, and both expand ``$ORIGIN``-style tokens."""
+
+
+def loader_safe(directory: Path) -> Path:
+    """``directory``, or a private symlink to it whose path the loader's lists can carry.
+
+    A cache under a home folder named with a space or a colon would otherwise be
+    cut in two by ``LD_PRELOAD``/``LD_LIBRARY_PATH``, and another CUDA runtime
+    found instead.  The link lives in the first temporary folder with a plain
+    path, is named by this user and the folder, and is reused only when it is
+    this user's and points at ``directory``.
+    """
+    if not _LOADER_UNSAFE.intersection(str(directory)):
+        return directory
+    target = os.path.realpath(directory)
+    name = f"diagtools-{os.getuid()}-{zlib.crc32(target.encode('utf-8', 'surrogateescape')):08x}"
+    for base in (os.environ.get("TMPDIR", ""), "/tmp", "/var/tmp", "/dev/shm"):
+        if not base or _LOADER_UNSAFE.intersection(base) or not os.path.isdir(base):
+            continue
+        link = Path(base, name)
+        with contextlib.suppress(FileExistsError, OSError):
+            os.symlink(target, link)
+        if _ours(link, target):
+            return link
+    raise CacheDirectoryError(
+        "the simulated driver",
+        str(directory),
+        "its path holds a space, colon or '$' that the loader cannot "
+        "take, and no private link to it could be made in /tmp",
+    )
+
+
+def _ours(link: Path, target: str) -> bool:
+    try:
+        stat = os.lstat(link)
+        return stat.st_uid == os.getuid() and os.path.islink(link) and os.readlink(link) == target
+    except OSError:
+        return False

@@ -280,11 +280,11 @@ def assemble(raw: RawRun, targets: Sequence[str], driver: DriverInfo, own: Itera
         simulation_gaps=simulation_gaps(final.get("refusals") if final else None),
         skipped_events=raw.skipped_events,
         own=mine,
-        blind_spots=() if cuda_initialized or culprits else blind_spots(driver, hello),
+        blind_spots=() if cuda_initialized or culprits else blind_spots(driver, hello, final),
     )
 
 
-def blind_spots(driver: DriverInfo, hello: dict[str, Any]) -> tuple[str, ...]:
+def blind_spots(driver: DriverInfo, hello: dict[str, Any], final: dict[str, Any] | None = None) -> tuple[str, ...]:
     """Why neither the driver's hook nor its state could have shown a cuInit (``()``: something could).
 
     A real driver reports cuInit only by calling the injection library, and
@@ -300,6 +300,14 @@ def blind_spots(driver: DriverInfo, hello: dict[str, Any]) -> tuple[str, ...]:
         )
     if driver.kind == "real" and state == protocol.NO_DRIVER:
         return ("libcuda.so.1 did not load in the subkernel, so a cuInit could not have been seen",)
+    foreign = [path for path in (final or {}).get("foreign") or () if isinstance(path, str)]
+    if driver.kind == "simulated" and foreign:
+        return (
+            "CUDA libraries outside the simulated world were loaded, so a call into them could not have been seen: "
+            + ", ".join(foreign[:4]),
+        )
+    if driver.kind == "simulated" and state == protocol.NO_DRIVER:
+        return ("the simulated libcuda.so.1 did not load in the subkernel, so a cuInit could not have been seen",)
     return ()
 
 

@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 
 import pytest
 
+import diagtools
 from diagtools.model.diff import diff_scans
 from diagtools.model.scan import ScanResult
 from diagtools.render.html import diff_html
 from diagtools.render.paths import readable
-from tests.conftest import cli, require, write_tree
+from tests.conftest import DIAGTOOLS, cli, require, write_tree
 
 LEAF = "import ctypes\nctypes.CDLL('libcuda.so.1').cuInit(0)\n"
 
@@ -91,3 +93,42 @@ def test_a_chain_module_trimmed_from_modules_still_renders(scanned):
     assert "trimpkg.leaf" in diff_html(diff_scans(whole, cut))
     assert "trimpkg.leaf" in diff_html(diff_scans(cut, whole))
     assert b"trimpkg.leaf" in cut.graph().pipe(format="svg")
+
+
+RUNTIME_CALL = """
+import ctypes
+count = ctypes.c_int()
+ctypes.CDLL("libcudart.so.13").cudaGetDeviceCount(ctypes.byref(count))
+"""
+
+
+@pytest.mark.parametrize("folder", ["cache with space", "cache:colon"])
+def test_a_cache_folder_the_loader_cannot_split_still_gets_the_simulated_runtime(folder, tmp_path, make_tree):
+    tree = make_tree({"rtcall.py": RUNTIME_CALL})
+    env = dict(os.environ, DIAGTOOLS_CACHE_DIR=str(tmp_path / folder))
+    done = subprocess.run(
+        [DIAGTOOLS, "scan", "rtcall", "--path", str(tree), "--driver", "simulated", "--no-cuts"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "verdict: initializes-cuda" in done.stdout, done.stdout
+    assert "culprit: rtcall" in done.stdout
+
+
+def test_a_cuda_library_loaded_from_outside_the_simulated_world_makes_a_quiet_scan_unknown(tmp_path, make_tree):
+    elsewhere = tmp_path / "toolkit"
+    elsewhere.mkdir()
+    source = elsewhere / "empty.c"
+    source.write_text("int cudaRuntimeGetVersion(int *v) { *v = 12000; return 0; }\n")
+    library = elsewhere / "libcudart.so.12"
+    subprocess.run(["cc", "-shared", "-fPIC", "-o", str(library), str(source)], check=True)
+    tree = make_tree({"loadsother.py": f"import ctypes\nctypes.CDLL({str(library)!r})\n"})
+    result = diagtools.scan("loadsother", path=[tree], driver="simulated", cuts=False)
+    assert result.verdict == "unknown"
+    assert any(str(library) in doubt and "outside the simulated world" in doubt for doubt in result.doubts())
+    quiet = diagtools.scan("json", driver="simulated", cuts=False)
+    assert quiet.verdict == "clean", quiet.doubts()
