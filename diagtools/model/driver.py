@@ -29,6 +29,12 @@ class DriverInfo(Serial):
         if not self.requested:
             object.__setattr__(self, "requested", self.kind)
 
+    @property
+    def blind(self) -> str | None:
+        """Why nothing run on this driver can show a cuInit (``--driver none``), else ``None``: a doubt that
+        every verdict (scan, run, sweep, bisect, postmortem) takes the same way."""
+        return "no driver was loaded, so a cuInit could not be observed" if self.kind == "none" else None
+
     def describe(self) -> str:
         where = f" ({self.library})" if self.library else ""
         label = {

@@ -263,8 +263,8 @@ class ScanResult(Serial):
         reasons = []
         if self.status != ScanStatus.OK:
             reasons.append(self.error.message if self.error else f"the run ended as {self.status}")
-        if self.driver.kind == "none":
-            reasons.append("no driver was loaded, so a cuInit could not be observed")
+        if self.driver.blind:
+            reasons.append(self.driver.blind)
         reasons += [f"a library failed under the simulated driver: {gap}" for gap in self.simulation_gaps]
         reasons += list(self.blind_spots)
         return tuple(reasons)

@@ -279,6 +279,8 @@ def _the_fix(report: Postmortem) -> str:
 
 
 def _verdict(result: ScanResult) -> str:
+    if result.verdict == "unknown":
+        return "unknown: " + "; ".join(result.doubts())
     if not result.cuda_initialized:
         return "CUDA not initialized"
     culprit = result.culprit

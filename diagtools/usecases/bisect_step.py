@@ -34,6 +34,8 @@ def verdict(target: str, path: str, driver: str, timeout: float) -> tuple[int, d
     result = scan_at(target, path, driver, timeout)
     if not result.ok:
         return SKIP, {"verdict": "skip", "status": result.status, "error": result.error.message if result.error else ""}
+    if result.verdict == "unknown":  # nothing seen, but the scan could not have seen it: never "good"
+        return SKIP, {"verdict": "skip", "status": result.status, "error": "; ".join(result.doubts())}
     culprit = result.culprit.to_json() if result.culprit else None
     code = BAD if result.cuda_initialized else GOOD
     return code, {"verdict": "bad" if code == BAD else "good", "status": result.status, "culprit": culprit}

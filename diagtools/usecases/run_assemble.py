@@ -284,6 +284,7 @@ def assemble_run(records: RunRecords, command: Sequence[str], driver: DriverInfo
     processes = tuple(record for record, _ in pairs)
     findings = _findings(pairs)
     notes = [
+        *([driver.blind] if driver.blind else []),
         *outcome.notes,
         *_unwatched(images, starts, outcome, command),
         *_lost_children(images, starts),

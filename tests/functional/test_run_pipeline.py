@@ -249,7 +249,7 @@ def test_a_fork_whose_child_left_no_records_is_not_clean(tmp_path):
     hello = {"e": "hello", "pid": 10, "parent": 1, "via": "exec", "argv": ["python"], "python": "3", "t": 1.0}
     start = {"e": "start", "kind": "fork", "seq": 1, "child": None, "stack": [], "driver_initialized": False, "t": 2}
     child = {"e": "fork-child", "seq": 1, "child": 11, "t": 2.5}
-    result = assemble_run(RunRecords(((hello, start, child),)), ["python"], DriverInfo("none"), RunOutcome(10, 0))
+    result = assemble_run(RunRecords(((hello, start, child),)), ["python"], DriverInfo("simulated"), RunOutcome(10, 0))
     assert result.verdict == "unknown"
     assert "pid 11 (forked by pid 10) left no records" in result.notes[0]
 

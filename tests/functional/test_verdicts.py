@@ -6,6 +6,7 @@ import json
 
 import diagtools
 from diagtools.model.diff import diff_scans
+from diagtools.model.driver import DriverInfo
 from diagtools.model.scan import ScanResult
 from diagtools.model.verdict import ScanStatus, Verdict
 from tests.conftest import cli
@@ -82,3 +83,30 @@ def test_the_guard_fails_a_module_it_could_not_see(pytester):
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
     result.assert_outcomes(failed=1)
     assert "verdict unknown, not clean: no driver was loaded" in result.stdout.str()
+
+
+def test_run_without_a_driver_is_unknown_as_a_scan_is(make_tree):
+    result = diagtools.run(["python3", "-c", "print(1)"], driver="none", timeout=60)
+    assert result.verdict == "unknown"
+    assert result.notes[0] == DriverInfo("none").blind
+    assert diagtools.scan("json", driver="none", cuts=False).doubts()[0] == DriverInfo("none").blind
+
+
+def test_bisect_never_calls_a_commit_good_that_it_could_not_see(make_tree):
+    from diagtools.usecases.bisect_step import SKIP, verdict
+
+    root = make_tree({"calm.py": "import json\n"})
+    code, record = verdict("calm", str(root), "none", 60)
+    assert code == SKIP
+    assert record["verdict"] == "skip"
+    assert "no driver was loaded" in record["error"]
+    assert verdict("calm", str(root), "simulated", 60)[1]["verdict"] == "good"
+
+
+def test_the_postmortem_timeline_says_unknown_for_a_scan_that_could_not_see(make_tree):
+    from diagtools.render.postmortem import _verdict
+
+    root = make_tree({"calm.py": "import json\n"})
+    blind = diagtools.scan("calm", path=[root], driver="none", cuts=False)
+    assert _verdict(blind).startswith("unknown: no driver was loaded")
+    assert _verdict(diagtools.scan("calm", path=[root], driver="simulated", cuts=False)) == "CUDA not initialized"
