@@ -27,6 +27,7 @@
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -41,6 +42,10 @@
 
 #define SIMCUDART_KERNEL_LAUNCH 1u
 #define SIMCUDART_UNMODELLED 2u
+#define HANDLE_STREAM 1u
+#define HANDLE_EVENT 2u
+
+static int stream_ok(cudaStream_t stream); /* a stream this runtime made, or a special one */
 
 /* ---- refusals: where the simulation ends ---- */
 
@@ -452,7 +457,7 @@ cudaError_t cudaMalloc(void **pointer, size_t size) { return allocate(pointer, s
 
 cudaError_t cudaMallocAsync(void **pointer, size_t size, cudaStream_t stream)
 {
-    (void)stream;
+    REQUIRE(stream_ok(stream), cudaErrorInvalidResourceHandle);
     return allocate(pointer, size);
 }
 
@@ -478,7 +483,7 @@ cudaError_t cudaFree(void *pointer)
 
 cudaError_t cudaFreeAsync(void *pointer, cudaStream_t stream)
 {
-    (void)stream;
+    REQUIRE(stream_ok(stream), cudaErrorInvalidResourceHandle);
     return cudaFree(pointer);
 }
 
@@ -501,102 +506,236 @@ cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total_bytes)
     return cudaSuccess;
 }
 
-/* Every pointer is a host pointer here, so every kind of copy is a memcpy. */
+/* ---- copies and memsets: checked first, so a bad pointer is cudaErrorInvalidValue, never a crash ---- */
+
+/* Whether every page of [pointer, pointer + count) is mapped (mincore fails with ENOMEM on a hole). */
+static int mapped(const void *pointer, size_t count)
+{
+    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    uintptr_t start = (uintptr_t)pointer & ~(page - 1);
+    if (pointer == NULL || count > (size_t)SIM_TOTAL_MEM || (uintptr_t)pointer > UINTPTR_MAX - count)
+        return 0;
+    uintptr_t end = (uintptr_t)pointer + count;
+    unsigned char resident[256];
+    while (start < end) {
+        uintptr_t span = end - start < 256 * page ? end - start : 256 * page;
+        if (mincore((void *)start, span, resident) != 0)
+            return 0;
+        start += (span + page - 1) & ~(page - 1);
+    }
+    return 1;
+}
+
+/* Whether [pointer, pointer + count) can be written: the kernel fills it from /dev/zero and says EFAULT
+ * where it cannot (a read-only mapping), so only a call about to overwrite the range may ask. */
+static int writable(void *pointer, size_t count)
+{
+    static int zero = -2;
+    if (__atomic_load_n(&zero, __ATOMIC_ACQUIRE) == -2) {
+        int fd = open("/dev/zero", O_RDONLY | O_CLOEXEC);
+        int expected = -2;
+        if (!__atomic_compare_exchange_n(&zero, &expected, fd, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE) && fd >= 0)
+            close(fd);
+    }
+    int fd = __atomic_load_n(&zero, __ATOMIC_ACQUIRE);
+    if (fd < 0)
+        return 1; /* no /dev/zero: mapped() already said the pages exist */
+    for (size_t done = 0; done < count;) {
+        ssize_t got = read(fd, (char *)pointer + done, count - done);
+        if (got <= 0)
+            return 0;
+        done += (size_t)got;
+    }
+    return 1;
+}
+
+static int overlap(const void *a, const void *b, size_t count)
+{
+    uintptr_t x = (uintptr_t)a, y = (uintptr_t)b;
+    return x < y + count && y < x + count;
+}
+
+/* Every pointer is a host pointer here, so every kind of copy is a memmove. */
 cudaError_t cudaMemcpy(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind)
 {
-    (void)kind;
+    REQUIRE((unsigned)kind <= (unsigned)cudaMemcpyDefault, cudaErrorInvalidMemcpyDirection);
     REQUIRE_INIT();
-    if (count > 0)
-        memmove(dst, src, count);
+    if (count == 0)
+        return cudaSuccess;
+    REQUIRE(mapped(dst, count) && mapped(src, count), cudaErrorInvalidValue);
+    REQUIRE(overlap(dst, src, count) || writable(dst, count), cudaErrorInvalidValue);
+    memmove(dst, src, count);
     return cudaSuccess;
 }
 
 cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind, cudaStream_t stream)
 {
-    (void)stream;
+    REQUIRE(stream_ok(stream), cudaErrorInvalidResourceHandle);
     return cudaMemcpy(dst, src, count, kind);
 }
 
 cudaError_t cudaMemset(void *pointer, int value, size_t count)
 {
     REQUIRE_INIT();
-    if (count > 0)
-        memset(pointer, value, count);
+    if (count == 0)
+        return cudaSuccess;
+    REQUIRE(mapped(pointer, count) && writable(pointer, count), cudaErrorInvalidValue);
+    memset(pointer, value, count);
     return cudaSuccess;
 }
 
 cudaError_t cudaMemsetAsync(void *pointer, int value, size_t count, cudaStream_t stream)
 {
-    (void)stream;
+    REQUIRE(stream_ok(stream), cudaErrorInvalidResourceHandle);
     return cudaMemset(pointer, value, count);
 }
 
-/* ---- streams and events: handles with nothing ever queued on them ---- */
+/* ---- streams and events: handles with nothing ever queued on them ----
+ * Every handle this runtime made is in a table until destroyed, so a handle it never made, one
+ * destroyed already, the special streams (legacy, per-thread) passed to cudaStreamDestroy, or an
+ * event passed as a stream are cudaErrorInvalidResourceHandle, as the real runtime answers. */
 
-static cudaError_t new_handle(void **handle)
+struct handle_table {
+    pthread_mutex_t lock;
+    const void **handles;
+    unsigned char *kinds;
+    size_t count, capacity;
+};
+
+static struct handle_table table = {PTHREAD_MUTEX_INITIALIZER, NULL, NULL, 0, 0};
+
+/* The slot of ``handle`` of ``kind``, or -1; called with the lock held. */
+static long slot_of(const void *handle, unsigned char kind)
+{
+    for (size_t i = 0; i < table.count; i++)
+        if (table.handles[i] == handle && table.kinds[i] == kind)
+            return (long)i;
+    return -1;
+}
+
+static int add_handle(const void *handle, unsigned char kind)
+{
+    int ok = 1;
+    pthread_mutex_lock(&table.lock);
+    if (table.count == table.capacity) {
+        size_t capacity = table.capacity ? table.capacity * 2 : 64;
+        const void **handles = realloc(table.handles, capacity * sizeof *handles);
+        if (handles != NULL)
+            table.handles = handles;
+        unsigned char *kinds = handles != NULL ? realloc(table.kinds, capacity) : NULL;
+        if (kinds != NULL) {
+            table.kinds = kinds;
+            table.capacity = capacity;
+        }
+        ok = kinds != NULL;
+    }
+    if (ok) {
+        table.handles[table.count] = handle;
+        table.kinds[table.count++] = kind;
+    }
+    pthread_mutex_unlock(&table.lock);
+    return ok;
+}
+
+static int live(const void *handle, unsigned char kind)
+{
+    pthread_mutex_lock(&table.lock);
+    int found = slot_of(handle, kind) >= 0;
+    pthread_mutex_unlock(&table.lock);
+    return found;
+}
+
+/* Take ``handle`` out of the table and free it; 0 when the table never held it. */
+static int drop_handle(void *handle, unsigned char kind)
+{
+    pthread_mutex_lock(&table.lock);
+    long slot = slot_of(handle, kind);
+    if (slot >= 0) {
+        table.handles[slot] = table.handles[--table.count];
+        table.kinds[slot] = table.kinds[table.count];
+    }
+    pthread_mutex_unlock(&table.lock);
+    if (slot < 0)
+        return 0;
+    free(handle);
+    return 1;
+}
+
+static int special_stream(cudaStream_t stream)
+{
+    return stream == NULL || stream == cudaStreamLegacy || stream == cudaStreamPerThread;
+}
+
+static int stream_ok(cudaStream_t stream) { return special_stream(stream) || live(stream, HANDLE_STREAM); }
+
+static cudaError_t new_handle(void **handle, unsigned char kind)
 {
     REQUIRE(handle != NULL, cudaErrorInvalidValue);
     REQUIRE_INIT();
-    *handle = calloc(1, 64);
-    return *handle != NULL ? cudaSuccess : fail(cudaErrorMemoryAllocation);
+    void *made = calloc(1, 64);
+    if (made == NULL || !add_handle(made, kind)) {
+        free(made);
+        return fail(cudaErrorMemoryAllocation);
+    }
+    *handle = made;
+    return cudaSuccess;
 }
 
-cudaError_t cudaStreamCreate(cudaStream_t *stream) { return new_handle((void **)stream); }
+cudaError_t cudaStreamCreate(cudaStream_t *stream) { return new_handle((void **)stream, HANDLE_STREAM); }
 
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t *stream, unsigned int flags)
 {
     (void)flags;
-    return new_handle((void **)stream);
+    return new_handle((void **)stream, HANDLE_STREAM);
 }
 
 cudaError_t cudaStreamCreateWithPriority(cudaStream_t *stream, unsigned int flags, int priority)
 {
     (void)flags;
     (void)priority;
-    return new_handle((void **)stream);
+    return new_handle((void **)stream, HANDLE_STREAM);
 }
 
 cudaError_t cudaStreamDestroy(cudaStream_t stream)
 {
-    free(stream);
+    REQUIRE(!special_stream(stream) && drop_handle(stream, HANDLE_STREAM), cudaErrorInvalidResourceHandle);
     return cudaSuccess;
 }
 
 cudaError_t cudaStreamSynchronize(cudaStream_t stream)
 {
-    (void)stream;
     REQUIRE_INIT();
+    REQUIRE(stream_ok(stream), cudaErrorInvalidResourceHandle);
     return cudaSuccess;
 }
 
 cudaError_t cudaStreamQuery(cudaStream_t stream)
 {
-    (void)stream;
     REQUIRE_INIT();
+    REQUIRE(stream_ok(stream), cudaErrorInvalidResourceHandle);
     return cudaSuccess;
 }
 
 cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int flags)
 {
-    (void)stream;
-    (void)event;
     (void)flags;
     REQUIRE_INIT();
+    REQUIRE(stream_ok(stream) && live(event, HANDLE_EVENT), cudaErrorInvalidResourceHandle);
     return cudaSuccess;
 }
 
 cudaError_t cudaStreamGetPriority(cudaStream_t stream, int *priority)
 {
-    (void)stream;
     REQUIRE(priority != NULL, cudaErrorInvalidValue);
+    REQUIRE(stream_ok(stream), cudaErrorInvalidResourceHandle);
     *priority = 0;
     return cudaSuccess;
 }
 
 cudaError_t cudaStreamIsCapturing(cudaStream_t stream, enum cudaStreamCaptureStatus *status)
 {
-    (void)stream;
     REQUIRE(status != NULL, cudaErrorInvalidValue);
+    REQUIRE(stream_ok(stream), cudaErrorInvalidResourceHandle);
     *status = cudaStreamCaptureStatusNone;
     return cudaSuccess;
 }
@@ -611,44 +750,42 @@ cudaError_t cudaThreadExchangeStreamCaptureMode(enum cudaStreamCaptureMode *mode
     return cudaSuccess;
 }
 
-cudaError_t cudaEventCreate(cudaEvent_t *event) { return new_handle((void **)event); }
+cudaError_t cudaEventCreate(cudaEvent_t *event) { return new_handle((void **)event, HANDLE_EVENT); }
 
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t *event, unsigned int flags)
 {
     (void)flags;
-    return new_handle((void **)event);
+    return new_handle((void **)event, HANDLE_EVENT);
 }
 
 cudaError_t cudaEventDestroy(cudaEvent_t event)
 {
-    free(event);
+    REQUIRE(drop_handle(event, HANDLE_EVENT), cudaErrorInvalidResourceHandle);
     return cudaSuccess;
 }
 
 cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream)
 {
-    (void)event;
-    (void)stream;
+    REQUIRE(live(event, HANDLE_EVENT) && stream_ok(stream), cudaErrorInvalidResourceHandle);
     return cudaSuccess;
 }
 
 cudaError_t cudaEventSynchronize(cudaEvent_t event)
 {
-    (void)event;
+    REQUIRE(live(event, HANDLE_EVENT), cudaErrorInvalidResourceHandle);
     return cudaSuccess;
 }
 
 cudaError_t cudaEventQuery(cudaEvent_t event)
 {
-    (void)event;
+    REQUIRE(live(event, HANDLE_EVENT), cudaErrorInvalidResourceHandle);
     return cudaSuccess;
 }
 
 cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end)
 {
-    (void)start;
-    (void)end;
     REQUIRE(ms != NULL, cudaErrorInvalidValue);
+    REQUIRE(live(start, HANDLE_EVENT) && live(end, HANDLE_EVENT), cudaErrorInvalidResourceHandle);
     *ms = 0.0f;
     return cudaSuccess;
 }

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import stat
 import textwrap
 
 import pytest
@@ -180,6 +182,7 @@ def test_a_json_file_that_fails_at_write_time_still_prints_the_report(package):
     assert "Traceback" not in done.stderr
     assert "diagtools run: true" in done.stderr  # the report came first
     assert "cannot write /dev/full" in done.stderr
+    assert stat.S_ISCHR(os.stat("/dev/full").st_mode)  # written to, never replaced by a file
 
 
 SPECIMEN = get("common_ops")

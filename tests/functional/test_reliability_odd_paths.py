@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import subprocess
 import sys
+import threading
 
 import pytest
 
@@ -13,7 +15,7 @@ import diagtools
 from diagtools.model.diff import diff_scans
 from diagtools.model.scan import ScanResult
 from diagtools.render.html import diff_html
-from diagtools.render.paths import readable
+from diagtools.render.paths import readable, write_report
 from tests.conftest import DIAGTOOLS, cli, require, write_tree
 
 LEAF = "import ctypes\nctypes.CDLL('libcuda.so.1').cuInit(0)\n"
@@ -132,3 +134,36 @@ def test_a_cuda_library_loaded_from_outside_the_simulated_world_makes_a_quiet_sc
     assert any(str(library) in doubt and "outside the simulated world" in doubt for doubt in result.doubts())
     quiet = diagtools.scan("json", driver="simulated", cuts=False)
     assert quiet.verdict == "clean", quiet.doubts()
+
+
+def test_a_report_named_as_a_pipe_is_written_into_it_and_the_pipe_stays(tmp_path):
+    fifo = tmp_path / "reader"
+    os.mkfifo(fifo)
+    received = []
+    reader = threading.Thread(target=lambda: received.append(fifo.read_bytes()))
+    reader.start()
+    write_report(fifo, "{}\n")
+    reader.join(timeout=30)
+    assert received == [b"{}\n"]
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
+
+
+def test_a_report_through_a_symbolic_link_replaces_the_file_it_names_and_keeps_the_link_and_the_mode(tmp_path):
+    real = tmp_path / "reports" / "scan.json"
+    real.parent.mkdir()
+    real.write_text("old", encoding="utf-8")
+    real.chmod(0o640)
+    link = tmp_path / "latest.json"
+    link.symlink_to(real)
+    write_report(link, "new")
+    assert link.is_symlink()
+    assert os.readlink(link) == str(real)
+    assert real.read_text(encoding="utf-8") == "new"
+    assert stat.S_IMODE(real.stat().st_mode) == 0o640
+    assert sorted(p.name for p in real.parent.iterdir()) == ["scan.json"]  # no partial file left behind
+
+
+def test_a_report_to_the_null_device_leaves_it_a_device(tmp_path):
+    done = cli("scan", "oddpkg", "--path", str(tmp_path), "--driver", "none", "--no-cuts", "--json", "/dev/null")
+    assert "Traceback" not in done.stderr
+    assert stat.S_ISCHR(os.stat("/dev/null").st_mode)

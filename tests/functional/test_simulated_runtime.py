@@ -312,3 +312,111 @@ def test_a_runtime_that_does_not_compile_leaves_the_driver_standing_with_a_note(
     assert any("did not build" in note and "cannot build" in note for note in world.notes), world.notes
     setup = resolve_driver("simulated")
     assert setup.env["LD_PRELOAD"] == os.environ.get("LD_PRELOAD", "")
+
+
+def test_bad_pointers_and_handles_are_errors_as_in_the_real_runtime_never_a_crash():
+    simulated, _ = built_runtime()
+    lines = run_simulated(
+        f"""
+        import ctypes
+        rt = ctypes.CDLL({str(simulated)!r}, ctypes.RTLD_GLOBAL)
+        """
+        + """
+        P = ctypes.c_void_p
+        legacy, per_thread = P(1), P(2)
+        print(rt.cudaMemcpy(None, None, 16, 4), rt.cudaMemset(None, 0, 16))
+        print(rt.cudaMemcpy(P(4096), P(8192), 16, 4), rt.cudaMemcpy(None, None, 0, 4))
+        code_page = ctypes.cast(rt.cudaMemset, P)  # mapped, readable, not writable
+        print(rt.cudaMemset(code_page, 0, 4))
+        print(rt.cudaStreamDestroy(per_thread), rt.cudaStreamDestroy(legacy), rt.cudaStreamDestroy(None))
+        stream, event = P(), P()
+        print(rt.cudaStreamCreate(ctypes.byref(stream)), rt.cudaEventCreate(ctypes.byref(event)))
+        print(rt.cudaEventRecord(event, stream), rt.cudaStreamSynchronize(per_thread), rt.cudaStreamQuery(event))
+        print(rt.cudaStreamDestroy(stream), rt.cudaStreamDestroy(stream))
+        print(rt.cudaEventDestroy(event), rt.cudaEventDestroy(event), rt.cudaEventQuery(event))
+        print(rt.cudaStreamSynchronize(stream), rt.cudaMemcpyAsync(None, None, 8, 4, stream))
+        """
+    )
+    assert lines == [
+        "1 1",  # cudaErrorInvalidValue, not SIGSEGV
+        "1 0",  # unmapped pointers too; a copy of nothing is fine
+        "1",  # a read-only page cannot be set
+        "400 400 400",  # cudaErrorInvalidResourceHandle: the special streams are not destroyed (free() crashed)
+        "0 0",
+        "0 0 400",  # an event is no stream
+        "0 400",  # destroyed twice: an error, not a double free
+        "0 400 400",
+        "400 400",  # a destroyed stream is gone for every call
+    ]
+
+
+ENTRY_POINTS = {  # name: the kinds of its arguments
+    "cudaMemcpy": "pps k",
+    "cudaMemcpyAsync": "pps kh",
+    "cudaMemset": "pis",
+    "cudaMemsetAsync": "pish",
+    "cudaFree": "p",
+    "cudaFreeAsync": "ph",
+    "cudaStreamDestroy": "h",
+    "cudaStreamSynchronize": "h",
+    "cudaStreamQuery": "h",
+    "cudaStreamWaitEvent": "hhi",
+    "cudaEventDestroy": "h",
+    "cudaEventRecord": "hh",
+    "cudaEventSynchronize": "h",
+    "cudaEventQuery": "h",
+    "cudaEventElapsedTime": "ohh",  # an output pointer: the real runtime checks it only for null
+}
+
+
+def test_the_runtimes_entry_points_survive_random_arguments():
+    """A seeded fuzz: pointers and handles drawn from null, small numbers, random addresses, live and freed
+    allocations, live and destroyed streams and events; every call must return an error code, never crash."""
+    simulated, _ = built_runtime()
+    lines = run_simulated(
+        f"""
+        import ctypes, random
+        rt = ctypes.CDLL({str(simulated)!r}, ctypes.RTLD_GLOBAL)
+        entry_points = {ENTRY_POINTS!r}
+        """
+        + """
+        P = ctypes.c_void_p
+        rng = random.Random(1234)
+        pool, handles = [], [P(1), P(2)]
+        for _ in range(8):
+            block, stream, event = P(), P(), P()
+            rt.cudaMalloc(ctypes.byref(block), 4096)
+            rt.cudaStreamCreate(ctypes.byref(stream))
+            rt.cudaEventCreate(ctypes.byref(event))
+            pool.append(block)
+            handles += [stream, event]
+        buffers = [ctypes.create_string_buffer(4096) for _ in range(4)]
+        pool += [P(ctypes.addressof(b)) for b in buffers]
+
+        def draw(kind):
+            roll = rng.random()
+            if kind == "s":
+                return ctypes.c_size_t(rng.choice([0, 1, 16, 4096, 4097, 1 << 40, 2**64 - 1]))
+            if kind == "i" or kind == "k":
+                return ctypes.c_int(rng.choice([0, 1, 2, 3, 4, 5, -1, 2**31 - 1]))
+            if kind == "o":
+                return None if roll < 0.3 else ctypes.byref(ctypes.c_float())
+            if roll < 0.15:
+                return None
+            if roll < 0.3:
+                return P(rng.randrange(1, 1 << 16))
+            if roll < 0.45:
+                return P(rng.randrange(1 << 20, 1 << 47))
+            return rng.choice(handles if kind == "h" else pool)
+
+        calls = 0
+        for _ in range(4000):
+            name = rng.choice(sorted(entry_points))
+            kinds = entry_points[name].replace(" ", "")
+            code = getattr(rt, name)(*[draw(kind) for kind in kinds])
+            assert isinstance(code, int) and 0 <= code < 1000, (name, code)
+            calls += 1
+        print(calls)
+        """
+    )
+    assert lines == ["4000"]
