@@ -423,7 +423,9 @@ def _run_fix(args: argparse.Namespace) -> int:
 
 def _write_fix_files(result: Any, patch: Path) -> str:
     """The patch at ``patch`` and the guard beside it (never over an existing file); what was written, in words."""
-    patch.write_text(result.patch, encoding="utf-8")
+    from diagtools.render.paths import write_report
+
+    write_report(patch, result.patch)
     guard = patch.parent / result.guard_file
     said = [f"patch written to {patch} (apply it in {result.root}: git apply {patch.resolve()})"]
     if guard.exists():

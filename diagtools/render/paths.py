@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import os
+import shutil
 import sysconfig
 from collections.abc import Iterable
 from dataclasses import replace
@@ -187,13 +188,33 @@ def readable(text: str) -> str:
 
 def write_report(path: str | Path, content: str | bytes) -> Path:
     """Write a report file whole or not at all: a failure (disk full, a rendering error) leaves no empty or
-    half-written file where the report was expected, and a name no codec can encode is escaped."""
+    half-written file where the report was expected, and a name no codec can encode is escaped.
+
+    Only a regular file is replaced whole: a device, a pipe or a socket named as the report (``/dev/null``,
+    ``/dev/stdout``, a FIFO a reader waits on) is written in place and stays what it was, a symbolic link stays a
+    link to the file it names, and a replaced file keeps its permission bits.
+    """
     target = Path(path)
     data = content if isinstance(content, bytes) else readable(content).encode("utf-8")
-    partial = target.with_name(f".{target.name}.{os.getpid()}.partial")
+    real = Path(os.path.realpath(target))
+    if real.exists() and not real.is_file():
+        _write_in_place(real, data)
+        return target
+    partial = real.with_name(f".{real.name}.{os.getpid()}.partial")
     try:
-        partial.write_bytes(data)
-        os.replace(partial, target)
+        try:
+            partial.write_bytes(data)
+        except PermissionError:  # a folder the user cannot add to, holding a file the user may write
+            _write_in_place(real, data)
+            return target
+        if real.exists():
+            shutil.copymode(real, partial)
+        os.replace(partial, real)
     finally:
         partial.unlink(missing_ok=True)
     return target
+
+
+def _write_in_place(path: Path, data: bytes) -> None:
+    with open(path, "wb") as stream:
+        stream.write(data)
