@@ -340,6 +340,16 @@ def move_high(fd):
     return fd
 
 
+def _move_far(fd):
+    """``fd`` moved to the highest free number below ``HIGH_FD + 1024`` (or the limit): away from the others."""
+    for number in range(min(_open_max(), HIGH_FD + 1024) - 1, fd, -1):
+        if identity(number) is None:
+            posix.dup2(fd, number, False)
+            posix.close(fd)
+            return number
+    return fd
+
+
 def _open_max():
     try:
         return int(posix.sysconf("SC_OPEN_MAX"))
@@ -372,11 +382,14 @@ def exit_if_channel_lost(channel):
         posix._exit(CHANNEL_LOST_EXIT)
 
 
-def enable_fault_dumps(env):
+def enable_fault_dumps(env, cuprobe=None):
     """Send fatal-signal tracebacks, and the runner's stack requests, to the runner's dump file.
 
     ``faulthandler`` is a built-in module; it is taken out of ``sys.modules``
     again so that a target importing it still counts as its first importer.
+    With the ``cuprobe`` extension, a program that puts its own file on the dump
+    descriptor's number never receives a dump in it: the descriptor is checked
+    before each dump (see ``guard_fault_dumps`` in ``cuprobe.c``).
     """
     fd = env.get(DUMP_FD)
     if not fd:
@@ -384,10 +397,26 @@ def enable_fault_dumps(env):
     already_loaded = "faulthandler" in sys.modules
     import faulthandler
 
+    dump_signal = int(env.get(DUMP_SIGNAL, "10"))
     faulthandler.enable(file=int(fd), all_threads=True)
-    faulthandler.register(int(env.get(DUMP_SIGNAL, "10")), file=int(fd), all_threads=True)
+    faulthandler.register(dump_signal, file=int(fd), all_threads=True)
     if not already_loaded:
         del sys.modules["faulthandler"]
+    if cuprobe is not None and hasattr(cuprobe, "guard_fault_dumps"):
+        _guard_fault_dumps(cuprobe, int(fd), dump_signal)
+
+
+_FATAL_SIGNALS = (11, 8, 6, 7, 4)  # SIGSEGV, SIGFPE, SIGABRT, SIGBUS, SIGILL: faulthandler's own list on Linux
+
+
+def _guard_fault_dumps(cuprobe, fd, dump_signal):
+    try:
+        with _RoomAbove():
+            spare = _move_far(posix.dup(fd))
+        posix.set_inheritable(spare, False)
+        cuprobe.guard_fault_dumps(fd, spare, (*_FATAL_SIGNALS, dump_signal))
+    except OSError:
+        pass
 
 
 def guard_agent(env, cuprobe):
@@ -397,7 +426,7 @@ def guard_agent(env, cuprobe):
             cuprobe.die_with_parent()
         except OSError:
             pass
-    enable_fault_dumps(env)
+    enable_fault_dumps(env, cuprobe)
 
 
 def load_extension(name, path):

@@ -857,7 +857,7 @@ def _run_child(probe, index, module):
         protocol.DUMP_FD: str(_open_own(index, "dump")),
         protocol.DUMP_SIGNAL: _ENV.get(protocol.DUMP_SIGNAL, "10"),
     }
-    protocol.enable_fault_dumps(dump_env)
+    protocol.enable_fault_dumps(dump_env, _cuprobe)
     channel = protocol.Channel(_open_own(index, "events"))
     _Continuation.started, _Continuation.loaded = _clock(), len(sys.modules)
     code = 0

@@ -21,6 +21,8 @@
 #include <signal.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
+#include <fcntl.h>
 #include <sys/types.h>
 #include <unistd.h>
 
@@ -266,6 +268,113 @@ static PyObject *become_subreaper(PyObject *self, PyObject *args)
     Py_RETURN_NONE;
 }
 
+/* Fault dumps that never land in a program's own file.
+ *
+ * faulthandler writes a dump to a descriptor number.  A program may put its own
+ * file on that number (dup2 over the high descriptors), and a crash or the
+ * runner's stack request would then write the dump into that file.  The guard
+ * wraps faulthandler's handlers: before faulthandler runs, the number's file is
+ * compared (device, inode) with the dump file; when it is another, the number
+ * is pointed back at the dump file through a spare descriptor, or at /dev/null
+ * when the spare is gone too.  The program's descriptor is given up only in a
+ * process that is crashing or about to be killed, never its file's bytes.
+ * Everything here is async-signal-safe (fstat, dup2, open). */
+#define GUARDED_SIGNALS 8
+static volatile sig_atomic_t dump_fd = -1, spare_fd = -1;
+static dev_t dump_dev;
+static ino_t dump_ino;
+static int guarded_signals[GUARDED_SIGNALS];
+static struct sigaction wrapped[GUARDED_SIGNALS];
+static int guarded_count = 0;
+
+static int holds_dump_file(int fd)
+{
+    struct stat st;
+    return fd >= 0 && fstat(fd, &st) == 0 && st.st_dev == dump_dev && st.st_ino == dump_ino;
+}
+
+static void restore_dump_descriptor(void)
+{
+    if (dump_fd < 0 || holds_dump_file(dump_fd))
+        return;
+    if (holds_dump_file(spare_fd)) {
+        dup2(spare_fd, dump_fd);
+        return;
+    }
+    int null_fd = open("/dev/null", O_WRONLY | O_CLOEXEC);
+    if (null_fd >= 0) {
+        dup2(null_fd, dump_fd);
+        close(null_fd);
+    }
+}
+
+static void guarded_handler(int signum, siginfo_t *info, void *context)
+{
+    restore_dump_descriptor();
+    for (int i = 0; i < guarded_count; i++) {
+        if (guarded_signals[i] != signum)
+            continue;
+        struct sigaction *previous = &wrapped[i];
+        if (previous->sa_flags & SA_SIGINFO) {
+            previous->sa_sigaction(signum, info, context);
+        } else if (previous->sa_handler != SIG_IGN && previous->sa_handler != SIG_DFL) {
+            previous->sa_handler(signum);
+        } else if (previous->sa_handler == SIG_DFL) {
+            sigaction(signum, previous, NULL);
+            raise(signum);
+        }
+        return;
+    }
+}
+
+/* guard_fault_dumps(dump_fd, spare_fd, signals): wrap the handlers now installed for ``signals``. */
+static PyObject *guard_fault_dumps(PyObject *self, PyObject *args)
+{
+    (void)self;
+    int dump = -1, spare = -1;
+    PyObject *signals = NULL;
+    if (!PyArg_ParseTuple(args, "iiO", &dump, &spare, &signals))
+        return NULL;
+    struct stat st;
+    if (fstat(dump, &st) != 0)
+        return PyErr_SetFromErrno(PyExc_OSError);
+    Py_ssize_t count = PySequence_Size(signals);
+    if (count < 0)
+        return NULL;
+    dump_fd = -1; /* a signal arriving meanwhile leaves the descriptors alone */
+    dump_dev = st.st_dev;
+    dump_ino = st.st_ino;
+    spare_fd = spare;
+    for (Py_ssize_t k = 0; k < count; k++) {
+        PyObject *item = PySequence_GetItem(signals, k);
+        if (item == NULL)
+            return NULL;
+        int signum = (int)PyLong_AsLong(item);
+        Py_DECREF(item);
+        if (signum == -1 && PyErr_Occurred())
+            return NULL;
+        struct sigaction current;
+        if (sigaction(signum, NULL, &current) != 0)
+            return PyErr_SetFromErrno(PyExc_OSError);
+        if ((current.sa_flags & SA_SIGINFO) && current.sa_sigaction == guarded_handler)
+            continue; /* wrapped already: faulthandler re-enabled keeps its handler and takes the new number */
+        if (guarded_count == GUARDED_SIGNALS)
+            break;
+        struct sigaction guarded = current;
+        guarded.sa_sigaction = guarded_handler;
+        guarded.sa_flags = current.sa_flags | SA_SIGINFO;
+        guarded_signals[guarded_count] = signum;
+        wrapped[guarded_count] = current;
+        guarded_count++;
+        if (sigaction(signum, &guarded, NULL) != 0) {
+            guarded_count--;
+            return PyErr_SetFromErrno(PyExc_OSError);
+        }
+    }
+    dump_fd = dump;
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"driver_state", driver_state, METH_NOARGS, "cuDeviceGetCount's result code, -1 without a driver."},
     {"driver_path", driver_path, METH_NOARGS, "Path of the loaded libcuda.so.1, or None."},
@@ -281,6 +390,8 @@ static PyMethodDef methods[] = {
     {"driver_adoptable", driver_adoptable, METH_NOARGS, "Whether the loaded driver can hand over its initialization."},
     {"fork_continuing", fork_continuing, METH_NOARGS, "Fork without the pthread_atfork handlers; the pid, 0 in the child."},
     {"can_fork_continuing", can_fork_continuing, METH_NOARGS, "Whether fork_continuing can work here."},
+    {"guard_fault_dumps", guard_fault_dumps, METH_VARARGS,
+     "Check the dump descriptor's file before faulthandler writes to it (dump_fd, spare_fd, signals)."},
     {"become_subreaper", become_subreaper, METH_NOARGS, "Reap orphaned descendants (PR_SET_CHILD_SUBREAPER)."},
     {NULL, NULL, 0, NULL},
 };

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from concurrent.futures import ThreadPoolExecutor
 
+import pytest
+
 import diagtools
 from diagtools import protocol
 from tests.conftest import CHANNEL_FLOOD, cli
@@ -164,3 +166,40 @@ def test_a_lost_zygote_chunk_becomes_error_rows(make_tree):
         result = diagtools.sweep("sweeppkg", path=[root], driver="simulated", timeout=60, executor=pool)
     assert {row.status for row in result.rows} == {"error"}
     assert result.verdict == "unknown"
+
+
+def _clobbers_high(data, then: str) -> str:
+    """A module that puts its own data file on descriptors 2048-2100 (where the runner's files live), then ``then``."""
+    return (
+        f"import os\nfd = os.open({str(data)!r}, os.O_RDWR)\n"
+        "for number in range(2048, 2101):\n"
+        "    if number != fd:\n"
+        "        os.dup2(fd, number)\n" + then
+    )
+
+
+CRASH = "import ctypes\nctypes.string_at(0)\n"
+HANG = "import time\ntime.sleep(600)\n"
+
+
+@pytest.mark.parametrize("then", [CRASH, HANG], ids=["crash", "hang"])
+def test_a_target_on_the_runners_descriptors_gets_no_dump_in_its_own_file(sim_scan, make_tree, tmp_path, then):
+    data = tmp_path / "data.bin"
+    data.write_bytes(b"the user's bytes\n")
+    root = make_tree({"clobbers_high.py": _clobbers_high(data, then)})
+    result = sim_scan("clobbers_high", path=[root], timeout=5 if then == HANG else 60)
+    assert data.read_bytes() == b"the user's bytes\n"
+    assert result.status in ("crashed", "timeout", "channel-lost"), result.status
+    assert result.verdict == "unknown"
+    if then == CRASH:
+        assert "clobbers_high.py" in result.error.traceback  # the dump reached the runner through its spare descriptor
+
+
+@pytest.mark.parametrize("fresh", [False, True], ids=["zygote", "fresh"])
+def test_a_sweep_child_on_the_runners_descriptors_gets_no_dump_in_its_own_file(make_tree, tmp_path, fresh):
+    data = tmp_path / "data.bin"
+    data.write_bytes(b"the user's bytes\n")
+    root = make_tree({"swc/__init__.py": "", "swc/crashes.py": _clobbers_high(data, CRASH)})
+    swept = diagtools.sweep("swc", path=[root], driver="simulated", jobs=1, fresh=fresh)
+    assert data.read_bytes() == b"the user's bytes\n"
+    assert {row.module: row.status for row in swept.rows}["swc.crashes"] != "ok"
