@@ -635,17 +635,25 @@ def imported_before_cuda():
     return [name for name in _State.begun[: _State.begun_before] if name in done and name not in chain]
 
 
-def run_forked(channel, targets, after_import=None):
+def run_forked(channel, targets, after_import=None, exit_handlers=(), preloaded_blame=()):
     """Scan ``targets`` in a child forked from the sweep zygote, reporting on ``channel``.
 
     The zygote ran start-up and preloaded its modules without this tracer; the
     child installs the same tracer and driver hook as :func:`main` and imports
     the targets, so the events read exactly as a fresh subkernel's would.
-    ``after_import`` is :func:`_scan`'s.
+    ``after_import`` is :func:`_scan`'s.  ``exit_handlers`` (function, args, kwargs, module) are the
+    preloaded modules' ``atexit`` handlers, registered again after the exit check so that they run
+    before it, as in a fresh subkernel; a cuInit at exit in code of ``preloaded_blame``'s modules is
+    blamed on them, as it would be on the modules a fresh subkernel imported.
     """
     global _channel, _MAIN_THREAD
     _channel, _MAIN_THREAD = channel, _thread.get_ident()
     _watch_shutdown()
+    if exit_handlers:
+        register = sys.modules["atexit"].register
+        for function, args, kwargs, _module in exit_handlers:
+            register(function, *args, **kwargs)
+    _State.imported.update(preloaded_blame)
     _install()
     _hello(forked=True)
     _check_state(_MAIN_THREAD, None, "startup-end")

@@ -77,6 +77,81 @@ def _problem_after(what):
     return ""
 
 
+class _ExitHandlers:
+    """The ``atexit`` handlers the preload registers, so that a child can run them before the exit check.
+
+    In a fresh subkernel the scan's exit check is registered before the target
+    imports anything, so it runs after every handler the target's modules
+    register.  Here the preloaded modules registered theirs before the child
+    existed, and they would run after the check.  While preloading,
+    ``atexit.register`` and ``unregister`` are wrapped to note each handler and
+    the module whose import registered it; a child clears the registry and has
+    the probe register them again after its check (exactly, when nothing was
+    registered before the wrapper).  Those modules' rows are scanned by a
+    child, not read as preloaded: importing them was not the whole story.
+    """
+
+    handlers = []  # (function, args, kwargs, registering module)
+    exact = False
+    _original = None
+
+    @classmethod
+    def watch(cls):
+        already_loaded = "atexit" in sys.modules
+        atexit = __import__("atexit")
+        cls._loaded_before = already_loaded
+        cls.exact = atexit._ncallbacks() == 0
+        cls._original = (atexit.register, atexit.unregister)
+        register, unregister = cls._original
+
+        def noted_register(function, *args, **kwargs):
+            result = register(function, *args, **kwargs)
+            cls.handlers.append((function, args, kwargs, _registering_module(sys._getframe(1))))
+            return result
+
+        def noted_unregister(function):
+            unregister(function)
+            cls.handlers[:] = [h for h in cls.handlers if h[0] != function]
+
+        atexit.register, atexit.unregister = noted_register, noted_unregister
+
+    @classmethod
+    def stop(cls):
+        atexit = sys.modules.get("atexit")
+        if atexit is None or cls._original is None:
+            return
+        atexit.register, atexit.unregister = cls._original
+        cls.exact = cls.exact and atexit._ncallbacks() == len(cls.handlers)
+        if not cls._loaded_before and not cls.handlers:
+            del sys.modules["atexit"]
+
+    @classmethod
+    def modules(cls):
+        """The modules whose import registered a handler (standard-library ones left out)."""
+        stdlib = sys.stdlib_module_names
+        return {m for *_, m in cls.handlers if m and m.partition(".")[0] not in stdlib}
+
+    @classmethod
+    def take_over(cls):
+        """In a child: empty the registry and hand back the handlers for the probe to register again."""
+        if not cls.exact or not cls.handlers:
+            return ()
+        weakref = sys.modules.get("weakref")
+        finalizers = getattr(getattr(weakref, "finalize", None), "_exitfunc", None)
+        __import__("atexit")._clear()
+        return tuple(h for h in cls.handlers if finalizers is None or h[0] != finalizers)
+
+
+def _registering_module(frame):
+    """``__name__`` of the innermost module whose top-level code is running at ``frame``, or None."""
+    while frame is not None:
+        if frame.f_code.co_name == "<module>":
+            name = frame.f_globals.get("__name__")
+            return name if isinstance(name, str) else None
+        frame = frame.f_back
+    return None
+
+
 def _preload(items, modules):
     """Import the preload in order, checking after each; ``(reason to refuse or "", child or None)``.
 
@@ -864,7 +939,8 @@ def _run_child(probe, index, module):
     try:
         if prefix is None:
             _forget_preloaded_finalizers()
-            probe["run_forked"](channel, [module], _continue_below(probe))
+            exits = _ExitHandlers.take_over()
+            probe["run_forked"](channel, [module], _continue_below(probe), exits, _ExitHandlers.modules())
         else:
             probe["continue_forked"](channel, module, recorded[0], _continue_below(probe))
     except SystemExit as exc:
@@ -888,7 +964,9 @@ def main():
     sys.path[0:0] = _lines(protocol.SCAN_PATH)
     with open(_ENV[protocol.SWEEP_MODULES_FILE], encoding="utf-8") as handle:
         modules = handle.read().split()
+    _ExitHandlers.watch()
     problem, child = _preload(_lines(protocol.SWEEP_PRELOAD), modules)
+    _ExitHandlers.stop()
     if child is not None:
         return (probe, *child)
     if problem:
@@ -900,7 +978,7 @@ def main():
         _cuprobe.become_subreaper()  # a row's continuing zygote is orphaned to this one
     except OSError:
         pass
-    _explicit.update(sys.modules)
+    _explicit.update(name for name in sys.modules if name not in _ExitHandlers.modules())
     __import__("gc").freeze()  # the preloaded objects stay out of the children's collections
     _tokens.create()
     child = _serve(modules, range(len(modules)))

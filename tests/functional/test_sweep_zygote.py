@@ -260,3 +260,35 @@ def test_dask_distributed_executor(zp):
     assert forked.mode == "zygote"
     assert sweep_verdicts(forked) == sweep_verdicts(fresh)
     assert forked.row("zp.culprit").culprit.module == "zp.helper"
+
+
+AT_EXIT_PACKAGE = {
+    "ax/__init__.py": "import atexit\n\n\ndef _goodbye():\n"
+    + "".join(f"    {line}\n" for line in CUINIT.splitlines())
+    + "\n\natexit.register(_goodbye)\n",
+    "ax/sub.py": "VALUE = 1\n",
+    "quiet/__init__.py": "import atexit\natexit.register(print, 'bye')\n",
+    "quiet/sub.py": "VALUE = 1\n",
+}
+
+
+def _rows(root, package, fresh):
+    swept = sweep(package, path=[root], driver="simulated", jobs=1, fresh=fresh)
+    return {
+        row.module: (row.verdict, row.cuda_source, row.culprit.module if row.culprit else None, row.preloaded)
+        for row in swept.rows
+    }
+
+
+def test_a_preloaded_packages_atexit_cuinit_reads_as_in_fresh_subkernels(make_tree):
+    root = make_tree(AT_EXIT_PACKAGE)
+    zygote, fresh = _rows(root, "ax", fresh=False), _rows(root, "ax", fresh=True)
+    assert zygote == fresh
+    assert zygote["ax"] == ("initializes-cuda", "self", "ax", False)
+    assert zygote["ax.sub"] == ("initializes-cuda", "parent", "ax", False)
+
+
+def test_a_preloaded_packages_harmless_atexit_handler_leaves_every_row_clean(make_tree):
+    root = make_tree(AT_EXIT_PACKAGE)
+    zygote = _rows(root, "quiet", fresh=False)
+    assert {module: verdict for module, (verdict, *_) in zygote.items()} == {"quiet": "clean", "quiet.sub": "clean"}
