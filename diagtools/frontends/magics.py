@@ -89,8 +89,10 @@ class DiagtoolsMagics(Magics):
                 _report(exc)
                 return None
         name, _, _cell_id = label.partition(" ")
+        output = (result.stdout, result.stderr)  # the program's own words: never rewritten
         result = renamed(result, {str(script): name, sys.executable: "python"})
-        result = dataclasses.replace(result, command=("python", label))  # the command names the cell id too
+        # the command names the cell id too
+        result = dataclasses.replace(result, command=("python", label), stdout=output[0], stderr=output[1])
         sys.stdout.write(result.stdout or "")
         sys.stderr.write(result.stderr or "")
         return result
@@ -121,7 +123,8 @@ def cell_label(shell: Any, cell: str = "") -> str:
 
 
 def renamed(result: RunResult, names: dict[str, str]) -> RunResult:
-    """``result`` with each path in ``names`` (the temporary script, the kernel's interpreter) renamed, everywhere."""
+    """``result`` with each path in ``names`` (the temporary script, the kernel's interpreter) renamed in every field
+    diagtools wrote; the caller puts the program's own output back as it was."""
 
     def walk(value: Any) -> Any:
         if isinstance(value, str):

@@ -44,10 +44,16 @@ def _cuinit_html(cuinit: Culprit | None) -> str:
         where += f"; your code reaches it at <code>{_esc(reach)}</code>: <code>{_esc(reach.source)}</code>"
     where += f"; line to change: none verified ({_esc(unsearched(cuinit.chain).reason)})"
     context = f" while <code>{_esc(cuinit.context)}</code>" if cuinit.context else ""
+    edges = "".join(
+        f"<li>{_esc(importer)} &rarr; {_esc(imported)} at <code>{_esc(site)}</code>: "
+        f"<code>{_esc(site.source)}</code></li>"
+        for importer, imported, site in cuinit.import_edges()
+        if site is not None
+    )
     return (
         f"<p>culprit: <b>{_esc(cuinit.module or '?')}</b>{where}{context} "
         f"(chain {_esc(' -> '.join(cuinit.chain) or '-')}; phase {_esc(cuinit.phase)}; "
-        f"{_esc(cuinit.thread_described)})</p>"
+        f"{_esc(cuinit.thread_described)})</p>" + (f"<ul>{edges}</ul>" if edges else "")
     )
 
 

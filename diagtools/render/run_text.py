@@ -113,7 +113,7 @@ def _culprit_lines(cuinit: Culprit | None) -> list[str]:
         return ["    culprit: seen only through the driver's state (no stack)"]
     return [
         f"    culprit: {one_line(cuinit.module or '(no module was executing)')}",
-        *culprit_details(cuinit, indent="      ", headline=unsearched(cuinit.chain)),
+        *culprit_details(cuinit, indent="      ", headline=unsearched(cuinit.chain), imports=True),
     ]
 
 

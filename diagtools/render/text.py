@@ -164,13 +164,19 @@ def _culprit_lines(culprit: Culprit, *, stack: bool, headline: Headline | None =
 
 
 def culprit_details(
-    culprit: Culprit, *, stack: bool = False, indent: str = "    ", headline: Headline | None = None
+    culprit: Culprit,
+    *,
+    stack: bool = False,
+    indent: str = "    ",
+    headline: Headline | None = None,
+    imports: bool = False,
 ) -> list[str]:
     """A culprit's chain, thread, line to change, where CUDA got initialized, context and evidence: the words every
     report uses.
 
     ``headline`` is the line to change by the one rule (:func:`diagtools.model.cuts.headline`); without one
-    (a run, whose culprits no cut was searched for) the report names no line to change.
+    (a run, whose culprits no cut was searched for) the report names no line to change.  ``imports``: show the
+    chain's import lines whenever one is known (a run's: the script or cell line that started the chain).
     """
     lines = []
     if culprit.chain:
@@ -183,7 +189,7 @@ def culprit_details(
     if culprit.context:
         lines.append(f"{indent}while: {_one_line(culprit.context)}")
     lines.append(f"{indent}evidence: {culprit.evidence} (phase {culprit.phase})")
-    if stack and culprit.chain_imports:
+    if (stack and culprit.chain_imports) or (imports and any(culprit.chain_imports)):
         lines.append(f"{indent}imports (importer -> imported at the import line):")
         lines += [_edge_line(edge, indent) for edge in culprit.import_edges()]
     if stack and culprit.stack:

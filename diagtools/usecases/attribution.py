@@ -81,10 +81,16 @@ class Modules(Protocol):
 
 
 class StackChain:
-    """The chain the run agent saw: the module bodies running on the stack, ``[[name, file], ...]``."""
+    """The chain the run agent saw: the module bodies running on the stack, ``[[name, file], ...]``.
 
-    def __init__(self, chain: Sequence[Sequence[Any]] | None) -> None:
+    With the event's stack (``[file, line, function]`` rows, innermost first), each edge's import
+    statement is the innermost frame of the importing module's file outside the imported module's
+    body: ``import reg`` in a script or a notebook cell that started the chain.
+    """
+
+    def __init__(self, chain: Sequence[Sequence[Any]] | None, stack: Sequence[Sequence[Any]] | None = None) -> None:
         self.entries = [(str(item[0]), item[1] if isinstance(item[1], str) else None) for item in chain or ()]
+        self.lines = _import_lines(self.entries, list(reversed(stack or ())))
 
     def chain(self, module: str | None) -> tuple[str, ...]:
         names = [name for name, _ in self.entries]
@@ -96,7 +102,36 @@ class StackChain:
         return next((file for name, file in reversed(self.entries) if name == module), None)
 
     def import_line(self, module: str) -> Site | None:
-        return None  # the agent sees module bodies, not the statements between them
+        names = [name for name, _ in self.entries]
+        if module not in names:
+            return None
+        return self.lines[len(names) - 1 - names[::-1].index(module)]
+
+
+def _import_lines(entries: Sequence[tuple[str, str | None]], outermost_first: Sequence[Sequence[Any]]) -> list:
+    """Beside each chain entry, the statement of the entry before it that imported it (``None`` when unseen)."""
+    lines: list[Site | None] = [None] * len(entries)
+    bodies = []  # the stack position of each entry's module body, in chain order
+    start = 0
+    for _name, file in entries:
+        found = next(
+            (k for k in range(start, len(outermost_first)) if _is_body(outermost_first[k], file)),
+            None,
+        )
+        if found is None:
+            break
+        bodies.append(found)
+        start = found + 1
+    for i in range(1, len(bodies)):
+        importer = entries[i - 1][1]
+        frames = [k for k in range(bodies[i - 1], bodies[i]) if outermost_first[k][0] == importer]
+        if frames:
+            lines[i] = frame_site(outermost_first[frames[-1]])
+    return lines
+
+
+def _is_body(frame: Sequence[Any], file: str | None) -> bool:
+    return len(frame) >= 3 and file is not None and frame[0] == file and frame[2] == "<module>"
 
 
 def capped(text: str, limit: int = TEXT_LIMIT) -> str:

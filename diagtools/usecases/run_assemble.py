@@ -150,7 +150,12 @@ def _cuinit(image: _Image) -> Culprit | None:
         return None
     main_thread = image.hello.get("main_thread")
     context = event.get("context") or _startup_context(event)
-    return attribute(event, StackChain(event.get("chain")), main_thread if isinstance(main_thread, int) else 0, context)
+    return attribute(
+        event,
+        StackChain(event.get("chain"), event.get("stack")),
+        main_thread if isinstance(main_thread, int) else 0,
+        context,
+    )
 
 
 def _startup_context(event: dict[str, Any]) -> str | None:

@@ -92,3 +92,27 @@ def test_import_diagtools_does_not_import_ipython():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "False"
+
+
+def test_cuda_watch_leaves_the_cells_own_output_as_the_cell_printed_it(shell, capsys):
+    cell = "import sys\nprint(sys.executable)\nprint(sys.executable, file=sys.stderr)\n"
+    result = shell.run_cell_magic("cuda_watch", "--driver simulated --timeout 60", cell)
+    captured = capsys.readouterr()
+    assert captured.out == sys.executable + "\n"
+    assert captured.err == sys.executable + "\n"
+    assert result.stdout == sys.executable + "\n"
+    assert result.command[0] == "python"  # diagtools' own report still names the interpreter shortly
+
+
+def test_cuda_watch_names_the_cell_line_that_imported_the_initializing_module(shell, make_tree, monkeypatch):
+    root = make_tree({"registry.py": "import ctypes\nctypes.CDLL('libcuda.so.1').cuInit(0)\n"})
+    monkeypatch.chdir(root)  # the kernel's working directory is importable, as in a notebook
+    result = shell.run_cell_magic("cuda_watch", "--driver simulated --timeout 60", "import os\nimport registry\n")
+    culprit = result.findings[0].cuinit
+    assert culprit.module == "registry"
+    cell = f"In[{shell.execution_count}]"
+    assert [(i, site.file, site.line, site.source) for i, site in enumerate(culprit.chain_imports) if site] == [
+        (1, cell, 3, "import registry")
+    ]
+    assert f"__main__ -> registry: {cell}:3  import registry" in str(result)
+    assert f"<code>{cell}:3" in result._repr_html_()
