@@ -59,6 +59,7 @@ SWEEP_WORKDIR = "DIAGTOOLS_SWEEP_WORKDIR"
 SWEEP_PROBE = "DIAGTOOLS_SWEEP_PROBE"
 SWEEP_FAILED_ALONE = "DIAGTOOLS_SWEEP_FAILED_ALONE"  # modules whose rows so far failed to import
 RUN_DIR = "DIAGTOOLS_RUN_DIR"  # diagtools run: where each watched process writes its record file
+RUN_STARTS = "starts"  # in RUN_DIR: a line per Python program started, "PID PPID HEX(argv)" (driver/starts.c)
 RUN_CUPROBE = "DIAGTOOLS_RUN_CUPROBE"  # the driver-state extension, for the interpreter named next
 RUN_CUPROBE_FOR = "DIAGTOOLS_RUN_CUPROBE_FOR"
 RUN_AGENT_MODULE = "_diagtools_run_agent"

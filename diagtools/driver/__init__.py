@@ -45,6 +45,7 @@ __all__ = [
     "build_probe_extension",
     "build_simulated_driver",
     "build_simulated_world",
+    "build_starts_library",
     "cache_dir",
     "real_driver_path",
     "resolve_driver",
@@ -325,6 +326,14 @@ def build_injection_library() -> Path:
     key = _build_key(source.read_bytes(), (_SOURCES / "simworld.h").read_bytes(), *_compiler(), "injection")
     library = cache_dir() / "injection" / key / "libdiagtools_injection.so"
     return _compile("the CUDA injection hook", source, library, ["-DDIAGTOOLS_INJECTION_ONLY", "-ldl"])
+
+
+def build_starts_library() -> Path:
+    """The ``LD_PRELOAD`` library that names each Python program a run's command starts (see ``starts.c``)."""
+    source = _SOURCES / "starts.c"
+    key = _build_key(source.read_bytes(), *_compiler(), "starts")
+    library = cache_dir() / "starts" / key / "libdiagtools_starts.so"
+    return loader_safe(_compile("the process-start recorder", source, library, []).parent) / library.name
 
 
 def build_probe_extension() -> Path:

@@ -31,8 +31,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from diagtools import protocol
 from diagtools.agents.run_hook import HOOK_DIR
-from diagtools.driver import DriverSetup, resolve_driver
+from diagtools.driver import DriverSetup, build_starts_library, resolve_driver
 from diagtools.errors import UsageError
 from diagtools.model.run import RunResult
 from diagtools.runner.kept import Kept, start_kept
@@ -226,7 +227,7 @@ def _run_in(
     watch = agent_environment(
         directory, HOOK_DIR, marker=(SUBKERNEL_MARKER, marker), cuprobe=agent_cuprobe(), base=base
     )
-    env = {**base, **setup.env, **watch}
+    env = _with_start_recorder({**base, **setup.env, **watch})
     started = clock()
     try:
         kept = start_kept(argv, env=env, cwd=launch.cwd, popen=launch.popen, census_ms=CENSUS_MS, **_streams(output))
@@ -260,6 +261,35 @@ def _run_in(
         duration_s=clock() - started,
         stdout=capture.text("stdout") if capture else None,
         stderr=capture.text("stderr") if capture else None,
-        seen=tuple(kept.pythons.items()),
+        seen=(
+            *((pid, argv) for pid, argv in started_pythons(directory) if pid != kept.keeper.pid),
+            *kept.pythons.items(),
+        ),
     )
     return outcome, interrupted
+
+
+def _with_start_recorder(env: dict[str, str]) -> dict[str, str]:
+    """``env`` with the start recorder preloaded first: each Python program the command starts is named at once."""
+    preload = [p for p in env.get("LD_PRELOAD", "").replace(" ", ":").split(":") if p]
+    env["LD_PRELOAD"] = ":".join([str(build_starts_library()), *preload])
+    return env
+
+
+def started_pythons(directory: str) -> list[tuple[int, tuple[str, ...]]]:
+    """``(pid, argv)`` of each Python program the start recorder saw begin, in the order they began."""
+    try:
+        with open(os.path.join(directory, protocol.RUN_STARTS), "rb") as handle:
+            data = handle.read(16 << 20)
+    except OSError:
+        return []
+    started = []
+    for line in data.splitlines():
+        pid, _, rest = line.partition(b" ")
+        _parent, _, words = rest.partition(b" ")
+        try:
+            argv = bytes.fromhex(words.decode("ascii")).split(b"\0")
+            started.append((int(pid), tuple(os.fsdecode(word) for word in argv)))
+        except ValueError:
+            continue
+    return started

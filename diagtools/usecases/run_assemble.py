@@ -37,8 +37,11 @@ _RESOURCE_TRACKER = "from multiprocessing.resource_tracker import main"
 class RunOutcome:
     """How the command's top process ended, as the runner saw it.
 
-    ``seen`` lists the Python processes of the tree the keeper saw (pid and
-    command line), so one that never reported to the agent is named.
+    ``seen`` lists the Python processes of the tree (pid and command line): each
+    one the start recorder saw begin (``driver/starts.c``, preloaded into the
+    whole tree), then those the keeper's census saw, as a cross-check for a
+    program that dropped the preload; one that never reported to the agent is
+    named.
     """
 
     pid: int | None
@@ -222,9 +225,10 @@ def _unwatched(
     """Python processes that ran but never reported: the agent did not load there."""
     reported = {image.pid for image in images}
     notes = []
+    named = set(reported)
     if outcome.pid is not None and looks_like_python(command) and outcome.pid not in reported:
         notes.append(f"the command's Python process (pid {outcome.pid}) did not load the agent (python -I, -S or -E?)")
-    named = {outcome.pid, *reported}
+        named.add(outcome.pid)
     execs = [item.start for image_starts in starts for item in image_starts if not item.start.copies_the_driver]
     started = [
         (start.child, start.argv or ())
@@ -232,10 +236,11 @@ def _unwatched(
         if looks_like_python(start.argv) and not _is_resource_tracker(start.argv or ())
     ]
     for pid, argv in [*started, *outcome.seen]:
-        if pid is not None and pid not in named:
+        if pid is not None and pid not in named and not _is_resource_tracker(argv):
             named.add(pid)
             notes.append(
-                f"pid {pid} ({' '.join(argv[:3])}) is a Python process that never reported; its CUDA use is unseen"
+                f"pid {pid} ({' '.join(argv[:3]) or 'command line unknown'}) is a Python process that never reported;"
+                " its CUDA use is unseen"
             )
     return notes
 

@@ -273,6 +273,22 @@ def test_a_python_started_through_a_shell_without_the_agent_is_named(make_tree, 
     assert any("quiet.py" in note and "never reported" in note for note in result.notes), result.notes
 
 
+@pytest.mark.parametrize("driver", ["simulated", "none"])
+def test_a_python_that_lives_a_moment_without_the_agent_is_named_without_any_polling(make_tree, monkeypatch, driver):
+    """The start recorder names it as it starts: with the census off, nothing else could."""
+    monkeypatch.setattr("diagtools.usecases.run.CENSUS_MS", 0)
+    root = make_tree(
+        {"app.py": "import ctypes\ntry:\n    ctypes.CDLL('libcuda.so.1').cuInit(0)\nexcept OSError:\n    pass\n"}
+    )
+    line = f"unset PYTHONPATH; exec {sys.executable} {root / 'app.py'} --flag"
+    result = run(["sh", "-c", line], driver=driver, output="capture", timeout=90.0, cwd=root)
+    assert result.exitcode == 0, result.stderr
+    assert result.verdict == "unknown", render_run(result)
+    named = [note for note in result.notes if "never reported" in note]
+    assert len(named) == 1, result.notes
+    assert f"({sys.executable} {root / 'app.py'} --flag)" in named[0]
+
+
 # ---- interrupts ----------------------------------------------------------------------------------
 
 
