@@ -19,7 +19,7 @@ CORE_TESTS := tests/test_packaging.py tests/unit \
 # The main venv has every extra; a module of one of them missing under CI fails the run (tests/conftest.py).
 ALL_EXTRAS := notebook,cuda,kernels,dev
 
-.PHONY: demo lab test test-pythons lint setup clean
+.PHONY: demo lab test test-pythons test-under-load lint setup clean
 
 setup: $(STAMP)
 
@@ -56,6 +56,11 @@ test: $(STAMP) lint
 
 test-pythons: $(STAMP)
 	$(BIN)/python scripts/test_pythons.py --versions $(PYTHONS) -- $(CORE_TESTS)
+
+# Not part of `test`: `make test` three times in a clean clone with two CPU-bound loops per core beside it
+# (about an hour on two cores); results in benchmarks/suite_under_load.{json,md}.
+test-under-load:
+	python3 benchmarks/suite_under_load.py --runs 3 --hogs-per-core 2
 
 clean:
 	rm -rf build .pytest_cache .ruff_cache .mypy_cache
