@@ -19,6 +19,7 @@ import os
 import shutil
 import subprocess
 from pathlib import Path
+from textwrap import dedent
 
 import pytest
 
@@ -38,6 +39,12 @@ def built_runtime() -> tuple[Path, Path]:
         _missing("nvidia-cuda-runtime", "dev", "; ".join(notes))
     world = build_simulated_world()
     return world.directory / runtimes[0].soname, runtimes[0].real
+
+
+def with_runtime(code: str) -> list[str]:
+    """Run ``code`` with ``ctypes`` imported and ``rt``, the simulated runtime, loaded, in the simulated world."""
+    simulated, _ = built_runtime()
+    return run_simulated(f"import ctypes\nrt = ctypes.CDLL({str(simulated)!r}, ctypes.RTLD_GLOBAL)\n" + dedent(code))
 
 
 def exported(library: Path) -> set[str]:
@@ -141,13 +148,8 @@ def test_the_preloaded_runtime_wins_over_the_real_one_an_rpath_names(tmp_path):
 
 
 def test_devices_memory_and_copies_are_modelled_and_launches_refused():
-    simulated, _ = built_runtime()
-    lines = run_simulated(
-        f"""
-        import ctypes
-        rt = ctypes.CDLL({str(simulated)!r}, ctypes.RTLD_GLOBAL)
+    lines = with_runtime(
         """
-        + """
         rt.cudaGetErrorName.restype = ctypes.c_char_p
         rt.diagtools_simcudart_first_refusal.restype = ctypes.c_char_p
         count = ctypes.c_int(-1)
@@ -315,13 +317,8 @@ def test_a_runtime_that_does_not_compile_leaves_the_driver_standing_with_a_note(
 
 
 def test_bad_pointers_and_handles_are_errors_as_in_the_real_runtime_never_a_crash():
-    simulated, _ = built_runtime()
-    lines = run_simulated(
-        f"""
-        import ctypes
-        rt = ctypes.CDLL({str(simulated)!r}, ctypes.RTLD_GLOBAL)
+    lines = with_runtime(
         """
-        + """
         P = ctypes.c_void_p
         legacy, per_thread = P(1), P(2)
         print(rt.cudaMemcpy(None, None, 16, 4), rt.cudaMemset(None, 0, 16))
@@ -372,11 +369,9 @@ ENTRY_POINTS = {  # name: the kinds of its arguments
 def test_the_runtimes_entry_points_survive_random_arguments():
     """A seeded fuzz: pointers and handles drawn from null, small numbers, random addresses, live and freed
     allocations, live and destroyed streams and events; every call must return an error code, never crash."""
-    simulated, _ = built_runtime()
-    lines = run_simulated(
+    lines = with_runtime(
         f"""
-        import ctypes, random
-        rt = ctypes.CDLL({str(simulated)!r}, ctypes.RTLD_GLOBAL)
+        import random
         entry_points = {ENTRY_POINTS!r}
         """
         + """
