@@ -10,6 +10,8 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from diagtools._version import __version__ as __version__
+
 __all__ = [
     "ChildOutcome",
     "Culprit",
@@ -43,7 +45,6 @@ __all__ = [
     "specimens",
     "sweep",
 ]
-__version__ = "0.1.0"
 
 _LOCATIONS = {
     "Culprit": "diagtools.model.scan",

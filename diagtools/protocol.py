@@ -68,6 +68,18 @@ RUN_AGENT_MODULE = "_diagtools_run_agent"
 
 CUDA_SUCCESS = 0
 CUDA_ERROR_NOT_INITIALIZED = 3
+CUDA_ERROR_NAMES = {
+    CUDA_SUCCESS: "CUDA_SUCCESS",
+    CUDA_ERROR_NOT_INITIALIZED: "CUDA_ERROR_NOT_INITIALIZED",
+    100: "CUDA_ERROR_NO_DEVICE",
+    801: "CUDA_ERROR_NOT_SUPPORTED",
+    999: "CUDA_ERROR_UNKNOWN",
+}
+# the simulated driver's and NVML's refusal bits (driver/simcuda.c, simnvml.c), as cuprobe.simulation_refusals() reports
+SIM_EXPORT_TABLE_REFUSED = 1  # the CUDA runtime asked for an undocumented export table
+SIM_UNMODELLED_CALLED = 2  # a function the simulation does not model was called
+SIM_INIT_INFERRED = 4  # cuInit made on a real runtime's behalf at its export-table request
+SIM_KERNEL_LAUNCH_REFUSED = 1  # the simulated runtime's bit for a refused launch (driver/simcudart.c)
 NO_DRIVER = -1
 DRIVER_UNASKABLE = -2  # a driver library loads but has no cuDeviceGetCount: its state cannot be asked
 

@@ -90,3 +90,16 @@ def test_library_ranges_stay_open():
 
 def test_ci_runs_make_test():
     assert "make test" in (ROOT / ".ci/run").read_text()
+
+
+def test_the_version_is_written_once_and_the_installed_metadata_reads_it():
+    from importlib.metadata import version
+
+    import diagtools
+
+    data = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert "version" not in data["project"]
+    assert data["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "diagtools._version.__version__"}
+    assert version("diagtools") == diagtools.__version__
+    assert re.search(r'__version__ = "[\d.]+"', (ROOT / "diagtools" / "_version.py").read_text())
+    assert "__version__ =" not in (ROOT / "diagtools" / "__init__.py").read_text()

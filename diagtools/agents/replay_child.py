@@ -29,13 +29,7 @@ class DriverCallError(RuntimeError):
     """A CUDA driver call returned an error code, as the driver itself reported it."""
 
 
-_ERROR_NAMES = {
-    0: "CUDA_SUCCESS",
-    3: "CUDA_ERROR_NOT_INITIALIZED",
-    100: "CUDA_ERROR_NO_DEVICE",
-    801: "CUDA_ERROR_NOT_SUPPORTED",
-    999: "CUDA_ERROR_UNKNOWN",
-}
+_ERROR_NAMES = protocol.CUDA_ERROR_NAMES
 
 
 def _record(calls: list[list], name: str, code: int) -> int:

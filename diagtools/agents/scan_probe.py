@@ -265,13 +265,10 @@ def _refine_thread(starter):
 # ---- the driver hook and threads --------------------------------------------
 
 
-_INIT_INFERRED = 4  # simcuda.c: cuInit made on the runtime's behalf at its export-table request
-
-
 def _init_inferred():
     """True when the simulated driver inferred this cuInit from a real runtime's export-table request."""
     found = _cuprobe.simulation_refusals()
-    return bool(found and found[0] & _INIT_INFERRED)
+    return bool(found and found[0] & protocol.SIM_INIT_INFERRED)
 
 
 def _caller(thread, depth):

@@ -418,14 +418,14 @@ def resolve_driver(requested: str = "auto") -> DriverSetup:
     if requested not in DRIVER_CHOICES:
         raise UsageError(f"unknown driver {requested!r}: choose one of {', '.join(DRIVER_CHOICES)}")
     if requested == "none":
-        return DriverSetup(DriverInfo("none", requested), {"CUDA_VISIBLE_DEVICES": "", "DIAGTOOLS_DRIVER": "none"})
+        return DriverSetup(DriverInfo("none", requested), {"CUDA_VISIBLE_DEVICES": "", protocol.DRIVER_KIND: "none"})
     real = real_driver_path() if requested in ("auto", "real") else None
     if requested == "real" and real is None:
         raise DriverUnavailableError("libcuda.so.1 did not load")
     if real is not None:
         injection = str(build_injection_library())
         return DriverSetup(
-            DriverInfo("real", requested, real), {"CUDA_INJECTION64_PATH": injection, "DIAGTOOLS_DRIVER": "real"}
+            DriverInfo("real", requested, real), {"CUDA_INJECTION64_PATH": injection, protocol.DRIVER_KIND: "real"}
         )
     return _simulated_setup(requested)
 

@@ -56,7 +56,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _version() -> str:
-    from diagtools import __version__
+    from diagtools._version import __version__
 
     return __version__
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar
 
+from diagtools import protocol
 from diagtools.model._display import present
 from diagtools.model.scan import Culprit, DriverInfo, Site
 from diagtools.model.serial import Serial
@@ -74,7 +75,7 @@ class DriverRefusal(Serial):
 
     def describe(self) -> str:
         where = f" at {self.site.file}:{self.site.line}" if self.site else ""
-        name = "CUDA_ERROR_NOT_INITIALIZED" if self.code == 3 else f"error {self.code}"
+        name = protocol.CUDA_ERROR_NAMES.get(self.code, f"error {self.code}")
         return f"{self.call}{where} answered {name} ({self.code})"
 
 

@@ -311,10 +311,6 @@ def blind_spots(driver: DriverInfo, hello: dict[str, Any], final: dict[str, Any]
     return ()
 
 
-_EXPORT_TABLE_REFUSED, _UNMODELLED_CALLED, _INIT_INFERRED = 1, 2, 4
-_KERNEL_LAUNCH_REFUSED = 1  # the simulated runtime's bit for a refused launch (driver/simcudart.c)
-
-
 def simulation_gaps(refusals: object) -> tuple[str, ...]:
     """Where the simulated driver, NVML or runtime could not play along, in words (``driver/sim*.c``)."""
     if not isinstance(refusals, dict):
@@ -322,13 +318,17 @@ def simulation_gaps(refusals: object) -> tuple[str, ...]:
     driver, nvml = refusals.get("driver"), refusals.get("nvml")
     first, nvml_first = refusals.get("first") or "?", refusals.get("nvml_first") or "?"
     gaps = []
-    if isinstance(driver, int) and driver & _EXPORT_TABLE_REFUSED:
+    if isinstance(driver, int) and driver & protocol.SIM_EXPORT_TABLE_REFUSED:
         gaps.append(f"the CUDA runtime asked for an undocumented export table ({first}); its calls fail after it")
-    if isinstance(driver, int) and driver & _UNMODELLED_CALLED and not driver & _EXPORT_TABLE_REFUSED:
+    if (
+        isinstance(driver, int)
+        and driver & protocol.SIM_UNMODELLED_CALLED
+        and not driver & protocol.SIM_EXPORT_TABLE_REFUSED
+    ):
         gaps.append(f"an unmodelled driver function was called ({first}) and answered CUDA_ERROR_NOT_SUPPORTED")
-    if isinstance(nvml, int) and nvml & _UNMODELLED_CALLED:
+    if isinstance(nvml, int) and nvml & protocol.SIM_UNMODELLED_CALLED:
         gaps.append(f"an unmodelled NVML function was called ({nvml_first}) and answered NVML_ERROR_NOT_SUPPORTED")
-    if isinstance(driver, int) and driver & _INIT_INFERRED:
+    if isinstance(driver, int) and driver & protocol.SIM_INIT_INFERRED:
         gaps.append("cuInit was inferred from the runtime's export-table request, not called by name")
     gaps += _runtime_gaps(refusals.get("runtime"), refusals.get("runtime_first") or "?")
     return tuple(gaps)
@@ -339,9 +339,9 @@ def _runtime_gaps(runtime: object, first: str) -> list[str]:
     if not isinstance(runtime, int):
         return []
     gaps = []
-    if runtime & _KERNEL_LAUNCH_REFUSED:
+    if runtime & protocol.SIM_KERNEL_LAUNCH_REFUSED:
         gaps.append(f"a kernel launch was refused: no GPU code runs on the simulated GPU (first refusal: {first})")
-    if runtime & _UNMODELLED_CALLED:
+    if runtime & protocol.SIM_UNMODELLED_CALLED:
         gaps.append(f"an unmodelled CUDA runtime function answered cudaErrorNotSupported (first refusal: {first})")
     return gaps
 

@@ -28,7 +28,6 @@ import _diagtools_protocol as protocol  # registered by sitecustomize.py beside 
 
 _MAX_FRAMES = 120
 _MAX_REFUSALS = 3
-_INIT_INFERRED = 4  # simcuda.c: cuInit made on a real runtime's behalf at its export-table request
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _HIDDEN = ("<frozen importlib._bootstrap>", "<frozen importlib._bootstrap_external>")
 _STDLIB = os.path.dirname(os.path.abspath(os.__file__))
@@ -284,7 +283,7 @@ class Agent:
         """True when the simulated driver inferred this cuInit from a real runtime's export-table request."""
         module = self._cuprobe()
         found = module.simulation_refusals() if module is not None else None
-        return bool(found and found[0] & _INIT_INFERRED)
+        return bool(found and found[0] & protocol.SIM_INIT_INFERRED)
 
     def on_refused(self, call, thread=None):
         """Called by the simulated driver when it refuses a call in a poisoned child."""
