@@ -840,6 +840,24 @@ def _redirect(index, kind, target_fd, recorded=b""):
     posix.close(fd)
 
 
+def _at_named_number(fd, variable):
+    """``fd`` moved to the number the environment's ``variable`` names, when that number is free.
+
+    The child's own channel and dump then sit where a fresh subkernel's would: a
+    module that writes to ``DIAGTOOLS_CHANNEL_FD`` (a flood, a forged event) meets
+    this child's file, as it would meet a fresh subkernel's pipe.
+    """
+    try:
+        number = int(_ENV.get(variable, ""))
+    except ValueError:
+        return fd
+    if number == fd or protocol.identity(number) is not None:
+        return fd
+    posix.dup2(fd, number, False)
+    posix.close(fd)
+    return number
+
+
 def _keep_channel():
     """A copy of the zygote's channel for the zygote this row child may leave, or None.
 
@@ -929,11 +947,11 @@ def _run_child(probe, index, module):
     _redirect(index, "out", 1, recorded[1])
     _redirect(index, "err", 2, recorded[2])
     dump_env = {
-        protocol.DUMP_FD: str(_open_own(index, "dump")),
+        protocol.DUMP_FD: str(_at_named_number(_open_own(index, "dump"), protocol.DUMP_FD)),
         protocol.DUMP_SIGNAL: _ENV.get(protocol.DUMP_SIGNAL, "10"),
     }
     protocol.enable_fault_dumps(dump_env, _cuprobe)
-    channel = protocol.Channel(_open_own(index, "events"))
+    channel = protocol.Channel(_at_named_number(_open_own(index, "events"), protocol.CHANNEL_FD))
     _Continuation.started, _Continuation.loaded = _clock(), len(sys.modules)
     code = 0
     try:

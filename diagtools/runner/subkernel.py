@@ -53,7 +53,7 @@ _CHANNEL_PIPE_BYTES = 1 << 20
 _READ_BYTES = 1 << 20
 _FULL_READ = 64 * 1024  # a read this large found a full pipe: the writer was waiting on us
 _KEEPER_WAIT_S = 40.0
-_DUMP_LIMIT = 4 << 20
+DUMP_LIMIT = 4 << 20
 
 
 @dataclass(frozen=True)
@@ -316,7 +316,7 @@ class _Fds:
     def read_dump(self) -> str:
         """Everything faulthandler wrote to the dump file (at most a few MiB), then close it."""
         try:
-            size = min(os.fstat(self.dump).st_size, _DUMP_LIMIT)
+            size = min(os.fstat(self.dump).st_size, DUMP_LIMIT)
             return os.pread(self.dump, size, 0).decode("utf-8", "backslashreplace")
         finally:
             self.close(self.dump)

@@ -30,6 +30,8 @@ from typing import Any
 from diagtools import protocol
 from diagtools.runner.kept import Kept, start_kept
 from diagtools.runner.subkernel import (
+    CHANNEL_LIMIT,
+    DUMP_LIMIT,
     OUTPUT_LIMIT,
     CapturedOutput,
     RawRun,
@@ -179,18 +181,20 @@ class _Zygote:
 
     def raw_run(self, child: _Child, code: int) -> RawRun:
         base = self.workdir / str(child.index)
-        decoded = protocol.decode_events(_read(base.with_suffix(".events")))
+        events, truncated = _bounded_events(base.with_suffix(".events"))
+        decoded = protocol.decode_events(events)
         return RawRun(
             events=tuple(decoded.events),
             returncode=code,
             timed_out=child.timed_out,
             stdout=_captured(base.with_suffix(".out")),
             stderr=_captured(base.with_suffix(".err")),
-            fault_dump=_read(base.with_suffix(".dump")).decode("utf-8", "backslashreplace"),
+            fault_dump=_read(base.with_suffix(".dump"), DUMP_LIMIT).decode("utf-8", "backslashreplace"),
             duration_s=time.monotonic() - child.started,
             marker=self.marker,
             started_at=child.wall_start,
             skipped_events=decoded.skipped,
+            channel_truncated=truncated,
         )
 
     def enforce_deadlines(self) -> None:
@@ -226,11 +230,20 @@ def _loaded_inside(path: Path) -> list[tuple[str, str | None]]:
         return []
 
 
-def _read(path: Path) -> bytes:
+def _read(path: Path, limit: int = -1) -> bytes:
     try:
-        return path.read_bytes()
+        with path.open("rb") as handle:
+            return handle.read(limit)
     except OSError:
         return b""
+
+
+def _bounded_events(path: Path) -> tuple[bytes, bool]:
+    """A child's event file up to the fresh subkernel's bound, in whole lines, and whether it went past it."""
+    data = _read(path, CHANNEL_LIMIT + 1)
+    if len(data) <= CHANNEL_LIMIT:
+        return data, False
+    return data[: data.rfind(b"\n", 0, CHANNEL_LIMIT) + 1], True
 
 
 def _captured(path: Path) -> CapturedOutput:

@@ -12,7 +12,7 @@ import pytest
 
 from diagtools.errors import JournalLockedError
 from diagtools.usecases.sweep import discover_modules, sweep
-from tests.conftest import cli, require, sweep_verdicts
+from tests.conftest import CHANNEL_FLOOD, cli, require, sweep_verdicts
 
 CUINIT = "import ctypes\nctypes.CDLL('libcuda.so.1').cuInit(0)\n"
 PACKAGE = {
@@ -292,3 +292,17 @@ def test_a_preloaded_packages_harmless_atexit_handler_leaves_every_row_clean(mak
     root = make_tree(AT_EXIT_PACKAGE)
     zygote = _rows(root, "quiet", fresh=False)
     assert {module: verdict for module, (verdict, *_) in zygote.items()} == {"quiet": "clean", "quiet.sub": "clean"}
+
+
+def test_a_module_flooding_its_channel_reads_the_same_in_zygote_and_fresh_mode(make_tree):
+    """The zygote's child has its channel where a fresh subkernel's is, read to the same bound."""
+    root = make_tree({"fl/__init__.py": "", "fl/floods.py": CHANNEL_FLOOD + CUINIT, "fl/quiet.py": "VALUE = 1\n"})
+    rows = {
+        fresh: {
+            r.module: (str(r.status), r.verdict)
+            for r in sweep("fl", path=[root], driver="simulated", jobs=1, fresh=fresh).rows
+        }
+        for fresh in (False, True)
+    }
+    assert rows[False] == rows[True]
+    assert rows[False]["fl.floods"] == ("channel-lost", "unknown")
