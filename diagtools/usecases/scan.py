@@ -18,6 +18,8 @@ from diagtools.runner.subkernel import RawRun, SubkernelRequest, run_subkernel
 from diagtools.usecases.interpreter import validate_python
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from diagtools.model.scan import Culprit, DriverInfo, ScanResult
     from diagtools.model.sweep import SweepRow
 
@@ -179,8 +181,10 @@ def probe_request(
     settle: float = 0.0,
     *,
     python: str = sys.executable,
+    program: Path = SCAN_PROBE,
 ) -> SubkernelRequest:
-    """A subkernel run of the import probe over ``targets``."""
+    """A subkernel run of the import probe over ``targets`` (``program``: the sweep's zygote, which loads the
+    probe and scans each module in a child)."""
     settings = {
         protocol.CUPROBE: str(build_probe_extension()),
         protocol.SCAN_TARGETS: "\n".join(targets),
@@ -188,7 +192,7 @@ def probe_request(
         protocol.SCAN_REFINE: "",
         protocol.SCAN_SETTLE: repr(float(settle)),
     }
-    return SubkernelRequest(SCAN_PROBE, settings, env, timeout, flags=("-S",), python=python)
+    return SubkernelRequest(program, settings, env, timeout, flags=("-S",), python=python)
 
 
 def _assemble(raw: RawRun, targets: tuple[str, ...], driver: DriverInfo, own: tuple[str, ...]) -> ScanResult:

@@ -17,14 +17,14 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from diagtools import agents, protocol
-from diagtools.driver import DriverSetup, build_probe_extension
+from diagtools import agents
+from diagtools.driver import DriverSetup
 from diagtools.model.scan import ScanResult
 from diagtools.model.sweep import SweepRow
 from diagtools.runner.subkernel import RawRun, SubkernelRequest
 from diagtools.runner.zygote_host import ZygoteOutcome, run_zygote
 from diagtools.usecases.assemble import assemble
-from diagtools.usecases.scan import DEFAULT_SETTLE_S, SCAN_PROBE
+from diagtools.usecases.scan import DEFAULT_SETTLE_S, SCAN_PROBE, probe_request
 from diagtools.usecases.sweep_discover import SweptTree
 
 __all__ = ["ADAPT_MIN_MODULES", "SWEEP_ZYGOTE", "ZygotePass", "in_package_deps", "package_notes", "zygote_pass"]
@@ -162,14 +162,11 @@ class _Collector:
 
 
 def _request(setup: DriverSetup, roots: tuple[str, ...], timeout: float, python: str) -> SubkernelRequest:
-    settings = {
-        protocol.CUPROBE: str(build_probe_extension()),
-        protocol.SCAN_PATH: "\n".join(roots),
-        protocol.SCAN_SETTLE: repr(DEFAULT_SETTLE_S),  # as a fresh scan waits for the threads a module started
-    }
+    """The scan's own request, run by the zygote: each child settles as a fresh scan waits for the threads a
+    module started; the preload gets at least :data:`PRELOAD_TIMEOUT_MIN_S`."""
     env = {**{name: os.environ.get(name) or "1" for name in _ONE_THREAD}, **setup.env}
     limit = max(timeout, PRELOAD_TIMEOUT_MIN_S)
-    return SubkernelRequest(SWEEP_ZYGOTE, settings, env, limit, flags=("-S",), python=python)
+    return probe_request((), roots, env, limit, DEFAULT_SETTLE_S, python=python, program=SWEEP_ZYGOTE)
 
 
 @dataclass(frozen=True)
