@@ -379,6 +379,24 @@ def identity(fd):
     return (stat.st_dev, stat.st_ino)
 
 
+_INSTALLED = ("/site-packages/", "/dist-packages/")
+
+
+def file_kind(filename):
+    """Whose code ``filename`` is: ``user`` (the user's own), ``installed`` (a package in site-packages),
+    ``stdlib`` (this interpreter's library) or ``generated`` (no file: ``<string>``, ``<frozen ...>``).
+
+    The one rule every agent, the attribution and the renderers use for "is this the user's code?".
+    """
+    if not filename or filename.startswith("<"):
+        return "generated"
+    if any(part in filename for part in _INSTALLED):
+        return "installed"
+    if filename.startswith((sys.base_prefix + "/lib/", sys.prefix + "/lib/")):
+        return "stdlib"
+    return "user"
+
+
 def environ():
     """The process environment as text, read through ``posix`` (``os`` may not be imported)."""
     return {key.decode(): value.decode("utf-8", "surrogateescape") for key, value in posix.environ.items()}

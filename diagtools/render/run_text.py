@@ -13,6 +13,7 @@ import shlex
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
+from diagtools import protocol
 from diagtools.model.cuts import unsearched
 from diagtools.model.run import Finding, RunResult
 from diagtools.model.scan import Culprit, Site
@@ -30,7 +31,6 @@ __all__ = [
     "user_site",
 ]
 
-_STDLIB = os.path.dirname(os.path.abspath(os.__file__))
 _COLUMN = 58
 _FRAMES = 8
 _PIDS_SHOWN = 12
@@ -51,9 +51,11 @@ class FindingGroup:
 
 
 def user_site(stack: Sequence[Site]) -> Site | None:
-    """The innermost frame outside the standard library (the line the user wrote), else the innermost."""
-    for frame in reversed(stack):
-        if not frame.file.startswith(_STDLIB) and not frame.file.startswith("<frozen"):
+    """The innermost frame of the user's own code (the line the user wrote), else of an installed package,
+    else the innermost: by :func:`diagtools.protocol.file_kind`, the rule the attribution uses."""
+    for wanted in ("user", "installed"):
+        frame = next((frame for frame in reversed(stack) if protocol.file_kind(frame.file) == wanted), None)
+        if frame is not None:
             return frame
     return stack[-1] if stack else None
 

@@ -15,7 +15,6 @@ or the module bodies the run agent saw on the stack (:class:`StackChain`).
 from __future__ import annotations
 
 import linecache
-import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
@@ -181,21 +180,11 @@ def start_site(stack: Sequence[Sequence[Any]] | None) -> Site | None:
     return frame_site(frames[0]) if frames else None
 
 
-_INSTALLED = ("/site-packages/", "/dist-packages/")
-
-
-def _users_file(file: str | None) -> bool:
-    """A source file of the user's own code: not installed, not the standard library, not generated."""
-    if not file or file.startswith("<") or any(part in file for part in _INSTALLED):
-        return False
-    return not file.startswith((sys.base_prefix + "/lib/", sys.prefix + "/lib/"))
-
-
 def _own_files(chain: tuple[str, ...], modules: Modules, own: Sequence[str] | None) -> set[str]:
     """The files of the chain's modules that are the user's: by ``own`` patterns, or (``None``) by location."""
     files = {module: modules.file_of(module) for module in chain}
     if own is None:
-        return {file for file in files.values() if file is not None and _users_file(file)}
+        return {file for file in files.values() if file is not None and protocol.file_kind(file) == "user"}
     return {file for module, file in files.items() if file is not None and is_own(module, own)}
 
 

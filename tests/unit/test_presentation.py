@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+from diagtools import protocol
 from diagtools.frontends.progress import Stopwatch
 from diagtools.model.diff import diff_scans
 from diagtools.model.replay import ChildOutcome, ParentState, ReplayComparison, ReplayResult
@@ -18,6 +20,7 @@ from diagtools.render.graphview import graph_view_html, node_details, prepare_sv
 from diagtools.render.html import comparison_html
 from diagtools.render.ordering import group_modules, is_stdlib, picker_options
 from diagtools.render.paths import display_path, import_roots, shareable
+from diagtools.render.run_text import user_site
 from diagtools.render.text import paint, render_diff, text_table, use_color
 from tests.conftest import require
 
@@ -392,3 +395,23 @@ def test_a_hostile_name_stays_inside_its_mermaid_label(hostile):
     assert len(lines) == 1 + 3 + 2 + 1, block
     for line in lines[1:]:
         assert statement.fullmatch(line), line
+
+
+def test_one_rule_says_whose_code_a_file_is_and_the_fork_line_is_the_users():
+    stdlib = f"{sys.base_prefix}/lib/python3.11/multiprocessing/popen_fork.py"
+    library = "/env/lib/python3.11/site-packages/vllm/executor.py"
+    assert [protocol.file_kind(f) for f in ("/home/me/app.py", library, stdlib, "<string>", "")] == [
+        "user",
+        "installed",
+        "stdlib",
+        "generated",
+        "generated",
+    ]
+    user, installed, forked = (
+        Site("/home/me/app.py", 3, "<module>"),
+        Site(library, 10, "start"),
+        Site(stdlib, 66, "_launch"),
+    )
+    assert user_site((user, installed, forked)) == user  # not the library frame below it
+    assert user_site((installed, forked)) == installed
+    assert user_site((forked,)) == forked

@@ -30,7 +30,6 @@ _MAX_FRAMES = 120
 _MAX_REFUSALS = 3
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _HIDDEN = ("<frozen importlib._bootstrap>", "<frozen importlib._bootstrap_external>")
-_STDLIB = os.path.dirname(os.path.abspath(os.__file__))
 _MP_FORKSERVER = ("/multiprocessing/forkserver.py",)
 _MP_SPAWN = ("/multiprocessing/popen_spawn_posix.py", "/multiprocessing/spawn.py")
 _MP_HELPERS = ("/multiprocessing/resource_tracker.py", "/multiprocessing/forkserver.py")
@@ -80,10 +79,6 @@ def _has_source(filename):
     return not filename.startswith("<")
 
 
-def _is_user_file(filename):
-    return _has_source(filename) and not filename.startswith(_STDLIB)
-
-
 def _chain(frames):
     """The module bodies running, outermost first, as ``[name, file]``; and the culprit module.
 
@@ -101,7 +96,7 @@ def _chain(frames):
     sourced = [entry for entry in chain if _has_source(entry[1])]
     if sourced:
         return chain, sourced[-1][0]
-    user = next((frame for frame in frames if _is_user_file(frame.f_code.co_filename)), None)
+    user = next((frame for frame in frames if protocol.file_kind(frame.f_code.co_filename) == "user"), None)
     if user is None:
         return chain, chain[-1][0] if chain else None
     name = _module_name(user)
