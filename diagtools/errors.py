@@ -7,6 +7,8 @@ because errors cross the subkernel boundary.
 
 from __future__ import annotations
 
+import enum
+
 __all__ = [
     "CacheDirectoryError",
     "CannotDeferError",
@@ -141,18 +143,57 @@ class JournalLockedError(DiagtoolsError):
         return f"{self.path} is in use by another sweep; wait for it to finish or choose another --json"
 
 
-class SweepInterrupted(KeyboardInterrupt):
+_SIGINT = 2  # signal.SIGINT on every platform Python supports; signal itself is not imported for it
+
+
+class ExitCode(enum.IntEnum):
+    """What the CLI's exit status says: the verdict first, then how the run went."""
+
+    OK = 0  # clean, or the command asked for succeeded
+    CUDA = 1  # CUDA was initialized (or a fork was poisoned)
+    USAGE = 2  # bad input or an error of ours: nothing was judged
+    TARGET_FAILED = 3  # the target could not be judged (crash, hang, lost channel)
+    NOT_STARTED = 127  # run: the command could not be started, as a shell says
+
+    @staticmethod
+    def for_signal(signum: int) -> int:
+        """A shell's status for a process stopped by ``signum``: 128 + N (130 for Ctrl-C)."""
+        return 128 + int(signum)
+
+
+class Interrupted(KeyboardInterrupt):
+    """Work stopped by Ctrl-C, SIGTERM or SIGHUP (``signum``), carrying what it had seen (``result``).
+
+    A ``KeyboardInterrupt``, so code that stops on an interrupt still stops.
+    """
+
+    def __init__(self, signum: int | None = None, result: object = None) -> None:
+        super().__init__(signum, result)
+        self.signum = signum
+        self.result = result
+
+    def __reduce__(self):
+        return (self.__class__, (self.signum, self.result))
+
+    @property
+    def exit_code(self) -> int:
+        """128 + the signal's number; 130 (Ctrl-C) when no signal was named."""
+        return ExitCode.for_signal(self.signum if self.signum is not None else _SIGINT)
+
+
+class Terminated(Interrupted):
+    """SIGTERM or SIGHUP, raised where the main thread is, so every ``finally`` cleans up."""
+
+
+class SweepInterrupted(Interrupted):
     """Raised by a sweep stopped by Ctrl-C (or SIGTERM/SIGHUP, ``signum``), carrying what it had.
 
-    A ``KeyboardInterrupt``, so code that stops on an interrupt still stops;
     ``result`` is the partial ``SweepResult`` (its ``interrupted`` counts the
     modules left unscanned), so the caller can show the summary of what was done.
     """
 
     def __init__(self, result: object, signum: int | None = None) -> None:
-        super().__init__(result, signum)
-        self.result = result
-        self.signum = signum
+        super().__init__(signum, result)
 
     def __reduce__(self):
         return (self.__class__, (self.result, self.signum))

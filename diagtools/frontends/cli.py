@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from diagtools.errors import DiagtoolsError, SweepInterrupted, UsageError
+from diagtools.errors import DiagtoolsError, ExitCode, Interrupted, SweepInterrupted, Terminated, UsageError
 from diagtools.model.options import DEFAULT_SETTLE_S, DRIVER_CHOICES, START_METHODS
 
 if TYPE_CHECKING:
@@ -23,17 +23,7 @@ if TYPE_CHECKING:
 
 __all__ = ["main", "run"]
 
-EXIT_OK, EXIT_CUDA, EXIT_USAGE, EXIT_TARGET_FAILED = 0, 1, 2, 3
-EXIT_INTERRUPTED, EXIT_TERMINATED, EXIT_HANGUP = 130, 143, 129
 MAX_TIMEOUT_S = 7 * 24 * 3600.0
-
-
-class _Terminated(KeyboardInterrupt):
-    """SIGTERM or SIGHUP, raised where the main thread is, so every ``finally`` cleans up."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signum)
-        self.signum = signum
 
 
 def _timeout(text: str) -> float:
@@ -52,7 +42,7 @@ class _Parser(argparse.ArgumentParser):
     """argparse that reports usage errors in one line with exit code 2."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
-        self.exit(EXIT_USAGE, f"diagtools: error: {message} (see {self.prog} --help)\n")
+        self.exit(ExitCode.USAGE, f"diagtools: error: {message} (see {self.prog} --help)\n")
 
 
 def _version() -> str:
@@ -390,8 +380,8 @@ def _run_scan(args: argparse.Namespace) -> int:
 
         write_svg(result, args.svg)
     if not result.ok:
-        return EXIT_TARGET_FAILED
-    return EXIT_CUDA if (args.fail_on_cuda and result.cuda_initialized) else EXIT_OK
+        return ExitCode.TARGET_FAILED
+    return ExitCode.CUDA if (args.fail_on_cuda and result.cuda_initialized) else ExitCode.OK
 
 
 def _run_fix(args: argparse.Namespace) -> int:
@@ -417,8 +407,8 @@ def _run_fix(args: argparse.Namespace) -> int:
         text += "\n" + _write_fix_files(result, Path(args.write))
     _emit(result.to_json(), text, args.json)
     if result.reason and not result.cut and result.scan.verdict.value == "clean":
-        return EXIT_OK
-    return EXIT_OK if result.verified else EXIT_TARGET_FAILED
+        return ExitCode.OK
+    return ExitCode.OK if result.verified else ExitCode.TARGET_FAILED
 
 
 def _write_fix_files(result: Any, patch: Path) -> str:
@@ -470,10 +460,10 @@ def _run_replay(args: argparse.Namespace) -> int:
         comparison = compare_replays(args.target, before=before, after=after, **common)
         _emit(comparison.to_json(), render_comparison(comparison), args.json)
         failed = [r for _, r in comparison.runs if r.status in REPLAY_BROKEN]
-        return EXIT_TARGET_FAILED if failed else EXIT_OK
+        return ExitCode.TARGET_FAILED if failed else ExitCode.OK
     result = replay_fork(args.target, start_method=args.start_method, **common)
     _emit(result.to_json(), render_replay(result), args.json)
-    return EXIT_TARGET_FAILED if result.status in REPLAY_BROKEN else EXIT_OK
+    return ExitCode.TARGET_FAILED if result.status in REPLAY_BROKEN else ExitCode.OK
 
 
 def _emit(document: dict[str, Any], text: str, json_destination: str | None) -> None:
@@ -521,8 +511,8 @@ def _run_sweep(args: argparse.Namespace) -> int:
     _write_sweep_files(result, args)
     if known is not None:
         _print(render_baseline(result, known, args.baseline))
-        return EXIT_CUDA if result.new_causes(known) else EXIT_OK
-    return EXIT_CUDA if (args.fail_on_cuda and result.culprits) else EXIT_OK
+        return ExitCode.CUDA if result.new_causes(known) else ExitCode.OK
+    return ExitCode.CUDA if (args.fail_on_cuda and result.culprits) else ExitCode.OK
 
 
 def _sweep_for(args: argparse.Namespace) -> Any:
@@ -573,7 +563,7 @@ def _run_bisect(args: argparse.Namespace) -> int:
         timeout=args.timeout,
     )
     _emit(result.to_json(), render_bisect(result), args.json)
-    return EXIT_OK if result.first_bad else EXIT_TARGET_FAILED
+    return ExitCode.OK if result.first_bad else ExitCode.TARGET_FAILED
 
 
 def _read_scan(path: str) -> Any:
@@ -604,7 +594,7 @@ def _run_diff(args: argparse.Namespace) -> int:
             print(render_diff(diff))
             raise UsageError(f"cannot write {args.html}: {exc.strerror or exc}") from None
     _emit(diff.to_json(), render_diff(diff), args.json)
-    return EXIT_OK
+    return ExitCode.OK
 
 
 def _run_bench(args: argparse.Namespace) -> int:
@@ -622,7 +612,7 @@ def _run_bench(args: argparse.Namespace) -> int:
     _emit(report.to_json(), text, args.json)
     if args.chart:
         report.chart(args.chart)
-    return EXIT_TARGET_FAILED if report.error else EXIT_OK
+    return ExitCode.TARGET_FAILED if report.error else ExitCode.OK
 
 
 def _run_demo(args: argparse.Namespace) -> int:
@@ -638,7 +628,7 @@ def _run_demo(args: argparse.Namespace) -> int:
     postmortem = report.index.parent / "postmortem.html"
     if postmortem.exists():
         print(f"postmortem: {postmortem.resolve()}")
-    return EXIT_OK if report.as_expected else EXIT_TARGET_FAILED
+    return ExitCode.OK if report.as_expected else ExitCode.TARGET_FAILED
 
 
 def _run_run(args: argparse.Namespace) -> int:
@@ -660,12 +650,11 @@ def _run_run(args: argparse.Namespace) -> int:
         result = run(command, driver=args.driver, timeout=args.timeout, output=output)
     except RunInterrupted as stopped:
         _report_run(stopped.result, args)
-        codes: dict[int, int] = {signal.SIGTERM: EXIT_TERMINATED, signal.SIGHUP: EXIT_HANGUP}
-        return codes.get(stopped.signum, EXIT_INTERRUPTED)
+        return stopped.exit_code
     _report_run(result, args)
     if result.exitcode is None:
-        return 127
-    return result.exitcode if result.exitcode >= 0 else 128 - result.exitcode
+        return ExitCode.NOT_STARTED
+    return result.exitcode if result.exitcode >= 0 else ExitCode.for_signal(-result.exitcode)
 
 
 def _report_run(result: Any, args: argparse.Namespace) -> None:
@@ -741,17 +730,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return handlers[args.command](args)
     except SweepInterrupted as exc:
         return _interrupted_sweep(exc)
-    except _Terminated as exc:
-        print(f"diagtools: {signal.Signals(exc.signum).name}: stopped, subkernels killed", file=sys.stderr)
-        return EXIT_HANGUP if exc.signum == signal.SIGHUP else EXIT_TERMINATED
+    except Interrupted as exc:
+        return _stopped(exc)
     except KeyboardInterrupt:
-        print("diagtools: interrupted, subkernels killed", file=sys.stderr)
-        return EXIT_INTERRUPTED
+        return _stopped(Interrupted())
     except (DiagtoolsError, OSError) as exc:
         if args.debug:
             raise
         print(f"diagtools: error: {_one_line(exc)}", file=sys.stderr)
-        return EXIT_USAGE
+        return ExitCode.USAGE
     except Exception as exc:  # a bug of ours must not exit 1, which means "CUDA was initialized"
         if args.debug:
             raise
@@ -759,7 +746,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"diagtools: internal error: {_one_line(f'{type(exc).__name__}: {exc}')} (--debug shows the traceback)",
             file=sys.stderr,
         )
-        return EXIT_USAGE
+        return ExitCode.USAGE
     finally:
         restore()
 
@@ -769,11 +756,16 @@ def _interrupted_sweep(exc: SweepInterrupted) -> int:
     from diagtools.render.text import render_sweep
 
     _print(render_sweep(exc.result))  # type: ignore[arg-type]
-    if exc.signum is None:
+    return _stopped(exc)
+
+
+def _stopped(exc: Interrupted) -> int:
+    """Say what stopped the work; the signal's exit code (130 for Ctrl-C)."""
+    if exc.signum is None or exc.signum == signal.SIGINT:
         print("diagtools: interrupted, subkernels killed", file=sys.stderr)
-        return EXIT_INTERRUPTED
-    print(f"diagtools: {signal.Signals(exc.signum).name}: stopped, subkernels killed", file=sys.stderr)
-    return EXIT_HANGUP if exc.signum == signal.SIGHUP else EXIT_TERMINATED
+    else:
+        print(f"diagtools: {signal.Signals(exc.signum).name}: stopped, subkernels killed", file=sys.stderr)
+    return exc.exit_code
 
 
 def _one_line(value: object) -> str:
@@ -789,7 +781,7 @@ def _translate_termination() -> Callable[[], None]:
         return lambda: None
 
     def raise_terminated(signum: int, frame: Any) -> None:
-        raise _Terminated(signum)
+        raise Terminated(signum)
 
     previous = {signum: signal.signal(signum, raise_terminated) for signum in (signal.SIGTERM, signal.SIGHUP)}
 

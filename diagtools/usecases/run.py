@@ -34,7 +34,7 @@ from typing import Any
 from diagtools import protocol
 from diagtools.agents.run_hook import HOOK_DIR
 from diagtools.driver import DriverSetup, build_starts_library, resolve_driver
-from diagtools.errors import UsageError
+from diagtools.errors import Interrupted, UsageError
 from diagtools.model.run import RunResult
 from diagtools.runner.kept import Kept, start_kept
 from diagtools.runner.subkernel import SUBKERNEL_MARKER, kill_marked
@@ -54,16 +54,14 @@ Popen = Callable[..., "subprocess.Popen[bytes]"]
 CENSUS_MS = 100  # how often the keeper looks for Python processes the agent never heard from
 
 
-class RunInterrupted(KeyboardInterrupt):
+class RunInterrupted(Interrupted):
     """Raised by :func:`run` when it was interrupted: the tree is gone, ``result`` is what was seen.
 
     ``signum`` is the signal that stopped it (``SIGINT`` for Ctrl-C).
     """
 
     def __init__(self, signum: int, result: RunResult) -> None:
-        super().__init__(signum)
-        self.signum = signum
-        self.result = result
+        super().__init__(signum, result)
 
 
 # ---- starting and waiting ------------------------------------------------------------
