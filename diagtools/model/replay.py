@@ -7,14 +7,14 @@ for a before/after, fork/spawn grid.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from diagtools.model._display import present
-from diagtools.model.common import check_schema
 from diagtools.model.options import START_METHODS
 from diagtools.model.scan import DriverInfo, TargetError
-from diagtools.model.serial import Serial, load
+from diagtools.model.serial import Serial
 from diagtools.model.verdict import Label, Verdict, combine
 
 __all__ = [
@@ -271,27 +271,37 @@ class ReplayResult(Serial):
 
 
 @dataclass(frozen=True)
-class _ComparisonRun(Serial):
-    """One run of a comparison document: its variant label and the replay."""
+class ComparisonRun(Serial):
+    """One run of a comparison: its variant label and the replay; reads as the pair ``(variant, replay)``."""
 
     variant: str
     replay: ReplayResult
 
+    def __iter__(self) -> Iterator[Any]:
+        return iter((self.variant, self.replay))
 
-@dataclass(frozen=True)
-class _ComparisonDocument(Serial):
-    """The fields a comparison document is read from (the rest is derived again)."""
+    def __getitem__(self, index: int) -> Any:
+        return (self.variant, self.replay)[index]
 
-    target: str
-    runs: tuple[_ComparisonRun, ...]
+    def __len__(self) -> int:
+        return 2
 
 
 @dataclass(frozen=True)
 class ReplayComparison(Serial):
-    """The same replay before and after a fix, under several start methods."""
+    """The same replay before and after a fix, under several start methods.
+
+    ``runs`` may be given as ``(variant, replay)`` pairs; each is kept as a :class:`ComparisonRun`.
+    """
+
+    SCHEMA: ClassVar[str] = COMPARISON_SCHEMA
 
     target: str
-    runs: tuple[tuple[str, ReplayResult], ...]
+    runs: tuple[ComparisonRun, ...]
+
+    def __post_init__(self) -> None:
+        runs = tuple(run if isinstance(run, ComparisonRun) else ComparisonRun(*run) for run in self.runs)
+        object.__setattr__(self, "runs", runs)
 
     def run(self, variant: str, start_method: str) -> ReplayResult:
         for label, result in self.runs:
@@ -367,22 +377,13 @@ class ReplayComparison(Serial):
     def runs_of(self, variant: str) -> tuple[ReplayResult, ...]:
         return tuple(result for label, result in self.runs if label == variant)
 
-    def to_json(self) -> dict[str, Any]:
+    def _json_extra(self) -> dict[str, Any]:
         return {
-            "schema": COMPARISON_SCHEMA,
-            "target": self.target,
-            "runs": [_ComparisonRun(label, result).to_json() for label, result in self.runs],
-            "verdict": self.verdict.value,
-            "variant_verdicts": {variant: verdict.value for variant, verdict in self.variant_verdicts().items()},
+            "verdict": self.verdict,
+            "variant_verdicts": self.variant_verdicts(),
             "headline": self.headline(),
-            "explanation": list(self.explanation()),
+            "explanation": self.explanation(),
         }
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> ReplayComparison:
-        check_schema(data, COMPARISON_SCHEMA)
-        document = load(_ComparisonDocument, data, COMPARISON_SCHEMA)
-        return cls(document.target, tuple((run.variant, run.replay) for run in document.runs))
 
     def _repr_html_(self) -> str:
         return str(present("comparison.html", self))

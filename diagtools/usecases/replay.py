@@ -24,6 +24,7 @@ from diagtools.model.replay import (
     START_METHODS,
     ChildOutcome,
     ChildStatus,
+    ComparisonRun,
     ParentState,
     ReplayComparison,
     ReplayResult,
@@ -199,5 +200,5 @@ def compare_replays(
                 runner=runner,
                 python=python,
             )
-            runs.append((label, result))
+            runs.append(ComparisonRun(label, result))
     return ReplayComparison(setup, tuple(runs))
