@@ -141,7 +141,7 @@ def main():
     import multiprocessing
     import tempfile
 
-    protocol.enable_fault_dumps(_ENV)
+    protocol.enable_fault_dumps(_ENV, protocol.load_cuprobe(_ENV))  # its dumps never land in a target's file
     _emit("hello", pid=os.getpid(), python=sys.version)
     extra_path = [p for p in _ENV.get(protocol.REPLAY_PATH, "").split("\n") if p]
     if not _import_setup(_ENV[protocol.REPLAY_TARGET], extra_path):

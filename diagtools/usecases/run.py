@@ -34,7 +34,7 @@ from typing import Any
 from diagtools import protocol
 from diagtools.agents.run_hook import HOOK_DIR
 from diagtools.driver import DriverSetup, build_starts_library, resolve_driver
-from diagtools.errors import Interrupted, UsageError
+from diagtools.errors import DiagtoolsError, Interrupted, UsageError
 from diagtools.model.run import RunResult
 from diagtools.runner.kept import Kept, start_kept
 from diagtools.runner.subkernel import SUBKERNEL_MARKER, kill_marked
@@ -225,7 +225,7 @@ def _run_in(
     watch = agent_environment(
         directory, HOOK_DIR, marker=(SUBKERNEL_MARKER, marker), cuprobe=agent_cuprobe(), base=base
     )
-    env = _with_start_recorder({**base, **setup.env, **watch})
+    env, recorder_note = _with_start_recorder({**base, **setup.env, **watch})
     started = clock()
     try:
         kept = start_kept(argv, env=env, cwd=launch.cwd, popen=launch.popen, census_ms=CENSUS_MS, **_streams(output))
@@ -246,7 +246,7 @@ def _run_in(
         for stream in (kept.keeper.stdout, kept.keeper.stderr):
             if stream is not None:
                 stream.close()
-    notes = []
+    notes = [recorder_note] if recorder_note else []
     if timed_out:
         notes.append(f"the command did not finish in {timeout:g} s; its whole process tree was killed")
     if interrupted is not None:
@@ -267,11 +267,19 @@ def _run_in(
     return outcome, interrupted
 
 
-def _with_start_recorder(env: dict[str, str]) -> dict[str, str]:
-    """``env`` with the start recorder preloaded first: each Python program the command starts is named at once."""
+def _with_start_recorder(env: dict[str, str]) -> tuple[dict[str, str], str | None]:
+    """``env`` with the start recorder preloaded first: each Python program the command starts is named at once.
+
+    Without a C compiler it cannot be built: the keeper's census alone then looks for Python processes the
+    agent never heard from, and the note says that a short-lived one may be missed.
+    """
+    try:
+        library = build_starts_library()
+    except DiagtoolsError as exc:
+        return env, f"Python processes were found by polling only (a short-lived one may be missed): {exc}"
     preload = [p for p in env.get("LD_PRELOAD", "").replace(" ", ":").split(":") if p]
-    env["LD_PRELOAD"] = ":".join([str(build_starts_library()), *preload])
-    return env
+    env["LD_PRELOAD"] = ":".join([str(library), *preload])
+    return env, None
 
 
 def started_pythons(directory: str) -> list[tuple[int, tuple[str, ...]]]:

@@ -219,3 +219,19 @@ def test_cli_replay_and_compare(make_tree):
     bad = cli("replay", "x", "--child", "??")
     assert bad.returncode == 2
     assert bad.stderr.startswith("diagtools: error: unknown child action")
+
+
+def test_a_setup_on_the_runners_descriptors_gets_no_stack_dump_in_its_own_file(sim_replay, make_tree, tmp_path):
+    data = tmp_path / "data.bin"
+    data.write_bytes(b"the user's bytes\n")
+    clobbers = (
+        f"import os, time\nfd = os.open({str(data)!r}, os.O_RDWR)\n"
+        "for number in range(2048, 2101):\n"
+        "    if number != fd:\n"
+        "        os.dup2(fd, number)\n"
+        "time.sleep(600)\n"
+    )
+    root = make_tree({"clobbers.py": clobbers})
+    result = sim_replay("clobbers", path=[root], timeout=3.0)
+    assert result.status == "timeout"
+    assert data.read_bytes() == b"the user's bytes\n"

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 import diagtools
-from diagtools.errors import UsageError
+from diagtools.errors import DriverBuildError, UsageError
 from diagtools.model.run import RunResult
 from diagtools.render.run_text import render_run
 from diagtools.usecases.run import run
@@ -287,6 +287,18 @@ def test_a_python_that_lives_a_moment_without_the_agent_is_named_without_any_pol
     named = [note for note in result.notes if "never reported" in note]
     assert len(named) == 1, result.notes
     assert f"({sys.executable} {root / 'app.py'} --flag)" in named[0]
+
+
+def test_without_the_start_recorder_the_census_alone_looks_and_the_report_says_so(make_tree, monkeypatch):
+    def cannot_build():
+        raise DriverBuildError("the process-start recorder", "cc ...", "cc: not found")
+
+    monkeypatch.setattr("diagtools.usecases.run.build_starts_library", cannot_build)
+    root = make_tree({"app.py": "VALUE = 1\n"})
+    result = sim_run(python(root / "app.py"), cwd=root)
+    assert result.exitcode == 0, result.stderr
+    assert result.verdict == "unknown"
+    assert any("polling only" in note and "cc: not found" in note for note in result.notes), result.notes
 
 
 # ---- interrupts ----------------------------------------------------------------------------------
