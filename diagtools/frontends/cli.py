@@ -59,7 +59,12 @@ def _build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     command needs only its own.  When ``argv`` names no command (``--help``,
     ``--version``, a typo) every command is there, so help and errors are unchanged.
     """
-    parser = _Parser(prog="diagtools", description="Find which import initializes the CUDA driver.")
+    parser = _Parser(
+        prog="diagtools",
+        description="Find which import initializes the CUDA driver.",
+        epilog=_EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--debug", action="store_true", help="show tracebacks for diagtools' own errors")
     parser.add_argument("--version", action="version", version=f"diagtools {_version()}")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -77,6 +82,13 @@ def _command_named(argv: Sequence[str] | None) -> str | None:
     word = next((word for word in argv if not word.startswith("-")), None)
     return word if word in _COMMANDS else None
 
+
+_EXAMPLES = """examples:
+  diagtools scan vllm.models.common.ops                   which import initializes CUDA, and where to cut
+  diagtools fix vllm.models.common.ops --write fix.patch  the verified cut as a patch, and its guard test
+  diagtools sweep vllm --jobs 2 --json sweep.json         every module of a package
+  diagtools run -- python app.py                          a program's processes, and any poisoned fork
+  diagtools demo                                          the built-in specimens, with a report"""
 
 DRIVER_HELP = (
     "the CUDA driver (libcuda) to use: auto (the real driver when a GPU answers, else the simulated one), "
@@ -161,8 +173,18 @@ def _add_own(parser: argparse.ArgumentParser) -> None:
 def _add_replay(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("target", metavar="TARGET", help="module the parent imports before starting the child")
     parser.add_argument("--path", action="append", default=[], metavar="DIR", help="prepend DIR to sys.path")
-    parser.add_argument("--child", default="cuinit", metavar="ACTION", help="cuinit, ctypes, torch or module:function")
-    parser.add_argument("--start-method", choices=START_METHODS, default="fork")
+    parser.add_argument(
+        "--child",
+        default="cuinit",
+        metavar="ACTION",
+        help="what the child does: cuinit, ctypes, torch or module:function (default %(default)s)",
+    )
+    parser.add_argument(
+        "--start-method",
+        choices=START_METHODS,
+        default="fork",
+        help="how the parent starts the child: %(choices)s (default %(default)s, the start that fails)",
+    )
     parser.add_argument(
         "--compare", nargs=2, metavar=("BEFORE", "AFTER"), help="replay on both trees, under fork and spawn"
     )
@@ -227,8 +249,8 @@ def _add_bisect(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_diff(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("before", metavar="BEFORE.json")
-    parser.add_argument("after", metavar="AFTER.json")
+    parser.add_argument("before", metavar="BEFORE.json", help="a diagtools.scan/1 document: the known-good state")
+    parser.add_argument("after", metavar="AFTER.json", help="a diagtools.scan/1 document: the state to judge")
     parser.add_argument("--html", metavar="FILE", help="also write the diff as HTML")
     parser.add_argument("--json", metavar="FILE|-", help="write the diagtools.diff/1 document")
     _add_debug(parser)
@@ -243,8 +265,16 @@ def _size(text: str) -> tuple[int, int]:
 
 def _add_bench(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--size", action="append", type=_size, metavar="GxD", help="default: the full grid on a GPU")
-    parser.add_argument("--backend", action="append", choices=("torch", "triton", "cutedsl"), metavar="B")
-    parser.add_argument("--ratio", type=int, default=4)
+    parser.add_argument(
+        "--backend",
+        action="append",
+        choices=("torch", "triton", "cutedsl"),
+        metavar="B",
+        help="torch, triton or cutedsl; repeat for several (default: every one that runs here)",
+    )
+    parser.add_argument(
+        "--ratio", type=int, default=4, help="compression ratio: tokens merged per compressed row (default %(default)s)"
+    )
     parser.add_argument("--driver", choices=DRIVER_CHOICES, default="auto", help=DRIVER_HELP)
     parser.add_argument("--json", metavar="FILE|-", help="write the diagtools.bench/1 document")
     parser.add_argument("--chart", metavar="PNG", help="write a bar chart of GB/s")
@@ -252,7 +282,9 @@ def _add_bench(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_demo(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--out", default="build/report", metavar="DIR", help="where the report goes")
+    parser.add_argument(
+        "--out", default="build/report", metavar="DIR", help="where the report goes (default %(default)s)"
+    )
     parser.add_argument("--no-notebooks", action="store_true", help="only scan the specimens")
     parser.add_argument(
         "--notebooks", metavar="DIR", help="the notebooks to run (default: the source checkout's notebooks/)"
@@ -269,7 +301,11 @@ def _add_run(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--html", metavar="FILE", help="also write the report as an HTML page")
     parser.add_argument(
-        "--timeout", type=_timeout, default=None, metavar="S", help="kill the whole tree after S seconds"
+        "--timeout",
+        type=_timeout,
+        default=None,
+        metavar="S",
+        help="kill the whole tree after S seconds (default: no limit)",
     )
     parser.add_argument("argv", nargs=argparse.REMAINDER, metavar="COMMAND", help="the command, after --")
     _add_debug(parser)

@@ -91,8 +91,7 @@ class DiagtoolsMagics(Magics):
         name, _, _cell_id = label.partition(" ")
         output = (result.stdout, result.stderr)  # the program's own words: never rewritten
         result = renamed(result, {str(script): name, sys.executable: "python"})
-        # the command names the cell id too
-        result = dataclasses.replace(result, command=("python", label), stdout=output[0], stderr=output[1])
+        result = dataclasses.replace(result, command=("python", name), cell=label, stdout=output[0], stderr=output[1])
         sys.stdout.write(result.stdout or "")
         sys.stderr.write(result.stderr or "")
         return result

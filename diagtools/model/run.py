@@ -9,6 +9,7 @@ first, as in a scan.
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -150,6 +151,8 @@ class RunResult(Serial):
     (CUDA was initialized, no poisoned fork seen), ``clean``, or ``unknown`` when
     the run could not see everything (``notes`` say why).  ``exitcode`` is the
     command's (``-N``: killed by signal N; ``None``: it never started).
+    ``cell`` names the notebook cell the command ran (``%%cuda_watch``: ``In[5]``, with its cell id), as the
+    reports title it instead of the command line.
     """
 
     SCHEMA: ClassVar[str] = RUN_SCHEMA
@@ -165,6 +168,7 @@ class RunResult(Serial):
     duration_s: float = 0.0
     stdout: str | None = None
     stderr: str | None = None
+    cell: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "verdict", Verdict(self.verdict))  # accepts the JSON spelling too
@@ -172,6 +176,11 @@ class RunResult(Serial):
     @property
     def poisoned_forks(self) -> tuple[Finding, ...]:
         return tuple(finding for finding in self.findings if finding.kind == "poisoned-fork")
+
+    @property
+    def title(self) -> str:
+        """What ran, as a report names it: the cell (``cell In[5]``), else the command line, shell-quoted."""
+        return f"cell {self.cell}" if self.cell else shlex.join(self.command)
 
     def process(self, pid: int) -> ProcessRecord:
         """The record of ``pid`` (the last one, when a pid exec'd); ``KeyError`` when unseen."""

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import html
 import os
-import shlex
 from collections.abc import Sequence
 
 from diagtools.model.cuts import unsearched
@@ -102,7 +101,7 @@ def run_html(result: RunResult) -> str:
 def _run_fragment(result: RunResult, color: str, findings: str, notes: str) -> str:
     return (
         "<div class='diagtools-run'>"
-        f"<p><code>{_esc(shlex.join(result.command))}</code>: {_esc(describe_exit(result.exitcode))}; "
+        f"<p><code>{_esc(result.title)}</code>: {_esc(describe_exit(result.exitcode))}; "
         f"{len(result.processes)} Python process(es) watched; driver: {_esc(result.driver.describe())}</p>"
         f"<p style='color:{color};font-weight:bold'>verdict: {_esc(result.verdict)}</p>"
         f"{findings}{f'<ul>{notes}</ul>' if notes else ''}</div>"

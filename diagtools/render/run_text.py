@@ -9,7 +9,6 @@ with the count and the children's pids; every field the program controls
 from __future__ import annotations
 
 import os
-import shlex
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
@@ -164,7 +163,7 @@ def render_run(result: RunResult) -> str:
     forked = sum(1 for record in result.processes if record.via == "fork")
     driver = replace(result.driver, library=display_path(result.driver.library) if result.driver.library else None)
     lines = [
-        f"diagtools run: {one_line(shlex.join(result.command))}",
+        f"diagtools run: {one_line(result.title)}",
         f"  driver: {one_line(driver.describe())}",
         f"  command: {describe_exit(result.exitcode)}; {len(result.processes)} Python process(es) watched"
         f" ({forked} forked)",

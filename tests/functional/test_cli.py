@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 
 from tests.conftest import MARK, cli, marked_line
@@ -81,3 +82,27 @@ def test_debug_shows_the_traceback(tmp_path):
     assert done.returncode != 0
     assert "Traceback" in done.stderr
     assert "UsageError" in done.stderr
+
+
+def test_every_option_says_what_it_does_and_its_default_and_the_top_help_shows_examples():
+    from diagtools.frontends.cli import _COMMANDS, _build_parser
+
+    parser = _build_parser()
+    assert "examples:" in parser.format_help()
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    missing = []
+    for name in _COMMANDS:
+        sub = commands.choices[name]
+        for action in sub._actions:
+            if action.help == argparse.SUPPRESS or isinstance(action, argparse._HelpAction):
+                continue
+            text = sub._get_formatter()._expand_help(action) if action.help else ""
+            if not text:
+                missing.append(f"{name} {'/'.join(action.option_strings) or action.dest}: no help")
+            elif (
+                action.option_strings
+                and action.default not in (None, True, False, [], argparse.SUPPRESS)
+                and (str(action.default) not in text)
+            ):
+                missing.append(f"{name} {action.option_strings[0]}: default {action.default!r} not said")
+    assert not missing, "\n".join(missing)

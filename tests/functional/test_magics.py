@@ -102,6 +102,10 @@ def test_cuda_watch_leaves_the_cells_own_output_as_the_cell_printed_it(shell, ca
     assert captured.err == sys.executable + "\n"
     assert result.stdout == sys.executable + "\n"
     assert result.command[0] == "python"  # diagtools' own report still names the interpreter shortly
+    cell = f"In[{shell.execution_count}]"
+    assert result.cell == cell
+    assert str(result).startswith(f"diagtools run: cell {cell}\n")  # the cell, as the notebook names it
+    assert f"cell {cell}" in result._repr_html_()
 
 
 def test_cuda_watch_names_the_cell_line_that_imported_the_initializing_module(shell, make_tree, monkeypatch):
