@@ -16,6 +16,7 @@ What a type may declare:
 * ``field(metadata={"choices": (...)})``: the only texts a ``str`` field accepts.
 * ``_JSON_AS_LIST = True``: written as a list of the field values, in order.
 * ``_JSON_DEFAULTS``: values for required fields that older documents may lack.
+* ``_json_upgrade(data)``: an older document's spelling made current before it is read.
 """
 
 from __future__ import annotations
@@ -43,12 +44,18 @@ class Serial(TextReport):
     """Mixin for a frozen dataclass: ``to_json`` and ``from_json`` derived from its fields."""
 
     SCHEMA: ClassVar[str] = ""
+    _READ_AS: ClassVar[str] = ""  # a part read on its own (a journal line): the schema its errors are named under
     _JSON_AS_LIST: ClassVar[bool] = False
     _JSON_DEFAULTS: ClassVar[dict[str, Any]] = {}
 
     def _json_extra(self) -> dict[str, Any]:
         """Derived keys written beside the fields; none by default."""
         return {}
+
+    @classmethod
+    def _json_upgrade(cls, data: Any) -> Any:
+        """``data`` as today's type reads it, when an older version wrote it otherwise; as it is by default."""
+        return data
 
     def to_json(self) -> Any:
         """The JSON value of this object: builtin types only, stable key order."""
@@ -57,10 +64,10 @@ class Serial(TextReport):
     @classmethod
     def from_json(cls: type[_T], data: Any) -> _T:
         """Read a value ``to_json`` wrote; :class:`SchemaError` names the first field that does not fit."""
-        schema = getattr(cls, "SCHEMA", "") or cls.__name__
+        schema = getattr(cls, "SCHEMA", "") or getattr(cls, "_READ_AS", "") or cls.__name__
         if getattr(cls, "SCHEMA", ""):
             check_schema(data, schema)
-        return load(cls, data, schema)
+        return load(cls, cls._json_upgrade(data), schema)  # type: ignore[attr-defined]
 
 
 # ---- writing -----------------------------------------------------------------------

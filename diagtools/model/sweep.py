@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 from diagtools.model._display import present
 from diagtools.model.cuts import CutSearch, Headline, headline
 from diagtools.model.scan import Culprit, DriverInfo, ScanResult, Site
-from diagtools.model.serial import Serial, load
+from diagtools.model.serial import Serial
 from diagtools.model.verdict import Verdict, combine
 
 __all__ = ["CUDA_SOURCES", "SWEEP_SCHEMA", "RootCause", "SweepResult", "SweepRow", "cause_key", "cuda_source"]
@@ -63,6 +63,7 @@ class SweepRow(Serial):
     """
 
     _JSON_DEFAULTS: ClassVar[dict[str, Any]] = {"culprit": None, "import_s": 0.0}
+    _READ_AS: ClassVar[str] = SWEEP_SCHEMA  # a journal line: its errors are the sweep document's
 
     module: str
     status: str
@@ -89,11 +90,10 @@ class SweepRow(Serial):
             object.__setattr__(self, "verdict", Verdict.CLEAN if self.status == "ok" else Verdict.UNKNOWN)
 
     @classmethod
-    def from_json(cls, data: Any) -> SweepRow:
-        """A journal row; :class:`SchemaError` (schema ``diagtools.sweep/1``) names the field that does not fit."""
+    def _json_upgrade(cls, data: Any) -> Any:
         if isinstance(data, dict) and "cuda_source" not in data and data.get("cuda_initialized") is True:
             data = {**data, "cuda_source": "self"}  # written before the source was recorded
-        return load(cls, data, SWEEP_SCHEMA)
+        return data
 
     @classmethod
     def from_scan(
