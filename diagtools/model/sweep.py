@@ -17,7 +17,7 @@ from diagtools.model._display import present
 from diagtools.model.cuts import CutSearch, Headline, headline
 from diagtools.model.scan import Culprit, DriverInfo, ScanResult, Site
 from diagtools.model.serial import Serial
-from diagtools.model.verdict import Verdict, combine
+from diagtools.model.verdict import ScanStatus, Verdict, combine
 
 __all__ = ["CUDA_SOURCES", "SWEEP_SCHEMA", "RootCause", "SweepResult", "SweepRow", "cause_key", "cuda_source"]
 
@@ -66,7 +66,7 @@ class SweepRow(Serial):
     _READ_AS: ClassVar[str] = SWEEP_SCHEMA  # a journal line: its errors are the sweep document's
 
     module: str
-    status: str
+    status: ScanStatus
     cuda_initialized: bool
     culprit: Culprit | None
     import_s: float
@@ -81,6 +81,7 @@ class SweepRow(Serial):
     deps: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "status", ScanStatus(self.status))  # accepts the JSON spelling too
         object.__setattr__(self, "import_s", round(self.import_s, 6))
         if self.verdict is not None:
             object.__setattr__(self, "verdict", Verdict(self.verdict))
@@ -119,7 +120,7 @@ class SweepRow(Serial):
         """A module the zygote imported before forking, with CUDA still uninitialized afterwards."""
         return cls(
             module,
-            "ok",
+            ScanStatus.OK,
             False,
             None,
             import_s,

@@ -40,6 +40,7 @@ class ScanStatus(Label):
     TIMEOUT = "timeout"
     EXITED = "exited"
     CHANNEL_LOST = "channel-lost"
+    ERROR = "error"  # the scan itself could not run (diagtools' own error): no subkernel ended
 
 
 def combine(verdicts: Iterable[Verdict]) -> Verdict:

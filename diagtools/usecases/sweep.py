@@ -28,6 +28,7 @@ from typing import Any
 from diagtools.driver import resolve_driver
 from diagtools.errors import SweepInterrupted, UsageError
 from diagtools.model.sweep import SweepResult, SweepRow
+from diagtools.model.verdict import ScanStatus
 from diagtools.runner.subkernel import abort_runs
 from diagtools.usecases.interpreter import validate_python
 from diagtools.usecases.scan import scan, validate_own, validate_paths, validate_targets, validate_timeout
@@ -167,7 +168,7 @@ def _row_of(module: str, future: Future[dict[str, Any]]) -> SweepRow:
     try:
         return SweepRow.from_json(future.result())
     except Exception as exc:  # one bad module never stops the sweep
-        return SweepRow(module, "error", False, None, 0.0, error=f"{type(exc).__name__}: {exc}")
+        return SweepRow(module, ScanStatus.ERROR, False, None, 0.0, error=f"{type(exc).__name__}: {exc}")
 
 
 def _run_zygote_here(plan: _Plan, pending: Sequence[str], run: _Run, tree: SweptTree) -> ZygotePass:
@@ -202,7 +203,7 @@ def _run_zygote_chunks(plan: _Plan, pending: Sequence[str], run: _Run, executor:
             chunk = future.result()
         except Exception as exc:  # a lost worker costs its chunk's rows, never the sweep
             for module in futures[future]:
-                run.record(SweepRow(module, "error", False, None, 0.0, error=f"{type(exc).__name__}: {exc}"))
+                run.record(SweepRow(module, ScanStatus.ERROR, False, None, 0.0, error=f"{type(exc).__name__}: {exc}"))
             continue
         for record in chunk["rows"]:
             run.record(SweepRow.from_json(record))

@@ -27,7 +27,7 @@ from diagtools.model.run import ChildSaw, DriverRefusal, Finding, ProcessRecord,
 from diagtools.model.scan import Culprit, DriverInfo, ImportNode, ScanResult, Site, StartupInfo, TargetError
 from diagtools.model.serial import json_text
 from diagtools.model.sweep import CUDA_SOURCES, SWEEP_MODES, SweepResult, SweepRow
-from diagtools.model.verdict import Verdict
+from diagtools.model.verdict import ScanStatus, Verdict
 from tests.conftest import require
 
 ANY_CHARACTER = st.characters(exclude_categories=())  # surrogates and controls included
@@ -564,3 +564,12 @@ def test_timestamps_read_as_datetime_writes_them(epoch):
 
     assert iso_time(epoch) == _datetime_iso(epoch)
     assert iso_time(0) == ""
+
+
+def test_a_sweep_rows_status_is_the_scan_status_enum_and_a_stray_word_is_refused():
+    row = SweepRow.from_json({"module": "m", "status": "error", "cuda_initialized": False, "culprit": None})
+    assert row.status is ScanStatus.ERROR
+    assert row.verdict is Verdict.UNKNOWN
+    assert SweepRow("m", "timeout", False, None, 0.0).status is ScanStatus.TIMEOUT
+    with pytest.raises(SchemaError, match="status"):
+        SweepRow.from_json({"module": "m", "status": "fine", "cuda_initialized": False, "culprit": None})
