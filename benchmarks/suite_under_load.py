@@ -27,6 +27,9 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 SUMMARY = re.compile(rb"=+ (\d+ (?:passed|failed)[^=]*?) in [\d.]+s")
+CORE = re.compile(  # scripts/test_pythons.py's line per interpreter
+    rb"^\s+(3\.\d+)\s+CPython \S+\s+\S+: (\d+ passed, \d+ failed, \d+ skipped) in (\d+) s\s+\[(\w+)", re.M
+)
 
 
 def _machine() -> dict[str, object]:
@@ -52,13 +55,19 @@ def _start_hogs(count: int) -> list[subprocess.Popen[bytes]]:
     return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)]
 
 
+def pytest_summaries(text: bytes) -> list[str]:
+    """The main suite's pytest summary, then one line per interpreter of the core suite."""
+    summaries = [m.group(1).decode() for m in SUMMARY.finditer(text)]
+    return summaries + [f"{m[1].decode()}: {m[2].decode()} ({m[4].decode()})" for m in CORE.finditer(text)]
+
+
 def _one_run(clone: Path, log: Path) -> dict[str, object]:
     started = time.monotonic()
     with log.open("wb") as out:
         done = subprocess.run(["make", "test"], cwd=clone, stdout=out, stderr=subprocess.STDOUT, check=False)
     seconds = time.monotonic() - started
     text = log.read_bytes()
-    summaries = [m.group(1).decode() for m in SUMMARY.finditer(text)]
+    summaries = pytest_summaries(text)
     failed = sorted({line.decode().split()[1] for line in text.splitlines() if line.startswith(b"FAILED ")})
     result = {"exit": done.returncode, "seconds": round(seconds, 1), "pytest": summaries, "failed": failed}
     if done.returncode != 0:
