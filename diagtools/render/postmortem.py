@@ -420,12 +420,13 @@ def _markdown(report: Postmortem, graphs: dict[str, str]) -> str:
 
 
 def _graph_markdown(name: str, caption: str, graphs: dict[str, str], chain_of: ScanResult | None) -> list[str]:
-    """The culprit chain as a Mermaid block (GitHub and GitLab draw it, and it survives pasting), then the SVG."""
+    """The culprit chain as a Mermaid block (GitHub and GitLab draw it, and it survives pasting), then where the
+    whole graph is drawn: named, never embedded, since a relative image breaks once the text is pasted."""
     lines: list[str] = []
     if chain_of is not None and chain_of.culprit is not None:
         lines += ["The import chain to the culprit:", "", "```mermaid", _mermaid_chain(chain_of.culprit), "```", ""]
     if name in graphs:
-        lines += [f"![{caption}]({name})", ""]
+        lines += [f"{caption}: `{name}` beside this file, and in `postmortem.html`.", ""]
     return lines
 
 
@@ -501,7 +502,8 @@ def write_postmortem(out: str | Path, report: Postmortem) -> PostmortemFiles:
     )
     html_path, md_path = folder / "postmortem.html", folder / "postmortem.md"
     html_path.write_text(page, encoding="utf-8")
-    md_path.write_text(_markdown(report, _write_graphs(folder, report)), encoding="utf-8")
+    markdown = _markdown(report, _write_graphs(folder, report))
+    md_path.write_text("\n".join(line.rstrip() for line in markdown.split("\n")), encoding="utf-8")
     return PostmortemFiles(html_path, md_path)
 
 

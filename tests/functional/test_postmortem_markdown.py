@@ -42,15 +42,21 @@ def test_dunder_names_render_literally(postmortem_md):
     assert "<strong>getattr</strong>" not in html
 
 
-def test_the_chain_is_a_mermaid_block_and_the_svg_stays(postmortem_md):
-    _text, html, out = postmortem_md
+def test_the_chain_is_a_mermaid_block_and_the_svg_is_named_not_embedded(postmortem_md):
+    """Pasted into an issue, a relative image breaks: the Mermaid block is the graph there."""
+    text, html, out = postmortem_md
     block = re.search(r'<pre><code class="language-mermaid">(.*?)</code></pre>', html, re.DOTALL)
     assert block is not None, html[:2000]
     assert "graph LR" in block.group(1)
     assert "vmodels.platforms" in block.group(1)
-    images = re.findall(r'<img src="([^"]+)"', html)
-    assert images
-    assert all((out / image).is_file() for image in images)
+    assert "<img" not in html
+    assert "`postmortem-graph.svg` beside this file" in text
+    assert (out / "postmortem-graph.svg").is_file()
+
+
+def test_no_line_ends_in_whitespace(postmortem_md):
+    text, _, _ = postmortem_md
+    assert [n for n, line in enumerate(text.splitlines(), 1) if line != line.rstrip()] == []
 
 
 def test_no_local_path_and_no_cpu_timing_table(postmortem_md):
