@@ -129,12 +129,20 @@ class LoadedKernel:
     ctas_per_sm: int
 
 
+def require_aligned(**in_place: Any) -> None:
+    """``ValueError`` for a tensor used in place that does not start on a 16-byte boundary.
+
+    Checked before anything else about a launch, so an input that can never run is refused even on a
+    batch that happens to need no launch (every token padded)."""
+    for name, tensor in in_place.items():
+        if tensor.data_ptr() % VECTOR_BYTES:
+            raise ValueError(f"{name} must start on a 16-byte boundary (it is used in place)")
+
+
 def aligned(tensors: dict[str, Any], in_place: Iterable[str]) -> dict[str, Any]:
     """The tensors, each starting on a 16-byte boundary: a misaligned one is copied (a fresh
     allocation is aligned), except those used in place, which raise ``ValueError``."""
-    for name in in_place:
-        if tensors[name].data_ptr() % VECTOR_BYTES:
-            raise ValueError(f"{name} must start on a 16-byte boundary (it is used in place)")
+    require_aligned(**{name: tensors[name] for name in in_place})
     return {name: t.clone() if t.data_ptr() % VECTOR_BYTES else t for name, t in tensors.items()}
 
 

@@ -58,6 +58,7 @@ from diagtools.kernels.cuda_launch import (
     gmem_pointer,
     launch_kernel,
     load_kernel,
+    require_aligned,
 )
 from diagtools.kernels.state import DATA_BYTES, HEAD_DIM, SCALE_BYTES, StateLayout, layout_for
 from diagtools.kernels.state_reference import boundary_tokens, check_state_inputs
@@ -489,6 +490,7 @@ def plan_launch(
         raise ValueError(
             f"the CuTe DSL backend stores 128-bit vectors, so the cache's block_size must be even, got {block_size}"
         )
+    require_aligned(state_cache=state_cache, kv_cache=kv_cache)
     if tokens == 0:
         return None
     work = working_tokens(positions, slot_mapping, ratio)

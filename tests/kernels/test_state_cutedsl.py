@@ -181,7 +181,7 @@ def test_the_shapes_of_the_two_compressors():
 @pytest.mark.parametrize("ratio", [4, 128])
 def test_the_plan_is_computed_from_the_real_tensors(ratio):
     requests = ((0, 300), (5, 6)) if ratio == 4 else ((0, 260), (255, 1))
-    inputs = make_state_inputs(ratio, requests, state_block=8)
+    inputs = make_state_inputs(ratio, requests, state_block=8, seed=201)
     args = list(inputs.args())
     args[1] = args[1].long()  # an int64 block table is narrowed
     args[3] = args[3].int()  # int32 positions are widened
@@ -225,19 +225,30 @@ def test_the_plan_is_computed_from_the_real_tensors(ratio):
 
 
 def test_no_tokens_means_no_launch():
-    inputs = make_state_inputs(4, ((0, 8),))
+    inputs = make_state_inputs(4, ((0, 8),), seed=202)
     args = list(inputs.args())
     args[2], args[3], args[4] = (t[:0] for t in args[2:5])
     assert plan_launch(*args, 4, 1e-6) is None
 
 
 def test_an_odd_block_size_or_a_misaligned_cache_is_refused():
-    inputs = make_state_inputs(4, ((0, 8),), block_size=3)
+    inputs = make_state_inputs(4, ((0, 8),), block_size=3, seed=203)
     with pytest.raises(ValueError, match="block_size must be even"):
         plan_launch(*inputs.args(), 4, 1e-6)
-    inputs = make_state_inputs(4, ((0, 8),))
+    inputs = make_state_inputs(4, ((0, 8),), seed=204)
     args = list(inputs.args())
     shifted = torch.empty(inputs.kv_cache.numel() + 1, dtype=torch.uint8)[1:]  # one byte past an aligned start
+    args[7] = shifted.view(inputs.kv_cache.shape)
+    with pytest.raises(ValueError, match="kv_cache must start on a 16-byte boundary"):
+        plan_launch(*args, 4, 1e-6)
+
+
+def test_a_misaligned_cache_is_refused_even_when_every_token_is_padded():
+    """No launch is needed for this batch, but the cache can never be used: said now, not at a later batch."""
+    inputs = make_state_inputs(4, ((0, 8),), padding=1.0, seed=209)
+    args = list(inputs.args())
+    assert plan_launch(*args, 4, 1e-6) is None  # aligned: nothing to launch
+    shifted = torch.empty(inputs.kv_cache.numel() + 1, dtype=torch.uint8)[1:]
     args[7] = shifted.view(inputs.kv_cache.shape)
     with pytest.raises(ValueError, match="kv_cache must start on a 16-byte boundary"):
         plan_launch(*args, 4, 1e-6)
@@ -246,7 +257,7 @@ def test_an_odd_block_size_or_a_misaligned_cache_is_refused():
 def test_the_driver_receives_the_real_sizes(monkeypatch):
     fake = FakeDriver(PARAM_TYPES)
     monkeypatch.setattr(cuda_launch, "cuda_driver", lambda: fake)
-    inputs = make_state_inputs(128, ((0, 1024), (255, 1)), padding=0.0)  # 9 working tokens of 1025
+    inputs = make_state_inputs(128, ((0, 1024), (255, 1)), padding=0.0, seed=205)  # 9 working tokens of 1025
     launch = plan_launch(*inputs.args(), 128, 1e-6)
     launch_kernel(LoadedKernel(77, 1), launch, stream=1234)
     (call,) = fake.calls
@@ -265,7 +276,7 @@ def test_a_plan_is_launched_again_without_host_work(monkeypatch):
     fake = FakeDriver(PARAM_TYPES)
     monkeypatch.setattr(cuda_launch, "cuda_driver", lambda: fake)
     monkeypatch.setattr(state_cutedsl, "_load", lambda device, ratio: LoadedKernel(5, 1))
-    inputs = make_state_inputs(4, ((0, 64),), padding=0.0)
+    inputs = make_state_inputs(4, ((0, 64),), padding=0.0, seed=206)
     launch = plan_launch(*inputs.args(), 4, 1e-6)
     state_cutedsl.launch_planned(launch, 0, stream=7)
     inputs.slot_mapping.fill_(-1)
@@ -276,7 +287,7 @@ def test_a_plan_is_launched_again_without_host_work(monkeypatch):
 
 
 def test_no_working_token_means_no_launch():
-    inputs = make_state_inputs(128, ((0, 100),))  # no position reaches 127
+    inputs = make_state_inputs(128, ((0, 100),), seed=207)  # no position reaches 127
     assert plan_launch(*inputs.args(), 128, 1e-6) is None
 
 
@@ -292,6 +303,6 @@ def test_without_cutlass_the_shipped_ptx_is_used(monkeypatch):
 
 
 def test_cpu_tensors_are_refused_with_a_clear_error():
-    inputs = make_state_inputs(4, ((0, 8),))
+    inputs = make_state_inputs(4, ((0, 8),), seed=208)
     with pytest.raises(ValueError, match="runs on CUDA tensors only"):
         compress_state_store(*inputs.args(), ratio=4, backend="cutedsl")
