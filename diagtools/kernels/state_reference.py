@@ -201,6 +201,7 @@ class StateInputs:
     cos_sin_cache: torch.Tensor
     kv_cache: torch.Tensor
     ratio: int
+    eps: float = 1e-6  # the RMSNorm epsilon the kernel is given
 
     def args(self) -> tuple[torch.Tensor, ...]:
         return (
@@ -222,7 +223,9 @@ class StateInputs:
         """The unrounded values of the working tokens, in token order."""
         work = self.working()
         tables = (self.state_cache, self.block_table, self.request_indices[work], self.positions[work])
-        return compressed_state_rows(*tables, self.weight, self.cos_sin_cache, ratio=self.ratio, dtype=dtype)
+        return compressed_state_rows(
+            *tables, self.weight, self.cos_sin_cache, ratio=self.ratio, eps=self.eps, dtype=dtype
+        )
 
     def min_bytes(self) -> int:
         """Fewest bytes the operation must move (see :func:`min_bytes`)."""

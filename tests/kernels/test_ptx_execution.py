@@ -85,6 +85,17 @@ def test_the_state_kernel_ptx_stores_the_reference_bytes(ratio, int32, block_siz
     assert all(a.worst_conflict == 1 for a in stats.of("shared", "ld") + stats.of("shared", "st"))
 
 
+@pytest.mark.parametrize("ratio", [4, 128])
+def test_the_state_kernel_ptx_stores_the_reference_bytes_with_the_edges_in_tiles_4_to_6(ratio):
+    """The zero, tiny, large-exponent and negative tiles moved to tiles 4, 5, 6 and 0: each of the
+    kernel's quarters meets every edge path (with the grid above, tiles 0-3 did)."""
+    inputs = with_edge_tiles(_state_inputs(ratio, seed=31 + ratio), first=4)
+    _run_state(inputs)
+    assert_state_store_matches_reference(inputs)
+    checked = assert_state_bytes_match_reference(inputs)
+    assert checked.ambiguous_fraction < 0.01, checked
+
+
 @pytest.mark.parametrize("schedule", ["reverse", "round robin"])
 def test_the_c128_merge_is_right_whatever_order_the_warps_run_in(schedule):
     """The eight warps of a C128 token meet at one barrier; run them back to front, and one

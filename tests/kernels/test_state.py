@@ -214,13 +214,15 @@ def test_flat_cache_shape_stores_the_same_bytes(backend):
     assert_state_store_matches_reference(flat)
 
 
+@pytest.mark.parametrize("first", [0, 4], ids=["edges-in-tiles-0-3", "edges-in-tiles-4-6-0"])
 @pytest.mark.parametrize(("ratio", "requests", "state_block"), CASES)
-def test_triton_stores_the_reference_bytes(ratio, requests, state_block):
+def test_triton_stores_the_reference_bytes(ratio, requests, state_block, first):
     """Every stored byte of the whole kernel (scale bytes, FP8 bytes, the bf16 tail) against the
     reference quantizer, with tiles sent down the zero, tiny (below the amax floor), large-exponent
-    and negative paths."""
+    and negative paths: every one of the seven tiles meets each path in one of the two runs."""
     require("triton", "kernels")
-    inputs = with_edge_tiles(make_state_inputs(ratio, requests, padding=0.25, state_block=state_block, seed=105))
+    inputs = make_state_inputs(ratio, requests, padding=0.25, state_block=state_block, seed=105)
+    inputs = with_edge_tiles(inputs, first)
     compress_state_store(*inputs.args(), ratio=ratio, backend="triton")
     assert_state_store_matches_reference(inputs)
     checked = assert_state_bytes_match_reference(inputs)
@@ -229,6 +231,25 @@ def test_triton_stores_the_reference_bytes(ratio, requests, state_block):
 
 # In the Triton source: the UE8M0 exponent one too large (consistently in the byte and the inverse
 # scale), and the amax floor removed.
+def _mutated_triton(mutation: tuple[str, str], tmp_path, monkeypatch):
+    """``state_triton`` with one source line changed, loaded as a module of its own."""
+    require("triton", "kernels")
+    import importlib.util
+
+    from diagtools.kernels import state_triton
+
+    old, new = mutation
+    source = Path(state_triton.__file__).read_text()
+    assert source.count(old) == 1, old
+    path = tmp_path / "mutated_state_triton.py"
+    path.write_text(source.replace(old, new))
+    spec = importlib.util.spec_from_file_location("mutated_state_triton", path)
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, module)  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
 TRITON_MUTATIONS = {
     "exponent+1": ("exponent = _ue8m0_exponent(amax)", "exponent = _ue8m0_exponent(amax) + 1"),
     "no-amax-floor": (
@@ -241,20 +262,7 @@ TRITON_MUTATIONS = {
 @pytest.mark.parametrize("ratio", [4, 128])
 @pytest.mark.parametrize("mutation", sorted(TRITON_MUTATIONS))
 def test_triton_scale_mutations_are_caught(ratio, mutation, tmp_path, monkeypatch):
-    require("triton", "kernels")
-    import importlib.util
-
-    from diagtools.kernels import state_triton
-
-    old, new = TRITON_MUTATIONS[mutation]
-    source = Path(state_triton.__file__).read_text()
-    assert source.count(old) == 1, old
-    path = tmp_path / "mutated_state_triton.py"
-    path.write_text(source.replace(old, new))
-    spec = importlib.util.spec_from_file_location("mutated_state_triton", path)
-    module = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, spec.name, module)  # its dataclasses look their module up
-    spec.loader.exec_module(module)
+    module = _mutated_triton(TRITON_MUTATIONS[mutation], tmp_path, monkeypatch)
     requests = ((0, 8), (6, 2)) if ratio == 4 else ((100, 28),)
     inputs = with_edge_tiles(make_state_inputs(ratio, requests, padding=0.0, seed=4))
     module.compress_state_store_triton(*inputs.args(), ratio=ratio)
@@ -377,3 +385,88 @@ def test_min_bytes_counts_only_working_tokens():
     slots = torch.tensor([5, 6, 7, 8, -1])
     per_token = 8 + 4 + 8 * 2 * 512 * 4 + 64 * 4 + 576 + 8  # request index, one table entry, rows, cos/sin, store
     assert min_bytes(4, positions, slots, state_block=16) == 5 * 8 + 2 * 8 + per_token + 512 * 4
+
+
+# ---- inputs where a wrong kernel shows: eps that matters, extreme logits, the first and last slot ----
+
+
+def _backend(name: str) -> str:
+    if name == "triton":
+        require("triton", "kernels")
+    return name
+
+
+def _relative(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).norm() / b.norm())
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+@pytest.mark.parametrize(("eps", "kv_scale"), [(1e-6, 1e-3), (1e-3, 0.03), (0.1, 0.3)])
+def test_eps_is_the_one_given_on_rows_small_enough_for_it_to_matter(backend, eps, kv_scale):
+    """Rows whose mean square is about ``eps``: an eps ten times larger or smaller, or a constant in its
+    place, moves the stored values far beyond FP8's precision."""
+    inputs = make_state_inputs(4, C4_REQUESTS, padding=0.0, state_block=4, seed=111)
+    inputs.state_cache[..., : LAYOUTS[4].width] *= kv_scale
+    inputs = StateInputs(*inputs.args(), ratio=4, eps=eps)
+    for other in (eps * 10, eps / 10):  # the check is sensitive: the reference itself moves by more than 10%
+        assert _relative(StateInputs(*inputs.args(), ratio=4, eps=other).expected(), inputs.expected()) > 0.1
+    compress_state_store(*inputs.args(), ratio=4, eps=eps, backend=_backend(backend))
+    assert_state_store_matches_reference(inputs)
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+@pytest.mark.parametrize("shift", [200.0, -200.0], ids=["logits-above-exp-overflow", "logits-far-below-zero"])
+def test_the_window_softmax_holds_for_logits_that_overflow_or_underflow_exp(backend, shift):
+    """Scores of +-200: exp overflows (or every term underflows to 0) in float32 unless the softmax
+    subtracts its maximum first; the result is the same as for the unshifted scores."""
+    inputs = make_state_inputs(4, C4_REQUESTS, padding=0.0, state_block=4, seed=112)
+    width = LAYOUTS[4].width
+    unshifted = inputs.expected()
+    inputs.state_cache[..., width:] += shift
+    assert _relative(inputs.expected(), unshifted) < 1e-2  # softmax is shift-free (float32 scores round at 200)
+    compress_state_store(*inputs.args(), ratio=4, backend=_backend(backend))
+    assert_state_store_matches_reference(inputs)
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_the_first_and_the_last_slot_of_the_cache_are_written(backend):
+    inputs = make_state_inputs(4, ((0, 8),), padding=0.0, seed=113)  # boundaries at positions 3 and 7
+    last = inputs.kv_cache.shape[0] * inputs.kv_cache.shape[1] - 1
+    working = inputs.working().nonzero().flatten()
+    inputs.slot_mapping[working[0]], inputs.slot_mapping[working[1]] = 0, last
+    compress_state_store(*inputs.args(), ratio=4, backend=_backend(backend))
+    assert_state_store_matches_reference(inputs)  # both rows written, nothing else
+
+
+# Wrong kernels the inputs above must catch: each mutant of the Triton source, run on the input that
+# exposes it, fails the same check the real kernel passes.
+EDGE_MUTANTS = {
+    "eps-ignored": (("/ D + eps)", "/ D + 1e-6)"), "eps"),
+    "eps-x10": (("/ D + eps)", "/ D + eps * 10)"), "eps"),
+    "softmax-without-max": (("gates = tl.exp(score - new_top[None, :])", "gates = tl.exp(score)"), "logits"),
+    "slot-0-skipped": (("if boundary & (slot >= 0):", "if boundary & (slot > 0):"), "slots"),
+}
+
+
+@pytest.mark.parametrize("mutant", sorted(EDGE_MUTANTS))
+def test_the_edge_inputs_catch_each_wrong_kernel(mutant, tmp_path, monkeypatch):
+    mutation, exposed_by = EDGE_MUTANTS[mutant]
+    module = _mutated_triton(mutation, tmp_path, monkeypatch)
+    inputs = make_state_inputs(4, C4_REQUESTS if exposed_by != "slots" else ((0, 8),), padding=0.0, seed=114)
+    eps = 1e-3 if exposed_by == "eps" else 1e-6
+    if exposed_by == "eps":
+        inputs.state_cache[..., : LAYOUTS[4].width] *= 0.03
+    if exposed_by == "logits":
+        inputs.state_cache[..., LAYOUTS[4].width :] += 200.0
+    if exposed_by == "slots":
+        working = inputs.working().nonzero().flatten()
+        inputs.slot_mapping[working[0]] = 0
+    inputs = StateInputs(*inputs.args(), ratio=4, eps=eps)
+    from triton.runtime.errors import InterpreterError
+
+    def store_and_check() -> None:
+        module.compress_state_store_triton(*inputs.args(), ratio=4, eps=eps)
+        assert_state_store_matches_reference(inputs)
+
+    with pytest.raises((AssertionError, InterpreterError)):  # wrong bytes, or an exp the interpreter refuses
+        store_and_check()

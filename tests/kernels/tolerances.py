@@ -157,16 +157,18 @@ def _first(bad: torch.Tensor, *tensors: torch.Tensor) -> tuple[float, ...]:
     return tuple(float(t[index]) for t in tensors)
 
 
-def with_edge_tiles(inputs):
+def with_edge_tiles(inputs, first: int = 0):
     """The inputs with the RMSNorm weight changed so that the store's rare paths are reached: FP8
-    tile 0 stores zeros (weight 0: the zero tile), tile 1 values near 1e-7, far below the 1e-4
-    amax floor (the tiny tile), tile 2 values near 3e3 (a large scale exponent), tile 3 the
-    values negated.  (The clamp to +-448 is reached only by a tile whose largest value scales to
-    exactly 448, the boundary: with the smallest power-of-two scale that fits, nothing exceeds it.)
-    Returns ``inputs``, changed in place."""
+    tile ``first`` stores zeros (weight 0: the zero tile), the next values near 1e-7, far below the
+    1e-4 amax floor (the tiny tile), the next values near 3e3 (a large scale exponent), the next the
+    values negated (counting modulo the 7 FP8 tiles: ``first=4`` sends tiles 4, 5, 6 and 0 down
+    those paths, so with ``first=0`` every tile meets every edge).  (The clamp to +-448 is reached
+    only by a tile whose largest value scales to exactly 448, the boundary: with the smallest
+    power-of-two scale that fits, nothing exceeds it.)  Returns ``inputs``, changed in place."""
     weight = inputs.weight.view(7 + 1, 64)
-    weight[0] = 0.0
-    weight[1] *= 1e-7
-    weight[2] *= 3e3
-    weight[3] *= -1.0
+    zero, tiny, large, negative = ((first + k) % 7 for k in range(4))
+    weight[zero] = 0.0
+    weight[tiny] *= 1e-7
+    weight[large] *= 3e3
+    weight[negative] *= -1.0
     return inputs
