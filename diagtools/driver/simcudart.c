@@ -549,6 +549,14 @@ static int writable(void *pointer, size_t count)
     return 1;
 }
 
+/* Whether a range that starts an allocation of this runtime stays inside it, as the real runtime checks a
+ * device allocation's bounds (a host pointer it never handed out is taken as it is, as the real one does). */
+static int inside_block(const void *pointer, size_t count)
+{
+    struct block_header *header = block_of((void *)pointer);
+    return header == NULL || count <= header->total - BLOCK_HEADER;
+}
+
 static int overlap(const void *a, const void *b, size_t count)
 {
     uintptr_t x = (uintptr_t)a, y = (uintptr_t)b;
@@ -563,6 +571,7 @@ cudaError_t cudaMemcpy(void *dst, const void *src, size_t count, enum cudaMemcpy
     if (count == 0)
         return cudaSuccess;
     REQUIRE(mapped(dst, count) && mapped(src, count), cudaErrorInvalidValue);
+    REQUIRE(inside_block(dst, count) && inside_block(src, count), cudaErrorInvalidValue);
     REQUIRE(overlap(dst, src, count) || writable(dst, count), cudaErrorInvalidValue);
     memmove(dst, src, count);
     return cudaSuccess;
@@ -579,7 +588,8 @@ cudaError_t cudaMemset(void *pointer, int value, size_t count)
     REQUIRE_INIT();
     if (count == 0)
         return cudaSuccess;
-    REQUIRE(mapped(pointer, count) && writable(pointer, count), cudaErrorInvalidValue);
+    REQUIRE(mapped(pointer, count) && inside_block(pointer, count), cudaErrorInvalidValue);
+    REQUIRE(writable(pointer, count), cudaErrorInvalidValue);
     memset(pointer, value, count);
     return cudaSuccess;
 }

@@ -332,6 +332,9 @@ def test_bad_pointers_and_handles_are_errors_as_in_the_real_runtime_never_a_cras
         print(rt.cudaStreamDestroy(stream), rt.cudaStreamDestroy(stream))
         print(rt.cudaEventDestroy(event), rt.cudaEventDestroy(event), rt.cudaEventQuery(event))
         print(rt.cudaStreamSynchronize(stream), rt.cudaMemcpyAsync(None, None, 8, 4, stream))
+        block, other = P(), P()
+        print(rt.cudaMalloc(ctypes.byref(block), 4000), rt.cudaMalloc(ctypes.byref(other), 4000))  # a page holds more
+        print(rt.cudaMemset(block, 0, 4001), rt.cudaMemcpy(other, block, 4001, 4), rt.cudaMemcpy(other, block, 4000, 4))
         """
     )
     assert lines == [
@@ -344,6 +347,8 @@ def test_bad_pointers_and_handles_are_errors_as_in_the_real_runtime_never_a_cras
         "0 400",  # destroyed twice: an error, not a double free
         "0 400 400",
         "400 400",  # a destroyed stream is gone for every call
+        "0 0",
+        "1 1 0",  # one byte past an allocation is refused, as the real runtime checks a device allocation
     ]
 
 
@@ -367,8 +372,11 @@ ENTRY_POINTS = {  # name: the kinds of its arguments
 
 
 def test_the_runtimes_entry_points_survive_random_arguments():
-    """A seeded fuzz: pointers and handles drawn from null, small numbers, random addresses, live and freed
-    allocations, live and destroyed streams and events; every call must return an error code, never crash."""
+    """A seeded fuzz: pointers and handles drawn from null, small numbers, unmapped addresses, live and freed
+    allocations, host buffers, live and destroyed streams and events; every call must return an error code,
+    never crash.  Sizes past an allocation are refused as the real runtime refuses them; host buffers are
+    larger than any size drawn that fits in memory (no runtime can know a host buffer's end), and a random
+    address is drawn where nothing is mapped (a runtime cannot tell a stray pointer into mapped memory)."""
     lines = with_runtime(
         f"""
         import random
@@ -385,8 +393,16 @@ def test_the_runtimes_entry_points_survive_random_arguments():
             rt.cudaEventCreate(ctypes.byref(event))
             pool.append(block)
             handles += [stream, event]
-        buffers = [ctypes.create_string_buffer(4096) for _ in range(4)]
+        buffers = [ctypes.create_string_buffer(8192) for _ in range(4)]
         pool += [P(ctypes.addressof(b)) for b in buffers]
+
+        def unmapped_address():
+            with open("/proc/self/maps") as maps:
+                spans = [[int(end, 16) for end in line.split()[0].split("-")] for line in maps]
+            while True:
+                address = rng.randrange(1 << 20, 1 << 47)
+                if all(not lo - 8192 <= address < hi + 8192 for lo, hi in spans):
+                    return address
 
         def draw(kind):
             roll = rng.random()
@@ -401,7 +417,7 @@ def test_the_runtimes_entry_points_survive_random_arguments():
             if roll < 0.3:
                 return P(rng.randrange(1, 1 << 16))
             if roll < 0.45:
-                return P(rng.randrange(1 << 20, 1 << 47))
+                return P(unmapped_address())
             return rng.choice(handles if kind == "h" else pool)
 
         calls = 0
