@@ -97,6 +97,11 @@ def _markdown(report: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _write(report: dict, out: Path) -> None:
+    out.with_suffix(".json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    out.with_suffix(".md").write_text(_markdown(report), encoding="utf-8")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=3)
@@ -125,11 +130,10 @@ def main() -> int:
                 result = _one_run(clone, Path(work) / f"run{number}.log")
                 report["results"].append(result)
                 print(f"run {number}: exit {result['exit']}, {result['seconds'] / 60:.1f} min, {result['pytest']}")
+                _write(report, args.out)  # after every run: a check stopped early keeps what it measured
         finally:
             for hog in running:
                 hog.kill()
-    args.out.with_suffix(".json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
-    args.out.with_suffix(".md").write_text(_markdown(report), encoding="utf-8")
     return 0 if all(run["exit"] == 0 for run in report["results"]) else 1
 
 

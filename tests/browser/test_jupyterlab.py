@@ -361,7 +361,11 @@ def save(page, lab: JupyterLab, name: str) -> dict:
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         if path.stat().st_mtime_ns != before:
-            document = json.loads(path.read_text())
+            try:
+                document = json.loads(path.read_text())
+            except json.JSONDecodeError:  # read while the server was still writing it: read it again
+                time.sleep(0.5)
+                continue
             code = [cell for cell in document["cells"] if cell["cell_type"] == "code"]
             if all(cell.get("execution_count") for cell in code):
                 return document
