@@ -22,7 +22,7 @@ import shlex
 import subprocess
 import sys
 import zlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -47,6 +47,7 @@ __all__ = [
     "build_simulated_world",
     "build_starts_library",
     "cache_dir",
+    "preloaded",
     "real_driver_path",
     "resolve_driver",
 ]
@@ -331,9 +332,10 @@ def build_injection_library() -> Path:
 def build_starts_library() -> Path:
     """The ``LD_PRELOAD`` library that names each Python program a run's command starts (see ``starts.c``)."""
     source = _SOURCES / "starts.c"
-    key = _build_key(source.read_bytes(), *_compiler(), "starts")
+    names = [f'-DRUN_DIR_VARIABLE="{protocol.RUN_DIR}"', f'-DSTARTS_FILE="{protocol.RUN_STARTS}"']
+    key = _build_key(source.read_bytes(), *_compiler(), "starts", *names)
     library = cache_dir() / "starts" / key / "libdiagtools_starts.so"
-    return loader_safe(_compile("the process-start recorder", source, library, []).parent) / library.name
+    return loader_safe(_compile("the process-start recorder", source, library, names).parent) / library.name
 
 
 def build_probe_extension() -> Path:
@@ -401,11 +403,15 @@ def _is_simulated_world(directory: str) -> bool:
     return bool(directory) and _is_simulated(f"{directory}/libcuda.so.1")
 
 
+def preloaded(env: Mapping[str, str]) -> list[str]:
+    """The libraries ``env`` has the loader preload, in order (``LD_PRELOAD`` separates them by colons or blanks)."""
+    return [p for p in env.get("LD_PRELOAD", "").replace(" ", ":").split(":") if p]
+
+
 def _without_simulated_paths(env: dict[str, str]) -> dict[str, str]:
     entries = [p for p in env.get("LD_LIBRARY_PATH", "").split(":") if p and not _is_simulated_world(p)]
     env["LD_LIBRARY_PATH"] = ":".join(entries)
-    preload = [p for p in env.get("LD_PRELOAD", "").replace(" ", ":").split(":") if p]
-    kept = [p for p in preload if not _is_simulated_world(os.path.dirname(p))]
+    kept = [p for p in preloaded(env) if not _is_simulated_world(os.path.dirname(p))]
     if kept:
         env["LD_PRELOAD"] = ":".join(kept)
     else:

@@ -20,6 +20,11 @@
 #include <string.h>
 #include <unistd.h>
 
+/* The protocol's names (diagtools/protocol.py: RUN_DIR, RUN_STARTS), passed by the build with -D. */
+#ifndef RUN_DIR_VARIABLE
+#error "build with -DRUN_DIR_VARIABLE=\"...\" -DSTARTS_FILE=\"...\" (diagtools.driver.build_starts_library)"
+#endif
+
 #define ARGV_LIMIT 600
 
 static int is_python(const char *name)
@@ -53,7 +58,7 @@ static size_t read_cmdline(unsigned char *words, size_t limit)
 __attribute__((constructor)) static void note_start(void)
 {
     int saved_errno = errno;
-    const char *directory = getenv("DIAGTOOLS_RUN_DIR");
+    const char *directory = getenv(RUN_DIR_VARIABLE);
     char exe[PATH_MAX];
     ssize_t length = directory && *directory ? readlink("/proc/self/exe", exe, sizeof exe - 1) : -1;
     if (length > 0) {
@@ -71,7 +76,7 @@ __attribute__((constructor)) static void note_start(void)
             }
             line[at++] = '\n';
             char path[PATH_MAX];
-            if (snprintf(path, sizeof path, "%s/starts", directory) < (int)sizeof path) {
+            if (snprintf(path, sizeof path, "%s/%s", directory, STARTS_FILE) < (int)sizeof path) {
                 int fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0600);
                 if (fd >= 0) {
                     ssize_t written = write(fd, line, (size_t)at);

@@ -26,8 +26,8 @@ Options (each takes a descriptor number):
                    without it the target gets the keeper's stdin, stdout and
                    stderr untouched;
 ``--channel FD``, ``--dump FD``  the result channel and the fault dump, moved
-                   to high numbers in the target and named there by
-                   ``DIAGTOOLS_CHANNEL_FD`` and ``DIAGTOOLS_DUMP_FD``.
+                   to high numbers in the target (``protocol.HIGH_FD`` and up) and
+                   named there by ``protocol.CHANNEL_FD`` and ``protocol.DUMP_FD``.
 ``--census MS``    (not a descriptor) every MS milliseconds while the target
                    runs, note each descendant that is a Python interpreter,
                    so the host can name one its agent never heard from.
@@ -39,11 +39,11 @@ runs, or ``error ERRNO MESSAGE`` when it could not be started (its exit code
 is then 127); with ``--census``, ``python PID HEX`` (the command line's
 NUL-separated words, in hexadecimal) for each Python descendant seen alive in two polls in a row;
 ``exit CODE`` (``-N`` for signal N) once the tree is gone.
-Standard library only; nothing of diagtools is imported.
+Standard library only; nothing of diagtools is imported (the protocol file is
+read by path where the target gets private descriptors).
 """
 
 import os
-import resource
 import select
 import sys
 import time
@@ -55,7 +55,6 @@ else:
     import _signal as signal  # the same functions and numbers, without the enum module
 
 PR_SET_CHILD_SUBREAPER = 36
-HIGH_FD = 2048  # the channel and dump descriptors move here, out of the range targets tend to close
 SWEEP_LIMIT_S = 30.0
 NUL = b"\0"
 
@@ -99,29 +98,28 @@ def _libc_prctl():
         return ctypes.CDLL(None).prctl
 
 
-def move_high(fd, minimum):
-    """Duplicate ``fd`` to the lowest free number >= ``minimum`` and close the original.
+def load_protocol():
+    """The protocol module (:mod:`diagtools.protocol`), loaded from its file as the subkernel's bootstrap loads it.
 
-    The soft descriptor limit is raised for the duplication only, then put
-    back: a descriptor above the limit stays valid.  Where the hard limit is
-    too low, ``fd`` stays where it is.
+    The keeper imports nothing of diagtools as a package; the protocol is
+    where the descriptor numbers and the variables naming them are kept, so
+    the keeper reads them there rather than keeping copies.
     """
-    import fcntl
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(sys.argv[0]))), "protocol.py")
+    loader = sys.modules["_frozen_importlib_external"].SourceFileLoader("_diagtools_protocol", path)
+    module = type(sys)("_diagtools_protocol")
+    module.__file__ = path
+    exec(loader.get_code("_diagtools_protocol"), module.__dict__)
+    return module
 
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    wanted = minimum + 16
-    try:
-        if soft < wanted:
-            resource.setrlimit(
-                resource.RLIMIT_NOFILE, (wanted if hard == resource.RLIM_INFINITY else min(wanted, hard), hard)
-            )
-        high = fcntl.fcntl(fd, fcntl.F_DUPFD, minimum)
-    except (OSError, ValueError):
-        return fd
-    finally:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
-    os.close(fd)
-    return high
+
+def move_private_fds(options, env):
+    """Move the channel and the dump file high, inheritable by the target, and name them in ``env``."""
+    protocol = load_protocol()
+    with protocol.RoomAbove():
+        for name, variable in (("channel", protocol.CHANNEL_FD), ("dump", protocol.DUMP_FD)):
+            if name in options:
+                env[variable] = str(protocol.move_high(options[name], inheritable=True))
 
 
 def start_target(options, argv):
@@ -140,12 +138,8 @@ def start_target(options, argv):
         os.close(failed_r)
         os.setsid()
         env = dict(os.environ)
-        low = HIGH_FD
-        for name, variable in (("channel", "DIAGTOOLS_CHANNEL_FD"), ("dump", "DIAGTOOLS_DUMP_FD")):
-            if name in options:
-                low = move_high(options[name], low)
-                env[variable] = str(low)
-                low += 1
+        if "channel" in options or "dump" in options:
+            move_private_fds(options, env)
         if "out" in options:
             null = os.open(os.devnull, os.O_RDONLY)
             os.dup2(null, 0)

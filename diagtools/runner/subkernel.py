@@ -13,15 +13,11 @@ the tree.
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import os
 import select
 import selectors
-import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
@@ -29,31 +25,25 @@ from pathlib import Path
 from typing import Any
 
 from diagtools import protocol
-from diagtools.runner.kept import absolute_executable, cached_code, keeper_command
+from diagtools.runner import kept as keeper_client
+from diagtools.runner.events import DecodedEvents, EventReader
+from diagtools.runner.kept import (
+    DUMP_GRACE_S,
+    DUMP_LIMIT,
+    DUMP_SIGNAL,
+    OUTPUT_LIMIT,
+    Kept,
+    cached_code,
+    enlarge_pipe,
+    kill_marked,
+    start_kept,
+)
 
-__all__ = [
-    "RawRun",
-    "SubkernelRequest",
-    "abort_runs",
-    "bootstrap_code",
-    "enlarge_pipe",
-    "kill_group",
-    "kill_marked",
-    "run_subkernel",
-    "subkernel_env",
-]
+__all__ = ["CapturedOutput", "RawRun", "SubkernelRequest", "bootstrap_code", "run_subkernel", "subkernel_env"]
 
-OUTPUT_LIMIT = 64 * 1024
-CHANNEL_LIMIT = 64 << 20
-SUBKERNEL_MARKER = protocol.SUBKERNEL_MARKER
-_DUMP_SIGNAL = signal.SIGUSR1
-_DUMP_GRACE_S = 0.5
 _BATCH_S = 0.01
-_CHANNEL_PIPE_BYTES = 1 << 20
 _READ_BYTES = 1 << 20
 _FULL_READ = 64 * 1024  # a read this large found a full pipe: the writer was waiting on us
-_KEEPER_WAIT_S = 40.0
-DUMP_LIMIT = 4 << 20
 
 
 @dataclass(frozen=True)
@@ -139,19 +129,20 @@ class _EventStream:
     """
 
     def __init__(self) -> None:
-        self.reader = protocol.EventReader()
+        self.reader = EventReader()
         self.later: list[bytes] = []  # after a flood: read by decoded()
         self.kept = 0
         self.dropped_lines = 0
         self.truncated = False
 
     def add(self, data: bytes) -> None:
-        if not self.truncated and self.kept + len(data) <= CHANNEL_LIMIT:
+        limit = keeper_client.CHANNEL_LIMIT
+        if not self.truncated and self.kept + len(data) <= limit:
             self._keep(data)
             self.kept += len(data)
             return
         if not self.truncated:
-            cut = data.rfind(b"\n", 0, CHANNEL_LIMIT - self.kept) + 1
+            cut = data.rfind(b"\n", 0, limit - self.kept) + 1
             self._keep(data[:cut])
             self.kept += cut
             self.truncated = True
@@ -164,7 +155,7 @@ class _EventStream:
         else:
             self.reader.feed(data)
 
-    def decoded(self) -> protocol.DecodedEvents:
+    def decoded(self) -> DecodedEvents:
         self.reader.feed(b"".join(self.later))
         self.later = []
         decoded = self.reader.close()
@@ -181,8 +172,8 @@ def subkernel_env(request: SubkernelRequest, channel_fd: int, dump_fd: int, mark
             protocol.CHANNEL_FD: str(channel_fd),
             protocol.PROGRAM_FILE: str(request.program),
             protocol.DUMP_FD: str(dump_fd),
-            protocol.DUMP_SIGNAL: str(int(_DUMP_SIGNAL)),
-            SUBKERNEL_MARKER: marker,
+            protocol.DUMP_SIGNAL: str(int(DUMP_SIGNAL)),
+            protocol.SUBKERNEL_MARKER: marker,
         }
     )
     return env
@@ -230,41 +221,35 @@ def run_subkernel(
     fds = _Fds()
     wall_start = time.time()
     started = clock()
-    keeper: subprocess.Popen[bytes] | None = None
+    kept: Kept | None = None
     try:
-        env = subkernel_env(request, fds.channel_w, fds.dump, marker)
-        keeper = popen(
-            keeper_command(
-                request.python,
-                [absolute_executable(request.python), *request.flags, "-c", bootstrap_code(request.program)],
-                out=fds.out_w,
-                channel=fds.channel_w,
-                dump=fds.dump,
-            ),
-            env=env,
+        kept = start_kept(
+            [request.python, *request.flags, "-c", bootstrap_code(request.program)],
+            env=subkernel_env(request, fds.channel_w, fds.dump, marker),
             cwd=request.cwd,
-            stdin=fds.life_r,
-            stdout=fds.status_w,
+            stdin=subprocess.DEVNULL,
+            stdout=fds.out_w,
             stderr=fds.err_w,
-            pass_fds=(fds.out_w, fds.channel_w, fds.dump),
-            start_new_session=True,
+            channel=fds.channel_w,
+            dump=fds.dump,
+            python=request.python,
+            popen=popen,
+            wait_for_pid=False,
         )
         fds.close_child_ends()
         if meanwhile is not None:
             meanwhile()
-        collected = _collect(fds, started, request.timeout, clock)
+        collected = _collect(kept, fds, started, request.timeout, clock)
     except BaseException:
-        _release(keeper, fds, marker)
+        _release(kept, marker)
         fds.close_all()
         raise
-    said = collected.keeper_said("exit")
-    _release(keeper, fds, marker, swept=said is not None and len(said) == 1)  # "exit CODE", no "leftover"
-    never_kept = keeper.returncode if collected.keeper_said("pid") is None and said is None else None
+    _release(kept, marker)
     fault_dump = fds.read_dump()
     decoded = collected.events.decoded()
     return RawRun(
         events=tuple(decoded.events),
-        returncode=collected.returncode,
+        returncode=kept.reported if kept.ended else None,
         timed_out=collected.timed_out,
         stdout=collected.stdout.captured(),
         stderr=collected.stderr.captured(),
@@ -272,26 +257,22 @@ def run_subkernel(
         duration_s=clock() - started,
         marker=marker,
         started_at=wall_start,
-        never_kept=never_kept,
+        never_kept=kept.never_kept(),
         skipped_events=decoded.skipped,
         channel_truncated=collected.events.truncated,
     )
 
 
 class _Fds:
-    """The pipes between the runner, the keeper and the subkernel; each end closed once."""
+    """The pipes between the runner and the subkernel, and its dump file; each end closed once."""
 
     def __init__(self) -> None:
         self.opened: list[int] = []
         self.channel_r, self.channel_w = self._pipe()
         self.out_r, self.out_w = self._pipe()
         self.err_r, self.err_w = self._pipe()
-        self.status_r, self.status_w = self._pipe()
-        self.life_r, self.life_w = self._pipe()
         self.dump = os.memfd_create("diagtools-faults", 0)  # faulthandler writes here
         self.opened.append(self.dump)
-        with _LIVE_LOCK:
-            _LIVE.add(self)
         for fd in (self.channel_w, self.out_w, self.err_w):
             enlarge_pipe(fd)
 
@@ -306,7 +287,7 @@ class _Fds:
             os.close(fd)
 
     def close_child_ends(self) -> None:
-        for fd in (self.channel_w, self.out_w, self.err_w, self.status_w, self.life_r):
+        for fd in (self.channel_w, self.out_w, self.err_w):
             self.close(fd)
 
     def close_all(self) -> None:
@@ -314,12 +295,12 @@ class _Fds:
             self.close(fd)
 
     def read_dump(self) -> str:
-        """Everything faulthandler wrote to the dump file (at most a few MiB), then close it."""
+        """Everything faulthandler wrote to the dump file (at most a few MiB), then close every descriptor."""
         try:
             size = min(os.fstat(self.dump).st_size, DUMP_LIMIT)
             return os.pread(self.dump, size, 0).decode("utf-8", "backslashreplace")
         finally:
-            self.close(self.dump)
+            self.close_all()
 
 
 @dataclass
@@ -327,20 +308,10 @@ class _Collected:
     events: _EventStream
     stdout: _Buffer
     stderr: _Buffer
-    status: _Buffer
-    returncode: int | None = None
     timed_out: bool = False
-    pid: int | None = None
-
-    def keeper_said(self, word: str) -> list[str] | None:
-        for line in b"".join(self.status.chunks).decode("ascii", "replace").splitlines():
-            parts = line.split()
-            if parts and parts[0] == word:
-                return parts[1:]
-        return None
 
 
-def _collect(fds: _Fds, started: float, timeout: float, clock: Callable[[], float]) -> _Collected:
+def _collect(kept: Kept, fds: _Fds, started: float, timeout: float, clock: Callable[[], float]) -> _Collected:
     """Read every stream until the keeper reports the tree gone, enforcing the deadline.
 
     The deadline is ``timeout`` seconds of the subkernel's own time: while
@@ -349,35 +320,33 @@ def _collect(fds: _Fds, started: float, timeout: float, clock: Callable[[], floa
     back, up to one more ``timeout`` in all, so a target that prints forever
     still times out.
     """
-    collected = _Collected(_EventStream(), _Buffer(), _Buffer(), _Buffer())
+    collected = _Collected(_EventStream(), _Buffer(), _Buffer())
     sinks: dict[int, Callable[[bytes], None]] = {
         fds.channel_r: collected.events.add,
         fds.out_r: collected.stdout.add,
         fds.err_r: collected.stderr.add,
-        fds.status_r: collected.status.add,
+        kept.status_fd: kept.feed,
     }
     deadline, extended, kill_at = started + timeout, 0.0, None
     with selectors.DefaultSelector() as selector:
         for fd in sinks:
             selector.register(fd, selectors.EVENT_READ)
-        while collected.keeper_said("exit") is None and fds.status_r in selector.get_map():
+        while not kept.ended and kept.status_fd in selector.get_map():
             now = clock()
             if kill_at is None and now >= deadline:
                 collected.timed_out = True
-                _ask_for_stacks(collected)
-                kill_at = now + _DUMP_GRACE_S
+                kept.ask_for_stacks()
+                kill_at = now + DUMP_GRACE_S
             if kill_at is not None and now >= kill_at:
-                _tell_keeper(fds, b"k")
+                kept.kill()
                 kill_at = float("inf")
-            moved = _pump(selector, sinks, min(0.05, max(0.0, deadline - now)), skip=fds.channel_r)
+            moved = _pump(selector, sinks, min(0.05, max(0.0, deadline - now)), skip=(fds.channel_r, kept.status_fd))
             if moved >= _FULL_READ and extended < timeout:
                 spent = min(clock() - now, timeout - extended)
                 deadline, extended = deadline + spent, extended + spent
-            elif moved < _FULL_READ and collected.keeper_said("exit") is None:
-                _await_keeper(fds.status_r, _BATCH_S)
+            elif moved < _FULL_READ and not kept.ended:
+                _await_keeper(kept.status_fd, _BATCH_S)
         _drain(selector, sinks)
-    said = collected.keeper_said("exit")
-    collected.returncode = int(said[0]) if said else None
     return collected
 
 
@@ -390,94 +359,33 @@ def _await_keeper(status: int, seconds: float) -> None:
     select.select([status], [], [], seconds)
 
 
-def _ask_for_stacks(collected: _Collected) -> None:
-    """Ask the hung subkernel for its stacks (faulthandler answers in the dump file)."""
-    pid = collected.keeper_said("pid")
-    if pid:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(int(pid[0]), _DUMP_SIGNAL)
+def _release(kept: Kept | None, marker: str) -> None:
+    """End the run on every path: the keeper kills the tree and is reaped; what it could not reach is killed.
 
-
-def _tell_keeper(fds: _Fds, message: bytes) -> None:
-    with _LIVE_LOCK, contextlib.suppress(OSError):
-        if fds.life_w in fds.opened:
-            os.write(fds.life_w, message)
-
-
-_LIVE: set[_Fds] = set()
-_LIVE_LOCK = threading.Lock()
-
-
-def abort_runs() -> None:
-    """Have every subkernel this process is running killed now (an interrupt: their threads then return)."""
-    with _LIVE_LOCK:
-        live = list(_LIVE)
-    for fds in live:
-        _tell_keeper(fds, b"k")
-
-
-def _release(keeper: subprocess.Popen[bytes] | None, fds: _Fds, marker: str, *, swept: bool = False) -> None:
-    """End the run on every path: the keeper kills the tree, then it is reaped; nothing is left open.
-
-    ``swept``: the keeper reported that it swept the whole tree (as subreaper,
-    every descendant was its to kill).  Then, once it has left normally, no
-    process can carry the marker and reading every process's environment
-    (milliseconds, more on a busy machine) is skipped; on every other path
-    the marked processes are killed.
+    When the keeper reported that it swept the whole tree (as subreaper,
+    every descendant was its to kill) no process can carry the marker, and
+    reading every process's environment (milliseconds, more on a busy
+    machine) is skipped; on every other path the marked processes are killed.
     """
-    if keeper is not None and keeper.poll() is None:
-        _tell_keeper(fds, b"k")
-    with _LIVE_LOCK:
-        _LIVE.discard(fds)
-        fds.close(fds.life_w)  # even if this process dies now, the closed lifeline makes the keeper sweep
-    if keeper is not None:
-        try:
-            _wait_for_exit(keeper, _KEEPER_WAIT_S)
-        except subprocess.TimeoutExpired:
-            keeper.kill()
-            keeper.wait()
-    if not (swept and keeper is not None and keeper.returncode == 0):
+    if kept is not None:
+        kept.release()
+    if kept is None or not kept.swept:
         kill_marked(marker)
-    for fd in list(fds.opened):
-        if fd != fds.dump:  # read once the run is over, then closed
-            fds.close(fd)
-
-
-def _wait_for_exit(process: subprocess.Popen[bytes], timeout: float) -> int:
-    """``process.wait(timeout)``, woken the moment the process ends.
-
-    ``Popen.wait`` with a timeout polls with sleeps that double up to 50 ms,
-    so a keeper that takes a few milliseconds to leave costs a run up to
-    twice that; a pidfd (Linux 5.3+) says exactly when.  Raises
-    :class:`subprocess.TimeoutExpired` as ``wait`` does.
-    """
-    try:
-        pidfd = os.pidfd_open(process.pid)
-    except (AttributeError, OSError):  # no pidfd here, or the process is already reaped
-        return process.wait(timeout=timeout)
-    try:
-        select.select([pidfd], [], [], timeout)
-    finally:
-        os.close(pidfd)
-    return process.wait(timeout=0)
-
-
-def enlarge_pipe(fd: int) -> None:
-    """Room for a burst of output between two batched reads (Linux only; best effort)."""
-    with contextlib.suppress(OSError, AttributeError):
-        fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, _CHANNEL_PIPE_BYTES)
 
 
 def _pump(
-    selector: selectors.BaseSelector, sinks: dict[int, Callable[[bytes], None]], timeout: float, skip: int = -1
+    selector: selectors.BaseSelector,
+    sinks: dict[int, Callable[[bytes], None]],
+    timeout: float,
+    skip: tuple[int, ...] = (),
 ) -> int:
-    """Read what is ready; the number of output bytes moved (the channel's ``skip`` not counted)."""
+    """Read what is ready; the number of output bytes moved (the descriptors in ``skip`` not counted)."""
     moved = 0
     for key, _ in selector.select(timeout):
         data = os.read(key.fd, _READ_BYTES)
+        sinks[key.fd](data)  # b"": the end of that stream (the keeper's status parser needs to know)
         if data:
-            sinks[key.fd](data)
-            moved += len(data) if key.fd != skip else 0
+            moved += len(data) if key.fd not in skip else 0
         else:
             selector.unregister(key.fd)
     return moved
@@ -488,24 +396,3 @@ def _drain(selector: selectors.BaseSelector, sinks: dict[int, Callable[[bytes], 
     stop = time.monotonic() + 2.0
     while selector.get_map() and time.monotonic() < stop:
         _pump(selector, sinks, 0.05)
-
-
-def kill_marked(marker: str) -> None:
-    """Kill what the keeper could not reach (it was killed itself) but still carries the marker."""
-    needle = f"{SUBKERNEL_MARKER}={marker}".encode()
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
-        try:
-            environ = Path(f"/proc/{entry}/environ").read_bytes()
-        except OSError:
-            continue
-        if needle in environ:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(int(entry), signal.SIGKILL)
-
-
-def kill_group(pgid: int) -> None:
-    """SIGKILL a whole process group, if it is still there."""
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, signal.SIGKILL)

@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from diagtools import protocol
+from diagtools.runner.events import decode_events
+from diagtools.runner.kept import bounded_lines
 
 __all__ = ["RunRecords", "agent_environment", "read_records"]
 
@@ -66,8 +68,9 @@ def read_records(directory: str | os.PathLike[str]) -> RunRecords:
     """Read every ``*.jsonl`` record file under ``directory`` with the protocol's validating reader."""
     files, skipped, lost = [], 0, []
     for path in sorted(Path(directory).glob("*.jsonl")):
-        decoded = protocol.decode_events(path.read_bytes())
-        skipped += decoded.skipped
+        data, dropped = bounded_lines(path)  # a flooding process reads as a fresh subkernel's channel does
+        decoded = decode_events(data)
+        skipped += decoded.skipped + dropped
         if decoded.events:
             files.append(tuple(decoded.events))
         if path.name.endswith(protocol.LOST_SUFFIX) and path.name.split("-")[0].isdigit():

@@ -28,25 +28,23 @@ from pathlib import Path
 from typing import Any
 
 from diagtools import protocol
-from diagtools.runner.kept import Kept, start_kept
-from diagtools.runner.subkernel import (
-    CHANNEL_LIMIT,
+from diagtools.runner.events import decode_events
+from diagtools.runner.kept import (
+    DUMP_GRACE_S,
     DUMP_LIMIT,
+    DUMP_SIGNAL,
     OUTPUT_LIMIT,
-    CapturedOutput,
-    RawRun,
-    SubkernelRequest,
-    bootstrap_code,
+    Kept,
+    bounded_lines,
     enlarge_pipe,
     kill_group,
     kill_marked,
-    subkernel_env,
+    start_kept,
 )
+from diagtools.runner.subkernel import CapturedOutput, RawRun, SubkernelRequest, bootstrap_code, subkernel_env
 
 __all__ = ["PackageZygote", "ZygoteOutcome", "run_zygote"]
 
-_DUMP_SIGNAL = signal.SIGUSR1
-_DUMP_GRACE_S = 0.5
 _POLL_S = 0.02
 
 ChildDone = Callable[[int, "RawRun | None", "ZygoteOutcome"], None]
@@ -117,7 +115,7 @@ class _Zygote:
     def feed(self, data: bytes) -> None:
         lines, _, self.pending = (self.pending + data).rpartition(b"\n")
         if lines:
-            for event in protocol.decode_events(lines + b"\n").events:
+            for event in decode_events(lines + b"\n").events:
                 self.handle(event)
 
     def handle(self, event: dict[str, Any]) -> None:
@@ -181,8 +179,8 @@ class _Zygote:
 
     def raw_run(self, child: _Child, code: int) -> RawRun:
         base = self.workdir / str(child.index)
-        events, truncated = _bounded_events(base.with_suffix(".events"))
-        decoded = protocol.decode_events(events)
+        events, dropped = bounded_lines(base.with_suffix(".events"))
+        decoded = decode_events(events)
         return RawRun(
             events=tuple(decoded.events),
             returncode=code,
@@ -193,8 +191,8 @@ class _Zygote:
             duration_s=time.monotonic() - child.started,
             marker=self.marker,
             started_at=child.wall_start,
-            skipped_events=decoded.skipped,
-            channel_truncated=truncated,
+            skipped_events=decoded.skipped + dropped,
+            channel_truncated=dropped > 0,
         )
 
     def enforce_deadlines(self) -> None:
@@ -210,8 +208,8 @@ class _Zygote:
         for child in self.children.values():
             if child.dump_sent is None and now - child.started >= self.timeout:
                 child.timed_out, child.dump_sent = True, now
-                _signal(child.pid, _DUMP_SIGNAL)
-            elif child.dump_sent is not None and now - child.dump_sent >= _DUMP_GRACE_S:
+                _signal(child.pid, DUMP_SIGNAL)
+            elif child.dump_sent is not None and now - child.dump_sent >= DUMP_GRACE_S:
                 kill_group(child.pid)
                 _signal(child.pid, signal.SIGKILL)
 
@@ -236,14 +234,6 @@ def _read(path: Path, limit: int = -1) -> bytes:
             return handle.read(limit)
     except OSError:
         return b""
-
-
-def _bounded_events(path: Path) -> tuple[bytes, bool]:
-    """A child's event file up to the fresh subkernel's bound, in whole lines, and whether it went past it."""
-    data = _read(path, CHANNEL_LIMIT + 1)
-    if len(data) <= CHANNEL_LIMIT:
-        return data, False
-    return data[: data.rfind(b"\n", 0, CHANNEL_LIMIT) + 1], True
 
 
 def _captured(path: Path) -> CapturedOutput:

@@ -33,11 +33,10 @@ from typing import Any
 
 from diagtools import protocol
 from diagtools.agents.run_hook import HOOK_DIR
-from diagtools.driver import DriverSetup, build_starts_library, resolve_driver
+from diagtools.driver import DriverSetup, build_starts_library, preloaded, resolve_driver
 from diagtools.errors import DiagtoolsError, Interrupted, UsageError
 from diagtools.model.run import RunResult
-from diagtools.runner.kept import Kept, start_kept
-from diagtools.runner.subkernel import SUBKERNEL_MARKER, kill_marked
+from diagtools.runner.kept import Kept, kill_marked, start_kept
 from diagtools.runner.watch import agent_environment, read_records
 from diagtools.usecases.run_assemble import RunOutcome, assemble_run
 from diagtools.usecases.run_watch import agent_cuprobe
@@ -223,7 +222,7 @@ def _run_in(
     timeout, output, clock = launch.timeout, launch.output, launch.clock
     marker = os.urandom(16).hex()
     watch = agent_environment(
-        directory, HOOK_DIR, marker=(SUBKERNEL_MARKER, marker), cuprobe=agent_cuprobe(), base=base
+        directory, HOOK_DIR, marker=(protocol.SUBKERNEL_MARKER, marker), cuprobe=agent_cuprobe(), base=base
     )
     env, recorder_note = _with_start_recorder({**base, **setup.env, **watch})
     started = clock()
@@ -277,8 +276,7 @@ def _with_start_recorder(env: dict[str, str]) -> tuple[dict[str, str], str | Non
         library = build_starts_library()
     except DiagtoolsError as exc:
         return env, f"Python processes were found by polling only (a short-lived one may be missed): {exc}"
-    preload = [p for p in env.get("LD_PRELOAD", "").replace(" ", ":").split(":") if p]
-    env["LD_PRELOAD"] = ":".join([str(library), *preload])
+    env["LD_PRELOAD"] = ":".join([str(library), *preloaded(env)])
     return env, None
 
 

@@ -29,7 +29,7 @@ from diagtools.driver import resolve_driver
 from diagtools.errors import SweepInterrupted, UsageError
 from diagtools.model.sweep import SweepResult, SweepRow
 from diagtools.model.verdict import ScanStatus
-from diagtools.runner.subkernel import abort_runs
+from diagtools.runner.kept import abort_all
 from diagtools.usecases.interpreter import validate_python
 from diagtools.usecases.scan import scan, validate_own, validate_paths, validate_targets, validate_timeout
 from diagtools.usecases.sweep_discover import SweptTree, discover_modules, locate_tree
@@ -156,7 +156,7 @@ def _run_fresh(plan: _Plan, pending: Sequence[str], run: _Run, executor: Executo
         for future in as_completed(futures):
             run.record(_row_of(futures[future], future))
     except BaseException:
-        abort_runs()  # an interrupt: the subkernels still running are killed, so the workers return now
+        abort_all()  # an interrupt: the subkernels still running are killed, so the workers return now
         raise
     finally:
         if executor is None:

@@ -9,6 +9,7 @@ import pytest
 
 import diagtools
 from diagtools import protocol
+from diagtools.runner import events
 from tests.conftest import CHANNEL_FLOOD, cli
 
 GPU = "import ctypes\nctypes.CDLL('libcuda.so.1').cuInit(0)\n"
@@ -118,7 +119,7 @@ def test_hostile_event_lines_are_skipped_and_counted(sim_scan, make_tree):
 
 
 def test_the_decoder_checks_every_field_type():
-    decoded = protocol.decode_events(b"".join(line + b"\n" for line in HOSTILE_LINES))
+    decoded = events.decode_events(b"".join(line + b"\n" for line in HOSTILE_LINES))
     assert decoded.events == []
     assert decoded.skipped == len(HOSTILE_LINES)
 

@@ -28,6 +28,7 @@ from diagtools.model.scan import Culprit, DriverInfo, ImportNode, ScanResult, Si
 from diagtools.model.serial import json_text
 from diagtools.model.sweep import CUDA_SOURCES, SWEEP_MODES, SweepResult, SweepRow
 from diagtools.model.verdict import ScanStatus, Verdict
+from diagtools.runner import events as event_reader
 from tests.conftest import require
 
 ANY_CHARACTER = st.characters(exclude_categories=())  # surrogates and controls included
@@ -63,7 +64,7 @@ def test_any_document_round_trips_through_the_encoder(document):
 @FAST
 @given(st.binary(max_size=300))
 def test_the_reader_never_fails_on_arbitrary_bytes(data):
-    decoded = protocol.decode_events(data)
+    decoded = event_reader.decode_events(data)
     assert all(event["e"] in protocol.EVENTS for event in decoded.events)
 
 
@@ -119,9 +120,9 @@ def _reference_valid(event: dict[str, Any]) -> bool:
     """Every field of its kind present; each field of a typed kind of the type it must have, else a finite ``t``."""
     if any(name not in event for name in protocol.EVENTS[event["e"]]):
         return False
-    typed = event["e"] in protocol._TYPED_KINDS
+    typed = event["e"] in event_reader._TYPED_KINDS
     for name, value in event.items():
-        check = protocol.FIELD_TYPES.get(name) if typed else protocol.FIELD_TYPES["t"] if name == "t" else None
+        check = event_reader.FIELD_TYPES.get(name) if typed else event_reader.FIELD_TYPES["t"] if name == "t" else None
         if check is not None and not check(value):
             return False
     return True
@@ -132,7 +133,7 @@ def _reference_valid(event: dict[str, Any]) -> bool:
 def test_the_reader_keeps_and_counts_every_line_as_json_loads_would(lines, torn_tail):
     data = "".join(line + "\n" for line in lines).encode("utf-8", "surrogateescape")
     data += b'{"e":"do' if torn_tail else b""
-    decoded = protocol.decode_events(data)
+    decoded = event_reader.decode_events(data)
     assert (decoded.events, decoded.skipped) == _reference_decode(data)
 
 
@@ -141,7 +142,7 @@ def test_the_reader_keeps_and_counts_every_line_as_json_loads_would(lines, torn_
 def test_bytes_read_in_pieces_give_what_they_give_at_once(lines, torn_tail, cuts):
     data = "".join(line + "\n" for line in lines).encode("utf-8", "surrogateescape")
     data += b'{"e":"do' if torn_tail else b""
-    reader = protocol.EventReader()
+    reader = event_reader.EventReader()
     edges = [0, *sorted(cut % (len(data) + 1) for cut in cuts), len(data)]
     for start, end in itertools.pairwise(edges):
         reader.feed(data[start:end])
@@ -151,7 +152,7 @@ def test_bytes_read_in_pieces_give_what_they_give_at_once(lines, torn_tail, cuts
 
 def test_the_reader_keeps_an_event_with_blanks_around_it_and_counts_the_rest():
     data = b' {"e":"done"}\n{"e":"done"} x\n\n{"e":"begin","n":"a"}\n{"e":"done"'
-    decoded = protocol.decode_events(data)
+    decoded = event_reader.decode_events(data)
     assert decoded.events == [{"e": "done"}]
     assert decoded.skipped == 3  # extra data, a begin without its fields, the torn last line (not the blank one)
 
