@@ -30,6 +30,7 @@ __all__ = [
     "Site",
     "StartupInfo",
     "TargetError",
+    "TargetFailure",
     "UsageError",
     "compare_replays",
     "diff_scans",
@@ -54,6 +55,7 @@ _LOCATIONS = {
     "DriverInfo": "diagtools.model.scan",
     "ImportNode": "diagtools.model.scan",
     "TargetError": "diagtools.model.scan",
+    "TargetFailure": "diagtools.model.scan",
     "ScanResult": "diagtools.model.scan",
     "Site": "diagtools.model.scan",
     "StartupInfo": "diagtools.model.scan",
@@ -89,7 +91,16 @@ if TYPE_CHECKING:
     from diagtools.model.fix import FixResult
     from diagtools.model.replay import ChildOutcome, ParentState, ReplayComparison, ReplayResult
     from diagtools.model.run import RunResult
-    from diagtools.model.scan import Culprit, DriverInfo, ImportNode, ScanResult, Site, StartupInfo, TargetError
+    from diagtools.model.scan import (
+        Culprit,
+        DriverInfo,
+        ImportNode,
+        ScanResult,
+        Site,
+        StartupInfo,
+        TargetError,
+        TargetFailure,
+    )
     from diagtools.render.postmortem import postmortem
     from diagtools.render.text import render_scan
     from diagtools.usecases.fix import fix

@@ -13,7 +13,7 @@ from typing import Any, ClassVar
 
 from diagtools.model._display import present
 from diagtools.model.options import START_METHODS
-from diagtools.model.scan import DriverInfo, TargetError
+from diagtools.model.scan import DriverInfo, TargetFailure
 from diagtools.model.serial import Serial
 from diagtools.model.verdict import Label, Verdict, combine
 
@@ -217,7 +217,7 @@ class ReplayResult(Serial):
     status: ReplayStatus
     parent: ParentState | None
     child: ChildOutcome | None
-    error: TargetError | None = None
+    error: TargetFailure | None = None
     duration_s: float = 0.0
     started_at: str = ""
 

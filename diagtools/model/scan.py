@@ -19,7 +19,7 @@ from diagtools.model.cuts import CutSearch, Headline, HeadlineRule, headline, un
 from diagtools.model.driver import DriverInfo
 from diagtools.model.serial import Serial
 from diagtools.model.site import Site
-from diagtools.model.verdict import ScanStatus, Verdict
+from diagtools.model.verdict import Evidence, ScanStatus, Verdict
 
 __all__ = [
     "SCAN_SCHEMA",
@@ -31,6 +31,7 @@ __all__ = [
     "Site",
     "StartupInfo",
     "TargetError",
+    "TargetFailure",
 ]
 
 SCAN_SCHEMA = "diagtools.scan/1"
@@ -72,9 +73,7 @@ class Culprit(Serial):
     whole Python stack, outermost first.  For a thread, ``thread`` is its
     name, ``thread_started_at`` the line that started it and ``thread_started_by``
     the module whose code started it (``start-up`` outside any import).  ``evidence`` says
-    how the moment was caught: ``driver-hook`` (the driver called back during
-    cuInit), ``trace`` (a line-traced rerun) or ``state-probe`` (the driver's
-    state changed between two observations).
+    how the moment was caught (:class:`~diagtools.model.verdict.Evidence`).
     ``stack_dropped`` counts the outermost frames left out of a very deep stack.
     ``context`` says what the watcher knew was going on (``diagtools run`` and
     ``pytest --cuda-watch``: a pytest node id, ``pytest start-up: conftest.py``).
@@ -105,7 +104,7 @@ class Culprit(Serial):
     stack: tuple[Site, ...]
     phase: str
     thread: str = "MainThread"
-    evidence: str = "driver-hook"
+    evidence: Evidence = Evidence.DRIVER_HOOK
     module_site: Site | None = None
     thread_started_at: Site | None = None
     thread_started_by: str | None = None
@@ -113,6 +112,15 @@ class Culprit(Serial):
     context: str | None = None
     chain_imports: tuple[Site | None, ...] = ()
     first_party: Site | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "evidence", Evidence(self.evidence))
+
+    @classmethod
+    def _json_upgrade(cls, data: Any) -> Any:
+        if isinstance(data, dict) and str(data.get("evidence", "")).startswith("driver-hook, inferred"):
+            data = {**data, "evidence": Evidence.INFERRED.value}  # written as a sentence before it was a word
+        return data
 
     @property
     def thread_described(self) -> str:
@@ -184,12 +192,12 @@ class StartupInfo(Serial):
 
 
 @dataclass(frozen=True)
-class TargetError(Serial):
-    """Why a target did not import cleanly: the exception, exit code, signal or hang."""
+class TargetFailure(Serial):
+    """Why a target did not import cleanly: the exception, exit code, signal or hang (data, never raised)."""
 
     _JSON_DEFAULTS: ClassVar[dict[str, Any]] = {"message": ""}
 
-    kind: str
+    kind: str  # how the target's run ended, in the words of ScanStatus: import-error, crashed, timeout, ...
     message: str
     traceback: str = ""
     file: str | None = None
@@ -197,6 +205,9 @@ class TargetError(Serial):
     exitcode: int | None = None
     signal: int | None = None
     where: str = ""
+
+
+TargetError = TargetFailure  # its first name, kept for code written against it: it is data, not an exception
 
 
 @dataclass(frozen=True)
@@ -213,7 +224,7 @@ class ScanResult(Serial):
     modules: tuple[ImportNode, ...] = ()
     culprits: tuple[Culprit, ...] = ()
     startup: StartupInfo = field(default_factory=StartupInfo)
-    error: TargetError | None = None
+    error: TargetFailure | None = None
     torch_cuda_initialized: bool | None = None
     exitcode: int | None = None
     stdout: str = ""

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from enum import Enum
 
-__all__ = ["Label", "ScanStatus", "Verdict", "combine"]
+__all__ = ["Evidence", "Label", "ScanStatus", "Verdict", "combine"]
 
 
 class Label(str, Enum):
@@ -41,6 +41,15 @@ class ScanStatus(Label):
     EXITED = "exited"
     CHANNEL_LOST = "channel-lost"
     ERROR = "error"  # the scan itself could not run (diagtools' own error): no subkernel ended
+
+
+class Evidence(Label):
+    """How the moment CUDA got initialized was caught (the renderers say it in words)."""
+
+    DRIVER_HOOK = "driver-hook"  # the driver called back during cuInit
+    INFERRED = "driver-hook-inferred"  # the simulated driver inferred a cuInit from a runtime's export-table request
+    TRACE = "trace"  # a line-traced rerun
+    STATE_PROBE = "state-probe"  # the driver's state changed between two observations
 
 
 def combine(verdicts: Iterable[Verdict]) -> Verdict:

@@ -16,7 +16,7 @@ from diagtools.model.sweep import RootCause, SweepResult
 from diagtools.model.verdict import Verdict
 from diagtools.render.ordering import ModuleGroups, group_modules
 from diagtools.render.paths import shareable, short_path
-from diagtools.render.text import headline_words, hook_note, try_text
+from diagtools.render.text import evidence_words, headline_words, hook_note, try_text
 
 __all__ = [
     "bench_table_html",
@@ -83,7 +83,7 @@ def _site_html(label: str, site: Site) -> str:
 def _culprit_html(culprit: Culprit, headline: Headline | None = None) -> str:
     parts = [
         f"<p>Culprit: <code>{escape(culprit.module or '(no module)')}</code> ({escape(culprit.phase)}, "
-        f"evidence: {escape(culprit.evidence)})</p>"
+        f"evidence: {escape(evidence_words(culprit))})</p>"
     ]
     if culprit.chain:
         parts.append("<p>Chain: " + " &rarr; ".join(f"<code>{escape(m)}</code>" for m in culprit.chain) + "</p>")

@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, ParamSpec
 
+from diagtools.model.verdict import Evidence
 from diagtools.render.paths import display_path, short_path
 
 if TYPE_CHECKING:  # the result types are only read here; a scan's report loads no replay, sweep or diff model
@@ -99,15 +100,28 @@ def render_scan(result: ScanResult, *, stack: bool = False) -> str:
     return "\n".join(lines)
 
 
+EVIDENCE_WORDS = {
+    Evidence.DRIVER_HOOK: "driver-hook",
+    Evidence.INFERRED: "driver-hook, inferred from the CUDA runtime's export-table request (no cuInit call was seen)",
+    Evidence.TRACE: "trace (a line-traced rerun)",
+    Evidence.STATE_PROBE: "state-probe (the driver's state changed between two observations)",
+}
+
+
+def evidence_words(culprit: Culprit) -> str:
+    """How the moment was caught, in words."""
+    return EVIDENCE_WORDS[culprit.evidence]
+
+
 def hook_note(result: ScanResult) -> str:
     """On the real driver, when its injection hook stayed silent: how the moment was found instead."""
     culprit = result.culprit
-    if result.driver.kind != "real" or culprit is None or culprit.evidence == "driver-hook":
+    if result.driver.kind != "real" or culprit is None or culprit.evidence is Evidence.DRIVER_HOOK:
         return ""
     return (
         "the driver never called the injection library (CUDA_INJECTION64_PATH: an old driver, or the library did "
         "not load), so the moment was found from the driver's state"
-        + (" and a line-traced rerun" if culprit.evidence == "trace" else "")
+        + (" and a line-traced rerun" if culprit.evidence is Evidence.TRACE else "")
     )
 
 
@@ -188,7 +202,7 @@ def culprit_details(
     lines += change_lines(culprit, headline, indent)
     if culprit.context:
         lines.append(f"{indent}while: {_one_line(culprit.context)}")
-    lines.append(f"{indent}evidence: {culprit.evidence} (phase {culprit.phase})")
+    lines.append(f"{indent}evidence: {evidence_words(culprit)} (phase {culprit.phase})")
     if (stack and culprit.chain_imports) or (imports and any(culprit.chain_imports)):
         lines.append(f"{indent}imports (importer -> imported at the import line):")
         lines += [_edge_line(edge, indent) for edge in culprit.import_edges()]

@@ -23,7 +23,7 @@ from diagtools.model.scan import (
     ScanResult,
     Site,
     StartupInfo,
-    TargetError,
+    TargetFailure,
 )
 from diagtools.model.verdict import ScanStatus
 from diagtools.runner.subkernel import RawRun
@@ -157,14 +157,14 @@ def _format_traceback(frames: Sequence[Sequence[Any]], message: str) -> str:
     return "\n".join(lines)
 
 
-def _import_error(event: dict[str, Any]) -> TargetError:
+def _import_error(event: dict[str, Any]) -> TargetFailure:
     frames = event.get("tb") or []
     file, line = event.get("file"), event.get("line")
     if file is None:
         innermost = pick_site(list(reversed(frames)))
         file, line = (innermost.file, innermost.line) if innermost else (None, None)
     message = capped(f"{event['target']}: {event['msg']}")
-    return TargetError("import-error", message, _format_traceback(frames, capped(event["msg"])), file, line)
+    return TargetFailure("import-error", message, _format_traceback(frames, capped(event["msg"])), file, line)
 
 
 def _signal_name(number: int) -> str:
@@ -178,7 +178,7 @@ def _exit_words(code: int) -> str:
     return f"{code}" if code >= 0 else f"{-code} ({_signal_name(-code)})"
 
 
-def subkernel_failure(raw: RawRun) -> tuple[ScanStatus, TargetError] | None:
+def subkernel_failure(raw: RawRun) -> tuple[ScanStatus, TargetFailure] | None:
     """``timeout`` or ``crashed`` with the stack dump's innermost frame, ``exited`` when the interpreter never
     started the probe; ``None`` otherwise."""
     code = raw.returncode
@@ -187,16 +187,16 @@ def subkernel_failure(raw: RawRun) -> tuple[ScanStatus, TargetError] | None:
             "the interpreter never ran the probe: it exited with status "
             f"{_exit_words(raw.never_kept)} before starting it (is --python a wrapper that drops its arguments?)"
         )
-        return ScanStatus.EXITED, TargetError("exited", message, raw.stderr.text[-4000:], exitcode=raw.never_kept)
+        return ScanStatus.EXITED, TargetFailure("exited", message, raw.stderr.text[-4000:], exitcode=raw.never_kept)
     if raw.timed_out:
         where = _fault_where(raw.fault_dump)
         message = "the subkernel did not finish in time" + (f"; it was at {where}" if where else "")
-        return ScanStatus.TIMEOUT, TargetError("timeout", message, raw.fault_dump, where=where)
+        return ScanStatus.TIMEOUT, TargetFailure("timeout", message, raw.fault_dump, where=where)
     if code is not None and code < 0:
         name = _signal_name(-code)
         where = _fault_where(raw.fault_dump)
         message = f"the subkernel was killed by {name}" + (f" at {where}" if where else "")
-        return ScanStatus.CRASHED, TargetError("crashed", message, raw.fault_dump, signal=-code, where=where)
+        return ScanStatus.CRASHED, TargetFailure("crashed", message, raw.fault_dump, signal=-code, where=where)
     return None
 
 
@@ -215,7 +215,7 @@ def channel_lost(raw: RawRun, kinds: set[str]) -> bool:
     return raw.returncode == 0 and "hello" not in kinds
 
 
-def _status_and_error(raw: RawRun, events: Sequence[dict[str, Any]]) -> tuple[ScanStatus, TargetError | None]:
+def _status_and_error(raw: RawRun, events: Sequence[dict[str, Any]]) -> tuple[ScanStatus, TargetFailure | None]:
     kinds = {event["e"] for event in events}
     errors = [event for event in events if event["e"] == "error"]
     code = raw.returncode
@@ -223,14 +223,14 @@ def _status_and_error(raw: RawRun, events: Sequence[dict[str, Any]]) -> tuple[Sc
     if failure is not None:
         return failure
     if "done" not in kinds and channel_lost(raw, kinds):
-        return ScanStatus.CHANNEL_LOST, TargetError(
+        return ScanStatus.CHANNEL_LOST, TargetFailure(
             "channel-lost", CHANNEL_LOST_MESSAGE, raw.stderr.text[-4000:], exitcode=code
         )
     if "done" not in kinds:
         exit_events = [event for event in events if event["e"] == "exit"]
         reason = "sys.exit" if exit_events else "os._exit or a closed interpreter"
         message = f"the target ended the subkernel ({reason}) with exit code {code}"
-        return ScanStatus.EXITED, TargetError("exited", message, raw.stderr.text[-4000:], exitcode=code)
+        return ScanStatus.EXITED, TargetFailure("exited", message, raw.stderr.text[-4000:], exitcode=code)
     if errors:
         return ScanStatus.IMPORT_ERROR, _import_error(errors[0])
     return ScanStatus.OK, None

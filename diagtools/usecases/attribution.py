@@ -22,6 +22,7 @@ from typing import Any, Protocol
 from diagtools import agents, protocol
 from diagtools.model.scan import Culprit, Site
 from diagtools.model.site import is_own, own_patterns
+from diagtools.model.verdict import Evidence
 
 __all__ = [
     "EVIDENCE",
@@ -55,9 +56,9 @@ _HIDDEN_FILES = frozenset(
 )
 _HIDDEN_FOLDERS = (str(Path(agents.__file__).resolve().parent / "run_hook") + "/",)
 #: the event kinds that report the first cuInit, most precise first, and the evidence each is
-EVIDENCE = {"cuinit": "driver-hook", "refined": "trace", "transition": "state-probe"}
+EVIDENCE = {"cuinit": Evidence.DRIVER_HOOK, "refined": Evidence.TRACE, "transition": Evidence.STATE_PROBE}
 #: a cuInit the simulated driver inferred from a real CUDA runtime's export-table request (simcuda.c)
-INFERRED_EVIDENCE = "driver-hook, inferred from the CUDA runtime's export-table request (no cuInit call was seen)"
+INFERRED_EVIDENCE = Evidence.INFERRED
 TEXT_LIMIT = 2000  # characters kept of a source line or a message
 FRAME_LIMIT = 200  # frames kept of a stack (the innermost ones)
 _THREAD_MACHINERY = ("/threading.py",)

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 from diagtools import protocol
 from diagtools.errors import CannotDeferError
 from diagtools.model.cuts import Cut, CutKind, CutSearch, CutTry, Edge, Outcome, chain_edges, edge_keys
-from diagtools.model.scan import ScanResult, Site, TargetError
+from diagtools.model.scan import ScanResult, Site, TargetFailure
 from diagtools.model.verdict import ScanStatus, Verdict
 from diagtools.runner.subkernel import RawRun, SubkernelRequest
 
@@ -340,5 +340,5 @@ def sweep_reach(edges: Sequence[Edge], rows: Iterable[SweepRow]) -> int:
     return count
 
 
-def target_error(message: str) -> TargetError:
-    return TargetError("import-error", message)
+def target_error(message: str) -> TargetFailure:
+    return TargetFailure("import-error", message)

@@ -30,7 +30,7 @@ from diagtools.model.replay import (
     ReplayResult,
     ReplayStatus,
 )
-from diagtools.model.scan import DriverInfo, TargetError
+from diagtools.model.scan import DriverInfo, TargetFailure
 from diagtools.runner.subkernel import RawRun, SubkernelRequest, run_subkernel
 from diagtools.usecases.assemble import CHANNEL_LOST_MESSAGE, channel_lost, subkernel_failure
 from diagtools.usecases.interpreter import validate_python
@@ -153,21 +153,23 @@ _CHILD_TO_REPLAY = {
 
 def _replay_status(
     raw: RawRun, events: dict[Any, dict[str, Any]], outcome: ChildOutcome | None
-) -> tuple[ReplayStatus, TargetError | None]:
+) -> tuple[ReplayStatus, TargetFailure | None]:
     setup = events.get("setup")
     if setup is not None and not setup.get("ok"):
-        return ReplayStatus.SETUP_ERROR, TargetError("import-error", setup.get("error", ""), setup.get("traceback", ""))
+        return ReplayStatus.SETUP_ERROR, TargetFailure(
+            "import-error", setup.get("error", ""), setup.get("traceback", "")
+        )
     failure = subkernel_failure(raw)
     if failure is not None:
         status, error = failure
         return ReplayStatus(status.value), error
     if "done" not in events and channel_lost(raw, set(events)):
-        return ReplayStatus.CHANNEL_LOST, TargetError(
+        return ReplayStatus.CHANNEL_LOST, TargetFailure(
             "channel-lost", CHANNEL_LOST_MESSAGE, raw.stderr.text[-4000:], exitcode=raw.returncode
         )
     if outcome is None or "done" not in events:
         message = f"the replay's parent ended before reporting (exit code {raw.returncode})"
-        return ReplayStatus.EXITED, TargetError("exited", message, raw.stderr.text[-4000:], exitcode=raw.returncode)
+        return ReplayStatus.EXITED, TargetFailure("exited", message, raw.stderr.text[-4000:], exitcode=raw.returncode)
     return _CHILD_TO_REPLAY.get(outcome.status, ReplayStatus(outcome.status.value)), None
 
 

@@ -13,7 +13,7 @@ from diagtools import agents, protocol
 from diagtools.driver import build_probe_extension, resolve_driver
 from diagtools.errors import UsageError
 from diagtools.model.options import DEFAULT_SETTLE_S
-from diagtools.model.verdict import Verdict
+from diagtools.model.verdict import Evidence, Verdict
 from diagtools.runner.subkernel import RawRun, SubkernelRequest, run_subkernel
 from diagtools.usecases.interpreter import validate_python
 
@@ -204,7 +204,7 @@ def _assemble(raw: RawRun, targets: tuple[str, ...], driver: DriverInfo, own: tu
 
 
 def _needs_refinement(culprit: Culprit | None) -> bool:
-    return culprit is not None and culprit.evidence == "state-probe" and culprit.module is not None
+    return culprit is not None and culprit.evidence is Evidence.STATE_PROBE and culprit.module is not None
 
 
 def _refine(result: ScanResult, request: SubkernelRequest, runner: Runner, own: tuple[str, ...]) -> ScanResult:
@@ -215,7 +215,8 @@ def _refine(result: ScanResult, request: SubkernelRequest, runner: Runner, own: 
     rerun = _assemble(
         runner(request.with_settings({protocol.SCAN_REFINE: result.culprit.module})), targets, result.driver, own
     )
-    if rerun.culprit is None or rerun.culprit.evidence != "trace" or rerun.culprit.module != result.culprit.module:
+    traced = rerun.culprit
+    if traced is None or traced.evidence is not Evidence.TRACE or traced.module != result.culprit.module:
         return result
     first = result.culprit
     refined = replace(

@@ -21,6 +21,7 @@ from diagtools import agents
 from diagtools.driver import DriverSetup
 from diagtools.model.scan import ScanResult
 from diagtools.model.sweep import SweepRow
+from diagtools.model.verdict import Evidence
 from diagtools.runner.subkernel import RawRun, SubkernelRequest
 from diagtools.runner.zygote_host import ZygoteOutcome, run_zygote
 from diagtools.usecases.assemble import assemble
@@ -122,7 +123,7 @@ def _with_deps(row: SweepRow, deps: tuple[str, ...]) -> SweepRow:
 
 
 def _needs_fresh_scan(row: SweepRow) -> bool:
-    return row.culprit is not None and row.culprit.evidence == "state-probe"
+    return row.culprit is not None and row.culprit.evidence is Evidence.STATE_PROBE
 
 
 class _Collector:

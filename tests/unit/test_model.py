@@ -14,7 +14,8 @@ from diagtools.errors import (
     SchemaError,
     UsageError,
 )
-from diagtools.model.scan import Culprit, DriverInfo, ImportNode, ScanResult, Site, StartupInfo, TargetError
+from diagtools.model.scan import Culprit, DriverInfo, ImportNode, ScanResult, Site, StartupInfo, TargetFailure
+from diagtools.model.verdict import Evidence
 
 
 def sample_result() -> ScanResult:
@@ -30,7 +31,7 @@ def sample_result() -> ScanResult:
         ),
         culprits=(Culprit("pkg.leaf", ("pkg", "pkg.leaf"), site, (site,), "import", "MainThread", "driver-hook"),),
         startup=StartupInfo(False, 12, 0.02),
-        error=TargetError("import-error", "pkg: ValueError: x", "Traceback", "/src/pkg/x.py", 3),
+        error=TargetFailure("import-error", "pkg: ValueError: x", "Traceback", "/src/pkg/x.py", 3),
         torch_cuda_initialized=None,
         exitcode=0,
         stdout="out",
@@ -95,3 +96,12 @@ def test_errors_pickle_and_print_actionably(error):
 
 def test_missing_extra_prints_the_install_line():
     assert "pip install 'diagtools[notebook]'" in str(MissingExtraError("graphviz", "notebook"))
+
+
+def test_evidence_is_a_word_and_an_older_documents_sentence_reads_as_it():
+    culprit = Culprit(module="m", chain=("m",), site=None, stack=(), phase="import", evidence="trace")
+    assert culprit.evidence is Evidence.TRACE
+    old = {**culprit.to_json(), "evidence": "driver-hook, inferred from the CUDA runtime's export-table request"}
+    assert Culprit.from_json(old).evidence is Evidence.INFERRED
+    with pytest.raises(ValueError, match="not a valid Evidence"):
+        Culprit(module="m", chain=(), site=None, stack=(), phase="import", evidence="a sentence of prose")

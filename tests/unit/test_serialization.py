@@ -24,7 +24,7 @@ from diagtools.model.bisect import BisectResult, BisectStep
 from diagtools.model.diff import ScanDiff
 from diagtools.model.replay import ChildOutcome, DriverCall, ParentState, ReplayComparison, ReplayResult
 from diagtools.model.run import ChildSaw, DriverRefusal, Finding, ProcessRecord, ProcessStart, RunResult
-from diagtools.model.scan import Culprit, DriverInfo, ImportNode, ScanResult, Site, StartupInfo, TargetError
+from diagtools.model.scan import Culprit, DriverInfo, ImportNode, ScanResult, Site, StartupInfo, TargetFailure
 from diagtools.model.serial import json_text
 from diagtools.model.sweep import CUDA_SOURCES, SWEEP_MODES, SweepResult, SweepRow
 from diagtools.model.verdict import ScanStatus, Verdict
@@ -243,7 +243,7 @@ SCANS = st.builds(
     ).map(tuple),
     culprits=st.lists(CULPRITS, max_size=1).map(tuple),
     startup=st.builds(StartupInfo, st.booleans(), st.integers(0, 99), st.floats(0, 10)),
-    error=st.none() | st.builds(TargetError, NAMES, TEXT, TEXT, st.none() | TEXT, st.none() | st.integers(0, 99)),
+    error=st.none() | st.builds(TargetFailure, NAMES, TEXT, TEXT, st.none() | TEXT, st.none() | st.integers(0, 99)),
     stdout=TEXT,
 )
 REPLAYS = st.builds(
