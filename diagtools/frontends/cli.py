@@ -13,13 +13,18 @@ import sys
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn, TextIO
 
 from diagtools.errors import DiagtoolsError, ExitCode, Interrupted, SweepInterrupted, Terminated, UsageError
 from diagtools.model.options import DEFAULT_SETTLE_S, DRIVER_CHOICES, START_METHODS
 
 if TYPE_CHECKING:
+    from typing import TypeAlias
+
     from diagtools.runner.subkernel import RawRun, SubkernelRequest
+
+    #: a report: its text, or the function that renders it (rendered where its colours are known)
+    Report: TypeAlias = str | Callable[[], str]
 
 __all__ = ["main", "run"]
 
@@ -410,7 +415,7 @@ def _run_scan(args: argparse.Namespace) -> int:
     )
     from diagtools.render.text import render_scan  # loaded while the subkernel started
 
-    _emit(result.to_json(), render_scan(result, stack=args.stack), args.json)
+    _emit(result.to_json(), lambda: render_scan(result, stack=args.stack), args.json)
     if args.svg:  # after the report: a graph that cannot be drawn loses nothing else
         from diagtools.render.graph import write_svg
 
@@ -438,10 +443,8 @@ def _run_fix(args: argparse.Namespace) -> int:
         sweep=rows,
     )
     written = bool(args.write and result.patch)
-    text = render_fix(result, patch=not written)
-    if written:
-        text += "\n" + _write_fix_files(result, Path(args.write))
-    _emit(result.to_json(), text, args.json)
+    files = "\n" + _write_fix_files(result, Path(args.write)) if written else ""
+    _emit(result.to_json(), lambda: render_fix(result, patch=not written) + files, args.json)
     if result.reason and not result.cut and result.scan.verdict.value == "clean":
         return ExitCode.OK
     return ExitCode.OK if result.verified else ExitCode.TARGET_FAILED
@@ -494,15 +497,15 @@ def _run_replay(args: argparse.Namespace) -> int:
     if args.compare:
         before, after = args.compare
         comparison = compare_replays(args.target, before=before, after=after, **common)
-        _emit(comparison.to_json(), render_comparison(comparison), args.json)
+        _emit(comparison.to_json(), lambda: render_comparison(comparison), args.json)
         failed = [r for _, r in comparison.runs if r.status in REPLAY_BROKEN]
         return ExitCode.TARGET_FAILED if failed else ExitCode.OK
     result = replay_fork(args.target, start_method=args.start_method, **common)
-    _emit(result.to_json(), render_replay(result), args.json)
+    _emit(result.to_json(), lambda: render_replay(result), args.json)
     return ExitCode.TARGET_FAILED if result.status in REPLAY_BROKEN else ExitCode.OK
 
 
-def _emit(document: dict[str, Any], text: str, json_destination: str | None) -> None:
+def _emit(document: dict[str, Any], text: Report, json_destination: str | None) -> None:
     """Write the document and print the report; a file that cannot be written still leaves the report."""
     failure = None
     if json_destination:
@@ -516,15 +519,22 @@ def _emit(document: dict[str, Any], text: str, json_destination: str | None) -> 
         raise failure
 
 
-def _print(text: str) -> None:
-    """Print a report, coloured when stdout is a terminal (``NO_COLOR`` and ``FORCE_COLOR`` respected)."""
+def _print(report: Report, stream: TextIO | None = None) -> None:
+    """Print a report, coloured when the stream is a terminal (``NO_COLOR`` and ``FORCE_COLOR`` respected).
+
+    A report given as a function is rendered here, where the colours are known: its renderers mark what each
+    word means (:mod:`diagtools.render.style`), and only those marks become colour.
+    """
     import os
 
     from diagtools.render.paths import readable
-    from diagtools.render.text import paint, use_color
+    from diagtools.render.style import coloured
+    from diagtools.render.text import use_color
 
-    text = readable(text)
-    print(paint(text) if use_color(sys.stdout.isatty(), os.environ) else text)
+    stream = stream or sys.stdout
+    with coloured(use_color(stream.isatty(), os.environ)) as styling:
+        text = readable(report() if callable(report) else report)
+    print(styling.ansi(text) if styling is not None else text, file=stream, flush=True)
 
 
 def _run_sweep(args: argparse.Namespace) -> int:
@@ -543,10 +553,10 @@ def _run_sweep(args: argparse.Namespace) -> int:
     except SweepInterrupted as exc:
         _write_sweep_files(exc.result, args)  # what it has, for the summary main() prints
         raise
-    _print(render_sweep(result))
+    _print(lambda: render_sweep(result))
     _write_sweep_files(result, args)
     if known is not None:
-        _print(render_baseline(result, known, args.baseline))
+        _print(lambda: render_baseline(result, known, args.baseline))
         return ExitCode.CUDA if result.new_causes(known) else ExitCode.OK
     return ExitCode.CUDA if (args.fail_on_cuda and result.culprits) else ExitCode.OK
 
@@ -598,7 +608,7 @@ def _run_bisect(args: argparse.Namespace) -> int:
         driver=args.driver,
         timeout=args.timeout,
     )
-    _emit(result.to_json(), render_bisect(result), args.json)
+    _emit(result.to_json(), lambda: render_bisect(result), args.json)
     return ExitCode.OK if result.first_bad else ExitCode.TARGET_FAILED
 
 
@@ -629,7 +639,7 @@ def _run_diff(args: argparse.Namespace) -> int:
         except OSError as exc:
             print(render_diff(diff))
             raise UsageError(f"cannot write {args.html}: {exc.strerror or exc}") from None
-    _emit(diff.to_json(), render_diff(diff), args.json)
+    _emit(diff.to_json(), lambda: render_diff(diff), args.json)
     return ExitCode.OK
 
 
@@ -659,7 +669,7 @@ def _run_demo(args: argparse.Namespace) -> int:
         raise UsageError(f"--notebooks {args.notebooks!r} is not a directory")
     notebooks = None if args.no_notebooks else Path(args.notebooks) if args.notebooks else NOTEBOOKS
     report = write_demo_report(Path(args.out), driver=args.driver, notebooks=notebooks)
-    _print(report.summary)
+    _print(lambda: report.summary)
     print(f"report written to {report.index.resolve()}")
     postmortem = report.index.parent / "postmortem.html"
     if postmortem.exists():
@@ -695,13 +705,11 @@ def _run_run(args: argparse.Namespace) -> int:
 
 def _report_run(result: Any, args: argparse.Namespace) -> None:
     """The report on stderr (coloured as a scan's on a terminal), then the files asked for."""
-    from diagtools.render.paths import readable, write_report
+    from diagtools.render.paths import write_report
     from diagtools.render.run_html import run_page
     from diagtools.render.run_text import render_run
-    from diagtools.render.text import paint, use_color
 
-    text = readable(render_run(result))
-    print(paint(text) if use_color(sys.stderr.isatty(), os.environ) else text, file=sys.stderr, flush=True)
+    _print(lambda: render_run(result), sys.stderr)
     for destination, write in (
         (args.json, lambda: _write_json(result.to_json(), args.json)),
         (args.html, lambda: write_report(args.html, run_page(result))),
@@ -791,7 +799,7 @@ def _interrupted_sweep(exc: SweepInterrupted) -> int:
     """Ctrl-C (or SIGTERM/SIGHUP) in a sweep: the summary of what it had, then the signal's exit code."""
     from diagtools.render.text import render_sweep
 
-    _print(render_sweep(exc.result))  # type: ignore[arg-type]
+    _print(lambda: render_sweep(exc.result))  # type: ignore[arg-type]
     return _stopped(exc)
 
 

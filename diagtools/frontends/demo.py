@@ -12,8 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from diagtools.model.scan import ScanResult
-from diagtools.model.verdict import Verdict
+from diagtools.model.verdict import Tone, Verdict
 from diagtools.render.paths import display_path, shareable
+from diagtools.render.style import toned, verdict_toned
 from diagtools.render.text import render_scan
 from diagtools.specimens import Specimen, all_specimens
 from diagtools.usecases.scan import scan
@@ -87,8 +88,9 @@ class DemoReport:
     def summary(self) -> str:
         lines = [f"driver: {self.outcomes[0].result.driver.describe()}" if self.outcomes else "no specimens"]
         for outcome in self.outcomes:
-            mark = "ok " if outcome.as_expected else "UNEXPECTED"
-            lines.append(f"  [{mark}] {outcome.specimen.name}/{outcome.variant}: {outcome.headline()}")
+            mark = "ok " if outcome.as_expected else toned("UNEXPECTED", Tone.UNKNOWN)  # the run's health: neutral
+            verdict = verdict_toned(outcome.result.verdict, outcome.headline())
+            lines.append(f"  [{mark}] {outcome.specimen.name}/{outcome.variant}: {verdict}")
         for notebook in self.notebooks:
             state = f"FAILED: {notebook.error}" if notebook.error else f"executed in {notebook.seconds:.1f} s"
             lines.append(f"  notebook {notebook.name}: {state}")

@@ -15,7 +15,7 @@ from diagtools.model._display import present
 from diagtools.model.options import START_METHODS
 from diagtools.model.scan import DriverInfo, TargetFailure
 from diagtools.model.serial import Serial
-from diagtools.model.verdict import Label, Verdict, combine
+from diagtools.model.verdict import Label, Tone, Verdict, combine
 
 __all__ = [
     "CHILD_ACTIONS",
@@ -77,14 +77,6 @@ REPLAY_BROKEN = frozenset(
         ReplayStatus.CHANNEL_LOST,
     }
 )
-
-
-class Tone(Label):
-    """How a headline part reads: ``bad`` (a failure, red), ``good`` (passes, green), ``unknown`` (amber)."""
-
-    BAD = "bad"
-    GOOD = "good"
-    UNKNOWN = "unknown"
 
 
 #: One part of a headline: its words and how they read.

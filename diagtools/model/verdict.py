@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from enum import Enum
 
-__all__ = ["Evidence", "Label", "ScanStatus", "Verdict", "combine"]
+__all__ = ["Evidence", "Label", "ScanStatus", "Tone", "Verdict", "combine"]
 
 
 class Label(str, Enum):
@@ -29,6 +29,23 @@ class Verdict(Label):
     INITIALIZES_CUDA = "initializes-cuda"
     CLEAN = "clean"
     UNKNOWN = "unknown"
+
+
+class Tone(Label):
+    """How a word reads in every output: ``bad`` (CUDA initialized, a failure reproduced: red), ``good`` (clean,
+    a fix that passes: green), ``unknown`` (amber).  A run's own health has no tone: it is said in neutral words."""
+
+    BAD = "bad"
+    GOOD = "good"
+    UNKNOWN = "unknown"
+
+
+VERDICT_TONES = {
+    Verdict.POISONED_FORK: Tone.BAD,
+    Verdict.INITIALIZES_CUDA: Tone.BAD,
+    Verdict.CLEAN: Tone.GOOD,
+    Verdict.UNKNOWN: Tone.UNKNOWN,
+}
 
 
 class ScanStatus(Label):

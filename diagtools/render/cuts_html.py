@@ -6,8 +6,8 @@ from html import escape
 from typing import TYPE_CHECKING
 
 from diagtools.render.html import _STYLE, change_html, cuts_html, path_html
+from diagtools.render.lines import OUTCOME_WORDS
 from diagtools.render.paths import display_path, shareable
-from diagtools.render.text import OUTCOME_WORDS
 
 if TYPE_CHECKING:
     from diagtools.model.fix import FixResult

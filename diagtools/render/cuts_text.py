@@ -9,8 +9,11 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from diagtools.model.verdict import Tone
+from diagtools.render.escape import _safe, one_line
+from diagtools.render.lines import OUTCOME_WORDS, change_lines, cut_lines
 from diagtools.render.paths import display_path
-from diagtools.render.text import OUTCOME_WORDS, _safe, change_lines, cut_lines, one_line
+from diagtools.render.style import toned, verdict_toned
 
 if TYPE_CHECKING:
     from diagtools.model.fix import FixResult
@@ -25,7 +28,7 @@ def render_fix(fix: FixResult, *, patch: bool = True) -> str:
     scan = fix.scan
     lines = [f"diagtools fix {' '.join(map(one_line, scan.targets))}"]
     lines.append(f"  driver: {one_line(replace(scan.driver, library=display_path(scan.driver.library)).describe())}")
-    lines.append(f"  verdict: {scan.verdict}")
+    lines.append(f"  verdict: {verdict_toned(scan.verdict)}")
     if scan.culprit is not None:
         lines.append(f"  culprit: {one_line(scan.culprit.module)}")
         lines.append(f"    chain: {' -> '.join(map(one_line, scan.culprit.chain))}")
@@ -57,7 +60,7 @@ def _patch_lines(fix: FixResult) -> list[str]:
         lines.append(one_line(f"    {change.path}{lazy}{moved}"))
     check = fix.check
     if check is not None:
-        state = "passed" if check.passed else "FAILED"
+        state = toned("passed", Tone.GOOD) if check.passed else toned("FAILED", Tone.BAD)
         lines.append(f"  check on a temporary copy: {state}")
         lines.append(
             f"    rescan with the patch: {OUTCOME_WORDS[check.rescan]}" + (f" ({check.reason})" if check.reason else "")

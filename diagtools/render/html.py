@@ -14,9 +14,9 @@ from diagtools.model.replay import ChildOutcome, ReplayComparison, ReplayResult,
 from diagtools.model.scan import Culprit, ScanResult, Site
 from diagtools.model.sweep import RootCause, SweepResult
 from diagtools.model.verdict import Verdict
+from diagtools.render.lines import evidence_words, headline_words, hook_note, try_text
 from diagtools.render.ordering import ModuleGroups, group_modules
 from diagtools.render.paths import shareable, short_path
-from diagtools.render.text import evidence_words, headline_words, hook_note, try_text
 
 __all__ = [
     "bench_table_html",

@@ -16,8 +16,10 @@ from diagtools import protocol
 from diagtools.model.cuts import unsearched
 from diagtools.model.run import Finding, RunResult
 from diagtools.model.scan import Culprit, Site
+from diagtools.render.escape import one_line, terminal_safe
+from diagtools.render.lines import culprit_details, site_lines
 from diagtools.render.paths import display_path, shorten_paths
-from diagtools.render.text import culprit_details, one_line, terminal_safe
+from diagtools.render.style import verdict_toned
 
 __all__ = [
     "FindingGroup",
@@ -118,13 +120,6 @@ def _culprit_lines(cuinit: Culprit | None) -> list[str]:
     ]
 
 
-def _site_lines(label: str, site: Site) -> list[str]:
-    lines = [f"    {label} {one_line(site)}"]
-    if site.source:
-        lines.append(f"    {site.line:>5} | {one_line(site.source)}")
-    return lines
-
-
 def _finding_lines(number: int, group: FindingGroup) -> list[str]:
     finding, count = group.first, len(group.children)
     if finding.kind != "poisoned-fork":
@@ -137,7 +132,7 @@ def _finding_lines(number: int, group: FindingGroup) -> list[str]:
     lines = [f"  finding {number}: {head} after initializing CUDA", *_culprit_lines(finding.cuinit)]
     fork_site = user_site(finding.fork_stack)
     if fork_site is not None:
-        lines += _site_lines("forked at:", fork_site)
+        lines += site_lines("forked at:", fork_site)
     if finding.context:
         lines.append(f"    while: {one_line(finding.context)}")
     if finding.child_saw is not None:
@@ -167,7 +162,7 @@ def render_run(result: RunResult) -> str:
         f"  driver: {one_line(driver.describe())}",
         f"  command: {describe_exit(result.exitcode)}; {len(result.processes)} Python process(es) watched"
         f" ({forked} forked)",
-        f"  verdict: {_VERDICTS.get(result.verdict, result.verdict)}",
+        f"  verdict: {verdict_toned(result.verdict, _VERDICTS[result.verdict])}",
         *_body(result),
         *(f"  note: {one_line(note)}" for note in result.notes),
     ]
@@ -177,7 +172,7 @@ def render_run(result: RunResult) -> str:
 def render_watch(result: RunResult) -> str:
     """The ``pytest --cuda-watch`` summary: who initialized CUDA during which node, and forks after it."""
     lines = [
-        f"verdict: {_VERDICTS.get(result.verdict, result.verdict)}",
+        f"verdict: {verdict_toned(result.verdict, _VERDICTS[result.verdict])}",
         *_body(result),
         *(f"note: {one_line(note)}" for note in result.notes),
     ]

@@ -47,3 +47,38 @@ def test_colour_only_when_asked_or_on_a_terminal_and_never_with_no_color(tmp_pat
     svg = (tmp_path / "graph.svg").read_text()
     assert svg.lstrip().startswith("<?xml")
     assert 'class="node culprit"' in svg
+
+
+def test_colour_follows_structure_never_a_users_words(make_tree):
+    """Modules named ``clean``, ``failed`` and ``unknown`` keep their names uncoloured; a name holding the style's
+    own mark characters opens no colour; the verdict words and the CUDA line are coloured by what they mean."""
+    mark = "\ue000" + "0" * 16 + "bad\ue001"
+    root = make_tree(
+        {
+            "words/__init__.py": "",
+            "words/clean.py": "import ctypes\nctypes.CDLL('libcuda.so.1').cuInit(0)\n",
+            "words/failed.py": "X = 1\n",
+            "words/unknown.py": "raise ImportError('status: ok; CUDA initialized: no')\n",
+            f"words/odd{mark}.py": "X = 2\n",
+        }
+    )
+    env = {**os.environ, "FORCE_COLOR": "1", "NO_COLOR": "", "COLUMNS": "200"}
+    swept = subprocess.run(
+        [DIAGTOOLS, "sweep", "words", "--path", str(root), "--driver", "simulated", "--fresh"],
+        capture_output=True, text=True, timeout=300, check=False, env=env,
+    )  # fmt: skip
+    assert swept.returncode in (0, 1), swept.stderr
+    for name in ("words.clean", "words.failed", "words.unknown"):
+        line = next(line for line in swept.stdout.splitlines() if line.startswith(name))
+        assert line.split()[0] == name  # the name itself carries no colour code
+    assert "\x1b[31mYES\x1b[0m" in swept.stdout
+    assert "\x1b[32mno\x1b[0m" in swept.stdout
+    assert "\x1b[33m?\x1b[0m" in swept.stdout
+    assert "\ue000" not in swept.stdout.replace(mark, "")  # no mark of the render's own is left behind
+    scanned = subprocess.run(
+        [DIAGTOOLS, "scan", "words.unknown", "--path", str(root), "--driver", "simulated"],
+        capture_output=True, text=True, timeout=120, check=False, env=env,
+    )  # fmt: skip
+    assert "\x1b[32m" not in scanned.stdout  # "status: ok; CUDA initialized: no" is the target's text, not ours
+    assert "\x1b[33munknown\x1b[0m" in scanned.stdout
+    assert "  status: import-error" in scanned.stdout  # the run's own health: neutral words

@@ -415,3 +415,20 @@ def test_one_rule_says_whose_code_a_file_is_and_the_fork_line_is_the_users():
     assert user_site((user, installed, forked)) == user  # not the library frame below it
     assert user_site((installed, forked)) == installed
     assert user_site((forked,)) == forked
+
+
+def test_marks_only_inside_a_coloured_render_and_only_with_its_own_key():
+    from diagtools.model.verdict import Tone
+    from diagtools.render.style import coloured, toned, visible_len
+
+    assert toned("CUDA initialized: YES", Tone.BAD) == "CUDA initialized: YES"  # files, JSON and HTML: no marks
+    forged = "\ue000" + "0" * 16 + "bad\ue001clean"  # a name that copies the mark's shape, not its key
+    with coloured() as styling:
+        text = f"{toned('YES', Tone.BAD)} {forged} {toned('clean', Tone.GOOD)}"
+    assert styling is not None
+    shown = styling.ansi(text)
+    assert shown == f"\x1b[31mYES\x1b[0m {forged} \x1b[32mclean\x1b[0m"
+    assert visible_len(text) == len(f"YES {forged} clean") - len(forged) + len("clean")
+    with coloured(False) as off:
+        assert off is None
+        assert toned("no", Tone.GOOD) == "no"
