@@ -6,7 +6,6 @@ import argparse
 import atexit
 import gc
 import json
-import math
 import os
 import signal
 import sys
@@ -16,7 +15,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, TextIO
 
 from diagtools.errors import DiagtoolsError, ExitCode, Interrupted, SweepInterrupted, Terminated, UsageError
-from diagtools.model.options import DEFAULT_SETTLE_S, DRIVER_CHOICES, START_METHODS
+from diagtools.model.options import (
+    DEFAULT_SETTLE_S,
+    DEFAULT_TIMEOUT_S,
+    DRIVER_CHOICES,
+    START_METHODS,
+    timeout_problem,
+)
 
 if TYPE_CHECKING:
     from typing import TypeAlias
@@ -28,18 +33,15 @@ if TYPE_CHECKING:
 
 __all__ = ["main", "run"]
 
-MAX_TIMEOUT_S = 7 * 24 * 3600.0
-
 
 def _timeout(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"--timeout {text!r} is not a number of seconds") from None
-    if not math.isfinite(value) or not 0 < value <= MAX_TIMEOUT_S:
-        raise argparse.ArgumentTypeError(
-            f"--timeout must be finite, positive and at most {MAX_TIMEOUT_S:.0f} s, got {text!r}"
-        )
+    problem = timeout_problem(value)
+    if problem:
+        raise argparse.ArgumentTypeError(problem.replace(f"got {value}", f"got {text!r}"))
     return value
 
 
@@ -74,9 +76,9 @@ def _build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"diagtools {_version()}")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     named = _command_named(argv)
-    for name, (text, add_arguments) in _COMMANDS.items():
+    for name, (text, common, add_arguments) in _COMMANDS.items():
         if named in (None, name):
-            add_arguments(commands.add_parser(name, help=text))
+            add_arguments(commands.add_parser(name, help=text, parents=[common()]))
     return parser
 
 
@@ -109,10 +111,6 @@ def _add_debug(parser: argparse.ArgumentParser) -> None:
 
 def _add_scan(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("targets", nargs="+", metavar="TARGET", help="module to import, e.g. pkg.ops")
-    parser.add_argument("--path", action="append", default=[], metavar="DIR", help="prepend DIR to sys.path")
-    parser.add_argument("--driver", choices=DRIVER_CHOICES, default="auto", help=DRIVER_HELP)
-    parser.add_argument("--timeout", type=_timeout, default=120.0, metavar="S", help=TIMEOUT_HELP)
-    parser.add_argument("--json", metavar="FILE|-", help="write the diagtools.scan/1 document ('-' for stdout)")
     parser.add_argument(
         "--settle",
         type=float,
@@ -129,31 +127,53 @@ def _add_scan(parser: argparse.ArgumentParser) -> None:
         action="store_false",
         help="do not search where to cut (by default each candidate cut is verified by scanning again)",
     )
-    _add_own(parser)
-    _add_python(parser)
-    _add_debug(parser)
 
 
 def _add_fix(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("target", metavar="TARGET", help="module whose import initializes CUDA, e.g. pkg.ops")
-    parser.add_argument("--path", action="append", default=[], metavar="DIR", help="prepend DIR to sys.path")
     parser.add_argument(
         "--write",
         metavar="PATCH",
         help="write the patch to PATCH and the guard test beside it (default: print both; nothing is ever written "
         "into your source tree)",
     )
-    parser.add_argument("--json", metavar="FILE|-", help="write the diagtools.fix/1 document ('-' for stdout)")
     parser.add_argument(
         "--sweep",
         metavar="JOURNAL",
         help="a sweep journal or summary of the same code: say how many modules each cut reaches",
     )
-    parser.add_argument("--driver", choices=DRIVER_CHOICES, default="auto", help=DRIVER_HELP)
-    parser.add_argument("--timeout", type=_timeout, default=120.0, metavar="S", help=TIMEOUT_HELP)
-    _add_own(parser)
-    _add_python(parser)
+
+
+def _common(
+    *,
+    path: bool = False,
+    driver: bool = False,
+    timeout: float | None = None,
+    document: str | None = None,
+    own: bool = False,
+    python: bool = False,
+) -> argparse.ArgumentParser:
+    """A parent parser with the options commands share, each written once: ``--path``, ``--driver``,
+    ``--timeout`` (with this command's default), ``--json`` (writing this ``document``), ``--own``, ``--python``
+    and a ``--debug`` accepted after the command too."""
+    parser = argparse.ArgumentParser(add_help=False)
+    if path:
+        parser.add_argument("--path", action="append", default=[], metavar="DIR", help="prepend DIR to sys.path")
+    if driver:
+        parser.add_argument("--driver", choices=DRIVER_CHOICES, default="auto", help=DRIVER_HELP)
+    if timeout is not None:
+        parser.add_argument("--timeout", type=_timeout, default=timeout, metavar="S", help=TIMEOUT_HELP)
+    if document is not None:
+        parser.add_argument("--json", metavar="FILE|-", help=f"write the {document} document ('-' for stdout)")
+    if own:
+        _add_own(parser)
+    if python:
+        _add_python(parser)
     _add_debug(parser)
+    return parser
+
+
+_SUBKERNEL: dict[str, Any] = {"path": True, "driver": True, "timeout": DEFAULT_TIMEOUT_S, "python": True}
 
 
 def _add_python(parser: argparse.ArgumentParser) -> None:
@@ -177,7 +197,6 @@ def _add_own(parser: argparse.ArgumentParser) -> None:
 
 def _add_replay(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("target", metavar="TARGET", help="module the parent imports before starting the child")
-    parser.add_argument("--path", action="append", default=[], metavar="DIR", help="prepend DIR to sys.path")
     parser.add_argument(
         "--child",
         default="cuinit",
@@ -193,20 +212,12 @@ def _add_replay(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--compare", nargs=2, metavar=("BEFORE", "AFTER"), help="replay on both trees, under fork and spawn"
     )
-    parser.add_argument("--driver", choices=DRIVER_CHOICES, default="auto", help=DRIVER_HELP)
-    parser.add_argument("--timeout", type=_timeout, default=60.0, metavar="S", help=TIMEOUT_HELP)
-    parser.add_argument("--json", metavar="FILE|-", help="write the diagtools.replay/1 document ('-' for stdout)")
-    _add_python(parser)
-    _add_debug(parser)
 
 
 def _add_sweep(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("package", metavar="PACKAGE", help="package whose submodules are scanned one by one")
-    parser.add_argument("--path", action="append", default=[], metavar="DIR", help="prepend DIR to sys.path")
     parser.add_argument("--jobs", type=int, default=None, metavar="N", help="parallel subkernels (default: CPUs)")
     parser.add_argument("--json", metavar="FILE", help="JSON Lines journal: appended as modules finish, resumed")
-    parser.add_argument("--driver", choices=DRIVER_CHOICES, default="auto", help=DRIVER_HELP)
-    parser.add_argument("--timeout", type=_timeout, default=120.0, metavar="S", help=TIMEOUT_HELP)
     parser.add_argument("--fail-on-cuda", action="store_true", help="exit 1 when any module initializes CUDA")
     parser.add_argument(
         "--preload",
@@ -236,9 +247,6 @@ def _add_sweep(parser: argparse.ArgumentParser) -> None:
         help="after the sweep, verify a cut for each root cause (its line to change; a few scans per cause)",
     )
     parser.add_argument("--html", metavar="FILE", help="write the root-cause summary as an HTML page")
-    _add_own(parser)
-    _add_python(parser)
-    _add_debug(parser)
 
 
 def _add_bisect(parser: argparse.ArgumentParser) -> None:
@@ -247,18 +255,12 @@ def _add_bisect(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--good", required=True, metavar="REV", help="a commit where the import is clean")
     parser.add_argument("--bad", required=True, metavar="REV", help="a commit where it initializes CUDA")
     parser.add_argument("--path-in-repo", default="", metavar="SUBDIR", help="import root inside the repository")
-    parser.add_argument("--driver", choices=DRIVER_CHOICES, default="auto", help=DRIVER_HELP)
-    parser.add_argument("--timeout", type=_timeout, default=120.0, metavar="S", help=TIMEOUT_HELP)
-    parser.add_argument("--json", metavar="FILE|-", help="write the diagtools.bisect/1 document")
-    _add_debug(parser)
 
 
 def _add_diff(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("before", metavar="BEFORE.json", help="a diagtools.scan/1 document: the known-good state")
     parser.add_argument("after", metavar="AFTER.json", help="a diagtools.scan/1 document: the state to judge")
     parser.add_argument("--html", metavar="FILE", help="also write the diff as HTML")
-    parser.add_argument("--json", metavar="FILE|-", help="write the diagtools.diff/1 document")
-    _add_debug(parser)
 
 
 def _size(text: str) -> tuple[int, int]:
@@ -280,10 +282,7 @@ def _add_bench(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--ratio", type=int, default=4, help="compression ratio: tokens merged per compressed row (default %(default)s)"
     )
-    parser.add_argument("--driver", choices=DRIVER_CHOICES, default="auto", help=DRIVER_HELP)
-    parser.add_argument("--json", metavar="FILE|-", help="write the diagtools.bench/1 document")
     parser.add_argument("--chart", metavar="PNG", help="write a bar chart of GB/s")
-    _add_debug(parser)
 
 
 def _add_demo(parser: argparse.ArgumentParser) -> None:
@@ -294,13 +293,10 @@ def _add_demo(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--notebooks", metavar="DIR", help="the notebooks to run (default: the source checkout's notebooks/)"
     )
-    parser.add_argument("--driver", choices=DRIVER_CHOICES, default="auto", help=DRIVER_HELP)
-    _add_debug(parser)
 
 
 def _add_run(parser: argparse.ArgumentParser) -> None:
     parser.usage = "diagtools run [--driver D] [--json FILE|-] [--html FILE] [--timeout S] -- COMMAND [ARGS...]"
-    parser.add_argument("--driver", choices=DRIVER_CHOICES, default="auto", help=DRIVER_HELP)
     parser.add_argument(
         "--json", metavar="FILE|-", help="write diagtools.run/1 ('-': stdout; the command's stdout then goes to stderr)"
     )
@@ -313,19 +309,43 @@ def _add_run(parser: argparse.ArgumentParser) -> None:
         help="kill the whole tree after S seconds (default: no limit)",
     )
     parser.add_argument("argv", nargs=argparse.REMAINDER, metavar="COMMAND", help="the command, after --")
-    _add_debug(parser)
 
 
-_COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] = {
-    "scan": ("import targets in a fresh subkernel and name the culprit", _add_scan),
-    "fix": ("the verified cut as a patch, checked on a copy, with its guard test", _add_fix),
-    "replay": ("reproduce the poisoned-fork failure in a subkernel", _add_replay),
-    "sweep": ("scan every submodule of a package alone, in parallel", _add_sweep),
-    "bisect": ("find the commit that made an import initialize CUDA", _add_bisect),
-    "diff": ("what a fix changed between two scan JSON files", _add_diff),
-    "bench": ("time the compress_norm_rope_store kernels side by side", _add_bench),
-    "demo": ("scan the built-in specimens and write a report", _add_demo),
-    "run": ("run a command and catch a fork after CUDA was initialized", _add_run),
+_Commands = dict[str, tuple[str, Callable[[], argparse.ArgumentParser], Callable[[argparse.ArgumentParser], None]]]
+_COMMANDS: _Commands = {
+    "scan": (
+        "import targets in a fresh subkernel and name the culprit",
+        lambda: _common(**_SUBKERNEL, document="diagtools.scan/1", own=True),
+        _add_scan,
+    ),
+    "fix": (
+        "the verified cut as a patch, checked on a copy, with its guard test",
+        lambda: _common(**_SUBKERNEL, document="diagtools.fix/1", own=True),
+        _add_fix,
+    ),
+    "replay": (
+        "reproduce the poisoned-fork failure in a subkernel",
+        lambda: _common(**{**_SUBKERNEL, "timeout": 60.0}, document="diagtools.replay/1"),
+        _add_replay,
+    ),
+    "sweep": (
+        "scan every submodule of a package alone, in parallel",
+        lambda: _common(**_SUBKERNEL, own=True),
+        _add_sweep,
+    ),
+    "bisect": (
+        "find the commit that made an import initialize CUDA",
+        lambda: _common(driver=True, timeout=DEFAULT_TIMEOUT_S, document="diagtools.bisect/1"),
+        _add_bisect,
+    ),
+    "diff": ("what a fix changed between two scan JSON files", lambda: _common(document="diagtools.diff/1"), _add_diff),
+    "bench": (
+        "time the compress_norm_rope_store kernels side by side",
+        lambda: _common(driver=True, document="diagtools.bench/1"),
+        _add_bench,
+    ),
+    "demo": ("scan the built-in specimens and write a report", lambda: _common(driver=True), _add_demo),
+    "run": ("run a command and catch a fork after CUDA was initialized", lambda: _common(driver=True), _add_run),
 }
 
 

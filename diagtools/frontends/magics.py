@@ -18,6 +18,7 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 
 from diagtools.driver import DRIVER_CHOICES
 from diagtools.errors import DiagtoolsError
+from diagtools.model.options import DEFAULT_TIMEOUT_S
 from diagtools.model.run import RunResult
 
 __all__ = ["DiagtoolsMagics", "load_ipython_extension"]
@@ -45,7 +46,7 @@ class DiagtoolsMagics(Magics):
     @argument("target", nargs="+", help="module(s) to import in a fresh subkernel")
     @argument("--path", action="append", default=[], help="directory to put first on sys.path")
     @argument("--driver", choices=DRIVER_CHOICES, default="auto", help=DRIVER_HELP)
-    @argument("--timeout", type=float, default=120.0, help="seconds before the subkernel is stopped")
+    @argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, help="seconds before the subkernel is stopped")
     @argument("--no-cuts", dest="cuts", action="store_false", help="do not search (and verify) where to cut")
     @line_magic
     def cuda_scan(self, line: str) -> Any:

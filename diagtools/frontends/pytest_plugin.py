@@ -30,11 +30,17 @@ from typing import Any
 
 import pytest
 
+from diagtools.model.options import DEFAULT_TIMEOUT_S
+
 __all__ = ["assert_import_cuda_free"]
 
 
 def assert_import_cuda_free(
-    module: str, *, path: Iterable[str | os.PathLike[str]] = (), driver: str = "auto", timeout: float = 120.0
+    module: str,
+    *,
+    path: Iterable[str | os.PathLike[str]] = (),
+    driver: str = "auto",
+    timeout: float = DEFAULT_TIMEOUT_S,
 ) -> Any:
     """Fail unless importing ``module`` in a fresh subkernel leaves CUDA uninitialized.
 

@@ -24,9 +24,10 @@ from typing import Any
 from diagtools.errors import UsageError
 from diagtools.model.bisect import BisectResult, BisectStep
 from diagtools.model.cuts import Edge, regression
+from diagtools.model.options import DEFAULT_TIMEOUT_S
 from diagtools.model.scan import Culprit, ScanResult, Site
 from diagtools.usecases.bisect_step import BAD, GOOD, scan_at, verdict
-from diagtools.usecases.scan import validate_targets, validate_timeout
+from diagtools.usecases.options import validate_targets, validate_timeout
 
 __all__ = ["bisect"]
 
@@ -142,7 +143,7 @@ def bisect(
     *,
     path_in_repo: str = "",
     driver: str = "auto",
-    timeout: float = 120.0,
+    timeout: float = DEFAULT_TIMEOUT_S,
 ) -> BisectResult:
     """Find the first commit between ``good`` and ``bad`` where importing ``target`` initializes CUDA."""
     (name,) = validate_targets(target)

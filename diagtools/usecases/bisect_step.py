@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 
+from diagtools.model.options import DEFAULT_TIMEOUT_S
 from diagtools.model.scan import ScanResult
 from diagtools.usecases.scan import scan
 
@@ -46,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("target")
     parser.add_argument("--path", required=True)
     parser.add_argument("--driver", default="auto")
-    parser.add_argument("--timeout", type=float, default=120.0)
+    parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S)
     args = parser.parse_args(argv)
     try:
         code, record = verdict(args.target, args.path, args.driver, args.timeout)

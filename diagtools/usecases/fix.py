@@ -18,16 +18,19 @@ import re
 import tempfile
 import tokenize
 from collections.abc import Iterable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from diagtools import agents, protocol
 from diagtools.model.cuts import Outcome
 from diagtools.model.fix import Caller, FileChange, FixResult, NameCheck, PatchCheck
+from diagtools.model.options import DEFAULT_TIMEOUT_S
 from diagtools.model.site import Site, is_own, own_patterns
 from diagtools.model.verdict import ScanStatus, Verdict
 from diagtools.runner.subkernel import RawRun, SubkernelRequest, run_subkernel
 from diagtools.usecases.cuts import encoding_of, rewrite
+from diagtools.usecases.options import ScanOptions, validate_targets
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -48,7 +51,7 @@ def fix(
     *,
     path: str | os.PathLike[str] | Iterable[str | os.PathLike[str]] = (),
     driver: str = "auto",
-    timeout: float = 120.0,
+    timeout: float = DEFAULT_TIMEOUT_S,
     own: str | Iterable[str] = (),
     python: str | os.PathLike[str] | None = None,
     sweep: Iterable[SweepRow] = (),
@@ -59,12 +62,10 @@ def fix(
     The arguments are :func:`diagtools.scan`'s.  The result renders in a
     notebook; ``result.patch`` applies with ``git apply`` in ``result.root``.
     """
-    from diagtools.usecases.scan import scan, validate_paths
+    from diagtools.usecases.scan import scan_with
 
-    roots = validate_paths(path)
-    result = scan(
-        target, path=roots, driver=driver, timeout=timeout, own=own, python=python, sweep=sweep, runner=runner
-    )
+    options = ScanOptions.of(path=path, driver=driver, timeout=timeout, own=own, python=python)
+    result = scan_with(validate_targets(target), options, sweep=sweep, runner=runner)
     if result.verdict != Verdict.INITIALIZES_CUDA:
         why = "nothing to fix: importing it leaves CUDA uninitialized"
         if result.verdict == Verdict.UNKNOWN:
@@ -79,7 +80,7 @@ def fix(
     modules = _modules_of(cut.edges)
     base = patch_root([(change.file, modules[change.file]) for change in made.deferred])
     changes = tuple(FileChange(c.file, os.path.relpath(c.file, base), c.names, c.moved) for c in made.deferred)
-    check = check_patch(result, made.deferred, modules, roots, timeout=timeout, python=python, runner=runner)
+    check = check_patch(result, made.deferred, modules, options, runner=runner)
     return FixResult(
         scan=result,
         cut=cut,
@@ -191,39 +192,24 @@ def check_patch(
     result: ScanResult,
     deferred: Sequence[Deferred],
     modules: dict[str, str],
-    roots: Sequence[str],
+    options: ScanOptions,
     *,
-    timeout: float,
-    python: str | os.PathLike[str] | None,
     runner: Callable[[SubkernelRequest], RawRun],
 ) -> PatchCheck:
     """Apply the changes to a temporary copy, rescan the target there, and resolve every lazy name."""
-    from diagtools.usecases.scan import scan
+    from diagtools.usecases.scan import scan_with
 
     with tempfile.TemporaryDirectory(prefix="diagtools-fix-") as copy:
         try:
             written = _copy_with_changes(copy, deferred, modules)
         except OSError as exc:
             return PatchCheck(Outcome.UNKNOWN, reason=f"the temporary copy could not be made: {exc}")
-        search = (copy, *roots)
-        rescan = scan(
-            result.targets,
-            path=search,
-            driver=result.driver.requested,
-            timeout=timeout,
-            own=result.own,
-            python=python,
-            cuts=False,
-            refine=False,
-            runner=runner,
-        )
+        search = (copy, *options.roots)
+        on_copy = replace(options, roots=search, driver=result.driver.requested, own=result.own)
+        rescan = scan_with(result.targets, on_copy, cuts=False, refine=False, runner=runner)
         outcome, reason = _rescan_outcome(rescan, written)
         names = [(modules[change.file], name) for change in deferred for name in change.names]
-        checks = (
-            _resolve(names, search=search, result=result, timeout=timeout, python=python, runner=runner)
-            if names
-            else ()
-        )
+        checks = _resolve(names, on_copy, result=result, runner=runner) if names else ()
     return PatchCheck(outcome, checks, reason, copy)
 
 
@@ -275,23 +261,20 @@ def _rescan_outcome(rescan: ScanResult, written: dict[str, str]) -> tuple[Outcom
 
 def _resolve(
     names: Sequence[tuple[str, str]],
+    options: ScanOptions,
     *,
-    search: Sequence[str],
     result: ScanResult,
-    timeout: float,
-    python: str | os.PathLike[str] | None,
     runner: Callable[[SubkernelRequest], RawRun],
 ) -> tuple[NameCheck, ...]:
     """``from module import name`` for each pair, in a fresh subkernel with the copy first on the path."""
     from diagtools.driver import resolve_driver
-    from diagtools.usecases.interpreter import validate_python
 
     settings = {
         protocol.RESOLVE_NAMES: "\n".join(f"{module} {name}" for module, name in names),
-        protocol.RESOLVE_PATH: "\n".join(search),
+        protocol.RESOLVE_PATH: "\n".join(options.roots),
     }
     setup = resolve_driver(result.driver.requested)
-    raw = runner(SubkernelRequest(RESOLVE_PROGRAM, settings, setup.env, timeout, python=validate_python(python)))
+    raw = runner(SubkernelRequest(RESOLVE_PROGRAM, settings, setup.env, options.timeout, python=options.python))
     seen = {(e["module"], e["name"]): e for e in raw.events if e.get("e") == "resolved"}
     checks = []
     for module, name in names:

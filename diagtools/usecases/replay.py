@@ -34,7 +34,7 @@ from diagtools.model.scan import DriverInfo, TargetFailure
 from diagtools.runner.subkernel import RawRun, SubkernelRequest, run_subkernel
 from diagtools.usecases.assemble import CHANNEL_LOST_MESSAGE, channel_lost, subkernel_failure
 from diagtools.usecases.interpreter import validate_python
-from diagtools.usecases.scan import validate_paths, validate_targets, validate_timeout
+from diagtools.usecases.options import validate_paths, validate_targets, validate_timeout
 
 __all__ = ["ReplaySpec", "assemble_replay", "compare_replays", "replay_fork"]
 

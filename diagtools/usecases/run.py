@@ -38,9 +38,9 @@ from diagtools.errors import DiagtoolsError, Interrupted, UsageError
 from diagtools.model.run import RunResult
 from diagtools.runner.kept import Kept, kill_marked, start_kept
 from diagtools.runner.watch import agent_environment, read_records
+from diagtools.usecases.options import validate_timeout
 from diagtools.usecases.run_assemble import RunOutcome, assemble_run
 from diagtools.usecases.run_watch import agent_cuprobe
-from diagtools.usecases.scan import validate_timeout
 
 __all__ = ["OUTPUT_MODES", "RunInterrupted", "run"]
 

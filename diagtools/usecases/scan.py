@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import re
 import sys
 from collections.abc import Callable, Iterable
 from dataclasses import replace
@@ -12,10 +11,16 @@ from typing import TYPE_CHECKING
 from diagtools import agents, protocol
 from diagtools.driver import build_probe_extension, resolve_driver
 from diagtools.errors import UsageError
-from diagtools.model.options import DEFAULT_SETTLE_S
+from diagtools.model.options import DEFAULT_SETTLE_S, DEFAULT_TIMEOUT_S
 from diagtools.model.verdict import Evidence, Verdict
 from diagtools.runner.subkernel import RawRun, SubkernelRequest, run_subkernel
-from diagtools.usecases.interpreter import validate_python
+from diagtools.usecases.options import (
+    ScanOptions,
+    validate_own,
+    validate_paths,
+    validate_targets,
+    validate_timeout,
+)
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -26,62 +31,19 @@ if TYPE_CHECKING:
 __all__ = [
     "DEFAULT_SETTLE_S",
     "SCAN_PROBE",
+    "ScanOptions",
     "probe_request",
     "scan",
+    "scan_with",
     "validate_own",
     "validate_paths",
     "validate_targets",
     "validate_timeout",
 ]
 
-MAX_TIMEOUT_S = 7 * 24 * 3600.0
-
 SCAN_PROBE = agents.program("scan_probe")
 
 Runner = Callable[[SubkernelRequest], RawRun]
-
-
-def validate_targets(targets: str | Iterable[str]) -> tuple[str, ...]:
-    """Dotted module names, checked before any process starts."""
-    try:
-        names = (targets,) if isinstance(targets, str) else tuple(targets)
-    except TypeError:
-        raise UsageError(f"targets must be a module name or a list of them, got {targets!r}") from None
-    if not names:
-        raise UsageError("no target given: name at least one module to scan")
-    for name in names:
-        if not isinstance(name, str) or not all(part.isidentifier() for part in name.split(".")):
-            raise UsageError(f"{name!r} is not a module name (expected dotted identifiers such as pkg.sub)")
-    return names
-
-
-def validate_timeout(timeout: object) -> float:
-    """Seconds as a finite, positive number (at most a week), checked before any process starts."""
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
-        raise UsageError(f"--timeout must be a number of seconds, got {timeout!r}")
-    if not 0 < timeout <= MAX_TIMEOUT_S:  # also false for NaN
-        raise UsageError(f"--timeout must be finite, positive and at most {MAX_TIMEOUT_S:.0f} s, got {timeout}")
-    return float(timeout)
-
-
-def validate_paths(paths: str | os.PathLike[str] | Iterable[str | os.PathLike[str]]) -> tuple[str, ...]:
-    """Import roots that exist, made absolute so the subkernel's cwd cannot matter."""
-    try:
-        items = (paths,) if isinstance(paths, (str, os.PathLike)) else tuple(paths)
-    except TypeError:
-        raise UsageError(f"path must be a directory or a list of them, got {paths!r}") from None
-    resolved = []
-    for item in items:
-        if not isinstance(item, (str, os.PathLike)):
-            raise UsageError(f"--path entries must be directory names, got {item!r}")
-        text = os.fspath(item)
-        if not isinstance(text, str) or "\n" in text or "\0" in text:
-            raise UsageError(f"--path {text!r} contains a newline or NUL byte, which an import root cannot have")
-        path = os.path.abspath(text)
-        if not os.path.isdir(path):
-            raise UsageError(f"--path {os.fspath(item)!r} is not a directory")
-        resolved.append(path)
-    return tuple(resolved)
 
 
 def scan(
@@ -89,7 +51,7 @@ def scan(
     *,
     path: str | os.PathLike[str] | Iterable[str | os.PathLike[str]] = (),
     driver: str = "auto",
-    timeout: float = 120.0,
+    timeout: float = DEFAULT_TIMEOUT_S,
     settle: float = DEFAULT_SETTLE_S,
     refine: bool = True,
     runner: Runner = run_subkernel,
@@ -138,39 +100,34 @@ def scan(
         modules have one of its edges on their chain (``reach``).
     """
     names = validate_targets(targets)
-    mine = validate_own(own)
-    roots = validate_paths(path)
-    timeout = validate_timeout(timeout)
-    if not 0 <= settle < timeout:
-        raise UsageError(f"--settle must be at least 0 and below the timeout ({timeout} s), got {settle}")
-    interpreter = validate_python(python)
-    setup = resolve_driver(driver)
-    request = probe_request(names, roots, setup.env, timeout, settle, python=interpreter)
-    result = _assemble(runner(request), names, setup.info, mine)
+    options = ScanOptions.of(path=path, driver=driver, timeout=timeout, own=own, python=python)
+    return scan_with(names, options, settle=settle, refine=refine, runner=runner, cuts=cuts, sweep=sweep)
+
+
+def scan_with(
+    names: tuple[str, ...],
+    options: ScanOptions,
+    *,
+    settle: float = DEFAULT_SETTLE_S,
+    refine: bool = True,
+    runner: Runner = run_subkernel,
+    cuts: bool = True,
+    sweep: Iterable[SweepRow] = (),
+) -> ScanResult:
+    """:func:`scan` with its targets and options already validated (a sweep's workers call it per module)."""
+    if not 0 <= settle < options.timeout:
+        raise UsageError(f"--settle must be at least 0 and below the timeout ({options.timeout} s), got {settle}")
+    setup = resolve_driver(options.driver)
+    request = probe_request(names, options.roots, setup.env, options.timeout, settle, python=options.python)
+    result = _assemble(runner(request), names, setup.info, options.own)
     if refine and _needs_refinement(result.culprit):
-        result = _refine(result, request, runner, mine)
+        result = _refine(result, request, runner, options.own)
     if cuts and result.verdict == Verdict.INITIALIZES_CUDA:
         from diagtools.usecases.cuts import Verifier, search_cuts
 
-        verifier = Verifier(request, targets=names, driver=setup.info, own=mine, runner=runner)
+        verifier = Verifier(request, targets=names, driver=setup.info, own=options.own, runner=runner)
         result = result.with_cuts(search_cuts(result, verifier, sweep))
     return result
-
-
-_GLOB = re.compile(r"\[!?[^\].]+\]|[*?]")
-"""One glob element (``*``, ``?``, a ``[...]`` class): it stands for part of an identifier."""
-
-
-def validate_own(own: str | Iterable[str]) -> tuple[str, ...]:
-    """``--own`` patterns: dotted names, optionally with ``*``/``?``/``[]`` globs."""
-    try:
-        patterns = (own,) if isinstance(own, str) else tuple(own)
-    except TypeError:
-        raise UsageError(f"own must be a package name or a list of them, got {own!r}") from None
-    for pattern in patterns:
-        if not isinstance(pattern, str) or not all(part.isidentifier() for part in _GLOB.sub("x", pattern).split(".")):
-            raise UsageError(f"--own {pattern!r} is not a package name or a glob on dotted names (such as vllm.*)")
-    return patterns
 
 
 def probe_request(

@@ -27,11 +27,12 @@ from typing import Any
 
 from diagtools.driver import resolve_driver
 from diagtools.errors import SweepInterrupted, UsageError
+from diagtools.model.options import DEFAULT_TIMEOUT_S
 from diagtools.model.sweep import SweepResult, SweepRow
 from diagtools.model.verdict import ScanStatus
 from diagtools.runner.kept import abort_all
-from diagtools.usecases.interpreter import validate_python
-from diagtools.usecases.scan import scan, validate_own, validate_paths, validate_targets, validate_timeout
+from diagtools.usecases.options import ScanOptions, validate_targets
+from diagtools.usecases.scan import scan_with
 from diagtools.usecases.sweep_discover import SweptTree, discover_modules, locate_tree
 from diagtools.usecases.sweep_forked import ZygotePass, in_package_deps, zygote_pass
 from diagtools.usecases.sweep_journal import Fingerprints, Journal
@@ -81,13 +82,9 @@ class _Plan:
 
     package: str
     root: str
-    roots: tuple[str, ...]
-    driver: str
-    timeout: float
+    options: ScanOptions  # roots, driver, timeout, the user's packages (): the swept package's top level), python
     jobs: int
     preload: tuple[str, ...] | None  # None: fresh subkernels only
-    own: tuple[str, ...] = ()  # the user's packages; () : the swept package's top level
-    python: str = sys.executable  # the subkernels' interpreter
     adapt: bool = True  # grow the preload from what the first children import
 
     @property
@@ -97,7 +94,7 @@ class _Plan:
 
 def _scan_fresh(module: str, plan: _Plan) -> SweepRow:
     started = time.time()
-    result = scan(module, path=plan.roots, driver=plan.driver, timeout=plan.timeout, own=plan.own, python=plan.python)
+    result = scan_with((module,), plan.options)
     row = SweepRow.from_scan(module, result, started, time.time())
     return replace(row, deps=in_package_deps(plan.tree, [node.file for node in result.modules]))
 
@@ -113,14 +110,11 @@ def _zygote_chunk(modules: list[str], plan: _Plan) -> dict[str, Any]:
     done = zygote_pass(
         modules,
         tree=plan.tree,
-        roots=plan.roots,
-        setup=resolve_driver(plan.driver),
+        options=plan.options,
+        setup=resolve_driver(plan.options.driver),
         preload=plan.preload or (),
         jobs=1,
-        timeout=plan.timeout,
         on_row=rows.append,
-        own=plan.own,
-        python=plan.python,
     )
     rows += [_scan_fresh(m, plan) for m in done.leftover]
     return {
@@ -176,14 +170,11 @@ def _run_zygote_here(plan: _Plan, pending: Sequence[str], run: _Run, tree: Swept
     done = zygote_pass(
         pending,
         tree=tree,
-        roots=plan.roots,
-        setup=resolve_driver(plan.driver),
+        options=plan.options,
+        setup=resolve_driver(plan.options.driver),
         preload=plan.preload,
         jobs=plan.jobs,
-        timeout=plan.timeout,
         on_row=run.record,
-        own=plan.own,
-        python=plan.python,
         adapt=plan.adapt,
     )
     if done.leftover:
@@ -221,7 +212,7 @@ def sweep(
     jobs: int | None = None,
     executor: Executor | None = None,
     driver: str = "auto",
-    timeout: float = 120.0,
+    timeout: float = DEFAULT_TIMEOUT_S,
     json_path: str | os.PathLike[str] | None = None,
     progress: Progress | None = None,
     preload: str | Sequence[str] | None = "auto",
@@ -271,23 +262,18 @@ def sweep(
     """
     if jobs is not None and jobs < 1:
         raise UsageError(f"--jobs must be at least 1, got {jobs}")
-    timeout = validate_timeout(timeout)
-    roots = validate_paths(tuple(path))
-    tree = locate_tree(package, roots, exclude)
+    options = ScanOptions.of(path=tuple(path), driver=driver, timeout=timeout, own=own, python=python)
+    tree = locate_tree(package, options.roots, exclude)
     seen_driver = resolve_driver(driver).info  # build the driver once, before the workers start
     plan = _Plan(
         tree.package,
         str(tree.root),
-        roots,
-        driver,
-        timeout,
+        options,
         jobs or os.cpu_count() or 1,
-        None if fresh else _preload_list(tree, roots, preload),
-        validate_own(own),
-        validate_python(python),
+        None if fresh else _preload_list(tree, options.roots, preload),
         bool(adapt),
     )
-    journal = Journal(Path(json_path) if json_path is not None else None, tree.package, roots)
+    journal = Journal(Path(json_path) if json_path is not None else None, tree.package, options.roots)
     fingerprints = Fingerprints(tree)
     started = time.perf_counter()
     with journal:
@@ -311,15 +297,8 @@ def _with_cuts(result: SweepResult, plan: _Plan) -> SweepResult:
     for cause in result.causes:
         if cause.representative is None:
             continue
-        scanned = scan(
-            cause.representative,
-            path=plan.roots,
-            driver=plan.driver,
-            timeout=plan.timeout,
-            own=plan.own or (plan.package.split(".", 1)[0],),
-            python=plan.python,
-            sweep=result.rows,
-        )
+        options = replace(plan.options, own=plan.options.own or (plan.package.split(".", 1)[0],))
+        scanned = scan_with((cause.representative,), options, sweep=result.rows)
         if scanned.cuts is not None:
             searches[cause.key] = scanned.cuts
     return replace(result, cuts=searches)

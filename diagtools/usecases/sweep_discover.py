@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from diagtools.errors import UsageError
-from diagtools.usecases.scan import validate_paths, validate_targets
+from diagtools.usecases.options import validate_paths, validate_targets
 
 __all__ = ["SweptTree", "discover_modules", "locate_tree"]
 

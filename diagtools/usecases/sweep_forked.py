@@ -12,7 +12,6 @@ which refines the site with a line-traced rerun.
 from __future__ import annotations
 
 import os
-import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -25,6 +24,7 @@ from diagtools.model.verdict import Evidence
 from diagtools.runner.subkernel import RawRun, SubkernelRequest
 from diagtools.runner.zygote_host import ZygoteOutcome, run_zygote
 from diagtools.usecases.assemble import assemble
+from diagtools.usecases.options import ScanOptions
 from diagtools.usecases.scan import DEFAULT_SETTLE_S, SCAN_PROBE, probe_request
 from diagtools.usecases.sweep_discover import SweptTree
 
@@ -162,12 +162,12 @@ class _Collector:
             self.learner.decide()
 
 
-def _request(setup: DriverSetup, roots: tuple[str, ...], timeout: float, python: str) -> SubkernelRequest:
+def _request(setup: DriverSetup, options: ScanOptions) -> SubkernelRequest:
     """The scan's own request, run by the zygote: each child settles as a fresh scan waits for the threads a
     module started; the preload gets at least :data:`PRELOAD_TIMEOUT_MIN_S`."""
     env = {**{name: os.environ.get(name) or "1" for name in _ONE_THREAD}, **setup.env}
-    limit = max(timeout, PRELOAD_TIMEOUT_MIN_S)
-    return probe_request((), roots, env, limit, DEFAULT_SETTLE_S, python=python, program=SWEEP_ZYGOTE)
+    limit = max(options.timeout, PRELOAD_TIMEOUT_MIN_S)
+    return probe_request((), options.roots, env, limit, DEFAULT_SETTLE_S, python=options.python, program=SWEEP_ZYGOTE)
 
 
 @dataclass(frozen=True)
@@ -187,14 +187,11 @@ def zygote_pass(
     modules: Sequence[str],
     *,
     tree: SweptTree,
-    roots: tuple[str, ...],
+    options: ScanOptions,
     setup: DriverSetup,
     preload: Sequence[str],
     jobs: int,
-    timeout: float,
     on_row: Callable[[SweepRow], None],
-    own: tuple[str, ...] = (),
-    python: str = sys.executable,
     adapt: bool = False,
 ) -> ZygotePass:
     """Scan ``modules`` in children of a zygote that preloaded ``preload``; ``on_row`` gets each row.
@@ -202,7 +199,7 @@ def zygote_pass(
     With ``adapt`` (and at least :data:`ADAPT_MIN_MODULES` modules), the
     preload grows: see :func:`_adaptive_pass`.
     """
-    sweep = _Sweep(tree, setup, _request(setup, roots, timeout, python), jobs, timeout, on_row, own)
+    sweep = _Sweep(tree, setup, _request(setup, options), jobs, options.timeout, on_row, options.own)
     if adapt and len(modules) >= ADAPT_MIN_MODULES:
         return _adaptive_pass(sweep, modules, list(preload))
     return _pass(sweep, modules, list(preload))
