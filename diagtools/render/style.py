@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 import re
-import secrets
 from collections.abc import Iterator, Mapping
 from contextvars import ContextVar
 
@@ -34,7 +34,7 @@ class Styling:
     """One coloured render: its random key, and the way back from marks to colour."""
 
     def __init__(self) -> None:
-        self.key = secrets.token_hex(8)
+        self.key = os.urandom(8).hex()
         self._marks = re.compile(f"{_OPEN}{self.key}(bad|good|unknown)?{_CLOSE}")
 
     def mark(self, text: str, tone: Tone) -> str:
