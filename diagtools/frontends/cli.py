@@ -29,22 +29,20 @@ if TYPE_CHECKING:
 
 __all__ = ["main", "run"]
 
+_SHARED = ("path", "driver", "timeout", "own", "python")
+
+
+def _shared(args: argparse.Namespace) -> dict[str, Any]:
+    """The options the command's parent parser gave it (``--path``, ``--driver``, ``--timeout``, ``--own``,
+    ``--python``), as the use case's keyword arguments."""
+    return {name: getattr(args, name) for name in _SHARED if hasattr(args, name)}
+
 
 def _run_scan(args: argparse.Namespace) -> int:
     from diagtools.usecases.scan import scan
 
     check_writable(args.json, "--json")
-    result = scan(
-        args.targets,
-        path=args.path,
-        driver=args.driver,
-        timeout=args.timeout,
-        settle=args.settle,
-        own=args.own,
-        python=args.python,
-        runner=_run_probe,
-        cuts=args.cuts,
-    )
+    result = scan(args.targets, **_shared(args), settle=args.settle, runner=_run_probe, cuts=args.cuts)
     from diagtools.render.text import render_scan  # loaded while the subkernel started
 
     _emit(result.to_json(), lambda: render_scan(result, stack=args.stack), args.json)
@@ -65,15 +63,7 @@ def _run_fix(args: argparse.Namespace) -> int:
     check_writable(args.json, "--json")
     check_writable(args.write, "--write")
     rows = read_sweep_rows(args.sweep) if args.sweep else ()
-    result = fix(
-        args.target,
-        path=args.path,
-        driver=args.driver,
-        timeout=args.timeout,
-        own=args.own,
-        python=args.python,
-        sweep=rows,
-    )
+    result = fix(args.target, **_shared(args), sweep=rows)
     written = bool(args.write and result.patch)
     files = "\n" + _write_fix_files(result, Path(args.write)) if written else ""
     _emit(result.to_json(), lambda: render_fix(result, patch=not written) + files, args.json)
@@ -119,13 +109,7 @@ def _run_replay(args: argparse.Namespace) -> int:
     from diagtools.usecases.replay import compare_replays, replay_fork
 
     check_writable(args.json, "--json")
-    common = {
-        "child": args.child,
-        "path": args.path,
-        "driver": args.driver,
-        "timeout": args.timeout,
-        "python": args.python,
-    }
+    common = {"child": args.child, **_shared(args)}
     if args.compare:
         before, after = args.compare
         comparison = compare_replays(args.target, before=before, after=after, **common)
@@ -199,17 +183,13 @@ def _sweep_for(args: argparse.Namespace) -> Any:
 
     return sweep(
         args.package,
-        path=args.path,
+        **_shared(args),
         jobs=args.jobs,
-        driver=args.driver,
-        timeout=args.timeout,
         json_path=args.json,
         progress=terminal_progress(args.package),
         preload=args.preload,
         fresh=args.fresh,
         exclude=args.exclude,
-        own=args.own,
-        python=args.python,
         adapt=args.adapt,
         cuts=args.cuts,
     )

@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from diagtools.model.scan import ScanResult
-from diagtools.model.verdict import Tone, Verdict
+from diagtools.model.verdict import VERDICT_TONES, Tone, Verdict
 from diagtools.render.paths import display_path, shareable
-from diagtools.render.style import toned, verdict_toned
+from diagtools.render.style import HTML_COLOURS, toned, verdict_toned
 from diagtools.render.text import render_scan
 from diagtools.specimens import Specimen, all_specimens
 from diagtools.usecases.scan import scan
@@ -153,10 +153,9 @@ _INDEX_STYLE = (
     "<style>body{font:15px/1.5 system-ui,sans-serif;max-width:60rem;margin:2rem auto;padding:0 1rem;color:#222}"
     "h1{font-size:1.6rem;margin-bottom:.2rem}h2{font-size:1.2rem;margin-top:1.6rem;border-bottom:1px solid #ddd}"
     "a{color:#1f5fa8}ul{padding-left:1.2rem}li{margin:.2rem 0}code{background:#f4f4f4;padding:1px 4px}"
-    ".bad{color:#b00020;font-weight:600}.good{color:#1b7f3b;font-weight:600}.unknown{color:#a15c00;font-weight:600}"
-    ".lede{color:#555}nav a{margin-right:1rem}</style>"
+    + "".join(f".{tone.value}{{color:{colour};font-weight:600}}" for tone, colour in HTML_COLOURS.items())
+    + ".lede{color:#555}nav a{margin-right:1rem}</style>"
 )
-_VERDICT_CSS = {Verdict.INITIALIZES_CUDA: "bad", Verdict.CLEAN: "good", Verdict.UNKNOWN: "unknown"}
 
 
 def _index_html(
@@ -173,7 +172,7 @@ def _index_html(
     nav = "".join(f'<a href="{href}">{escape(text)}</a>' for href, text in links)
     verdicts = "".join(
         f"<li><code>{escape(o.specimen.name)}/{o.variant}</code>: "
-        f'<span class="{_VERDICT_CSS[o.result.verdict]}">{escape(str(o.result.verdict))}</span>'
+        f'<span class="{VERDICT_TONES[o.result.verdict].value}">{escape(str(o.result.verdict))}</span>'
         f"{escape(o.headline().removeprefix(str(o.result.verdict)))}</li>"
         for o in report_outcomes
     )

@@ -13,10 +13,11 @@ from diagtools.model.diff import ScanDiff, diff_scans
 from diagtools.model.replay import ChildOutcome, ReplayComparison, ReplayResult, Tone
 from diagtools.model.scan import Culprit, ScanResult, Site
 from diagtools.model.sweep import RootCause, SweepResult
-from diagtools.model.verdict import Verdict
+from diagtools.model.verdict import VERDICT_TONES, Verdict
 from diagtools.render.lines import evidence_words, headline_words, hook_note, try_text
-from diagtools.render.ordering import ModuleGroups, group_modules
+from diagtools.render.ordering import GroupLine, ModuleGroups, group_modules
 from diagtools.render.paths import shareable, short_path
+from diagtools.render.style import HTML_COLOURS
 
 __all__ = [
     "bench_table_html",
@@ -38,9 +39,9 @@ __all__ = [
 _STYLE = (
     "<style>.dt{font-family:system-ui,sans-serif;font-size:13px;max-width:100%;overflow-wrap:anywhere}"
     ".dt code{background:#f4f4f4;padding:1px 3px}"
-    ".dt .bad{color:#b00020;font-weight:600}.dt .good{color:#1b7f3b;font-weight:600}"
-    ".dt .unknown{color:#a15c00;font-weight:600}.dt .dt-box{max-width:100%;overflow-x:auto}"
-    ".dt table{border-collapse:collapse;max-width:100%}.dt td,.dt th{border:1px solid #ddd;padding:3px 8px;"
+    + "".join(f".dt .{tone.value}{{color:{colour};font-weight:600}}" for tone, colour in HTML_COLOURS.items())
+    + ".dt .dt-box{max-width:100%;overflow-x:auto}"
+    + ".dt table{border-collapse:collapse;max-width:100%}.dt td,.dt th{border:1px solid #ddd;padding:3px 8px;"
     "text-align:left!important;vertical-align:top;overflow-wrap:break-word}"
     ".dt td.num{text-align:right!important;font-variant-numeric:tabular-nums;white-space:nowrap}"
     ".dt pre{background:#f8f8f8;padding:6px;overflow-x:auto;white-space:pre-wrap;overflow-wrap:anywhere}"
@@ -50,17 +51,9 @@ _STYLE = (
 )
 
 
-_VERDICT_CLASS = {
-    Verdict.POISONED_FORK: "bad",
-    Verdict.INITIALIZES_CUDA: "bad",
-    Verdict.CLEAN: "good",
-    Verdict.UNKNOWN: "unknown",
-}
-
-
 def _verdict_badge(verdict: Verdict) -> str:
     """Red for initializes-cuda, green for clean, amber for unknown."""
-    return f'<span class="{_VERDICT_CLASS[verdict]}">{escape(verdict.value)}</span>'
+    return f'<span class="{VERDICT_TONES[verdict].value}">{escape(verdict.value)}</span>'
 
 
 def path_html(path: str, line: int | None = None) -> str:
@@ -388,20 +381,16 @@ def _diff_graph(diff: ScanDiff) -> str:
 
 def _group_items(groups: ModuleGroups, tag: str, limit: int) -> str:
     """The culprit chain first (one per line), the target's package, then one line per other package."""
-    items = [f"<li><{tag}>{escape(name)}</{tag}> (culprit chain)</li>" for name in groups.chain]
-    items += [f"<li><{tag}>{escape(name)}</{tag}></li>" for name in groups.own[:limit]]
-    if len(groups.own) > limit:
-        items.append(f"<li>&hellip; {len(groups.own) - limit} more of the target's package</li>")
-    for package, modules in groups.others[:limit]:
-        count = f"{len(modules)} module{'s' if len(modules) != 1 else ''}"
-        items.append(f'<li><{tag} title="{escape(", ".join(modules))}">{escape(package)}.*</{tag}>: {count}</li>')
-    hidden = groups.others[limit:]
-    if hidden:
-        items.append(f"<li>&hellip; {len(hidden)} more packages, {sum(len(m) for _, m in hidden)} modules</li>")
-    if groups.stdlib:
-        preview = ", ".join(groups.stdlib[:4]) + (", &hellip;" if len(groups.stdlib) > 4 else "")
-        items.append(f"<li>standard library: {len(groups.stdlib)} modules ({preview})</li>")
-    return "".join(items)
+
+    def item(line: GroupLine) -> str:
+        words = escape(line.words).replace("...", "&hellip;")
+        if line.name is None:
+            return f"<li>{words}</li>"
+        title = f' title="{escape(line.title)}"' if line.title else ""
+        gap = " " if line.words.startswith("(") else ""
+        return f"<li><{tag}{title}>{escape(line.name)}</{tag}>{gap}{words}</li>"
+
+    return "".join(item(line) for line in groups.shown(limit))
 
 
 def module_html(result: ScanResult, name: str) -> str:

@@ -42,6 +42,34 @@ class ModuleGroups:
     def total(self) -> int:
         return len(self.chain) + len(self.own) + sum(len(m) for _, m in self.others) + len(self.stdlib)
 
+    def shown(self, limit: int) -> list[GroupLine]:
+        """What a list of these groups shows, line by line: the chain, the target's package (up to ``limit``),
+        one line per other package (up to ``limit``), then the standard library in one line."""
+        lines = [GroupLine(name, "(culprit chain)") for name in self.chain]
+        lines += [GroupLine(name) for name in self.own[:limit]]
+        if len(self.own) > limit:
+            lines.append(GroupLine(None, f"... {len(self.own) - limit} more of the target's package"))
+        for package, modules in self.others[:limit]:
+            count = f"{len(modules)} module{'s' if len(modules) != 1 else ''}"
+            lines.append(GroupLine(f"{package}.*", f": {count}", ", ".join(modules)))
+        hidden = self.others[limit:]
+        if hidden:
+            lines.append(GroupLine(None, f"... {len(hidden)} more packages, {sum(len(m) for _, m in hidden)} modules"))
+        if self.stdlib:
+            preview = ", ".join(self.stdlib[:4]) + (", ..." if len(self.stdlib) > 4 else "")
+            lines.append(GroupLine(None, f"standard library: {len(self.stdlib)} modules ({preview})"))
+        return lines
+
+
+@dataclass(frozen=True)
+class GroupLine:
+    """One line of a grouped module list: a ``name`` shown as code (``title``: the modules it stands for), then
+    ``words`` (a count after a package, a note after a module, or the whole line when there is no name)."""
+
+    name: str | None
+    words: str = ""
+    title: str = ""
+
 
 def group_modules(names: Iterable[str], *, targets: Sequence[str], chain: Sequence[str] = ()) -> ModuleGroups:
     """Split ``names`` (kept in their given order) into chain, own package, other packages and stdlib."""

@@ -9,12 +9,12 @@ from collections.abc import Sequence
 from diagtools.model.cuts import unsearched
 from diagtools.model.run import RunResult
 from diagtools.model.scan import Culprit, Site
+from diagtools.model.verdict import VERDICT_TONES, Tone, Verdict
 from diagtools.render.paths import shorten_paths
 from diagtools.render.run_text import FindingGroup, compact_pids, describe_exit, group_findings, user_site
+from diagtools.render.style import HTML_COLOURS
 
 __all__ = ["run_html", "run_page"]
-
-_COLORS = {"poisoned-fork": "#b00020", "initializes-cuda": "#b26a00", "clean": "#1b5e20", "unknown": "#555"}
 
 
 def _esc(value: object) -> str:
@@ -65,7 +65,8 @@ def _finding_html(group: FindingGroup) -> str:
     saw = f"<p>The child: {_esc(finding.child_saw.describe())}</p>" if finding.child_saw else ""
     cuinit_stack = finding.cuinit.stack if finding.cuinit else ()
     return (
-        f"<h4 style='color:#b00020'>Poisoned fork{f' x{count}' if count > 1 else ''}: pid {finding.pid} started "
+        f"<h4 style='color:{HTML_COLOURS[Tone.BAD]}'>Poisoned fork{f' x{count}' if count > 1 else ''}: "
+        f"pid {finding.pid} started "
         f"{_children(group)}"
         f" ({_esc(finding.start_kind or 'fork')}) after initializing CUDA</h4>"
         f"{_cuinit_html(finding.cuinit)}<p>Forked{forked}</p>{saw}"
@@ -92,7 +93,7 @@ def run_html(result: RunResult) -> str:
     Paths are shown relative to the command's script folders and with ``~``
     for home, so the fragment can be pasted into a report.
     """
-    color = _COLORS.get(result.verdict, "#555")
+    color = HTML_COLOURS[VERDICT_TONES[Verdict(result.verdict)]]
     findings = "".join(_finding_html(group) for group in group_findings(result.findings))
     notes = "".join(f"<li>{_esc(note)}</li>" for note in result.notes)
     return shorten_paths(_run_fragment(result, color, findings, notes), _script_folders(result))

@@ -22,9 +22,11 @@ from contextvars import ContextVar
 
 from diagtools.model.verdict import VERDICT_TONES, Tone, Verdict
 
-__all__ = ["Styling", "coloured", "paint", "toned", "use_color", "verdict_toned", "visible_len"]
+__all__ = ["HTML_COLOURS", "Styling", "coloured", "paint", "toned", "use_color", "verdict_toned", "visible_len"]
 
 _ANSI = {Tone.BAD: "\x1b[31m", Tone.GOOD: "\x1b[32m", Tone.UNKNOWN: "\x1b[33m"}
+#: the same palette in HTML: every page, panel and postmortem colours a tone with these
+HTML_COLOURS = {Tone.BAD: "#b00020", Tone.GOOD: "#1b7f3b", Tone.UNKNOWN: "#a15c00"}
 _RESET = "\x1b[0m"
 _OPEN, _CLOSE = "\ue000", "\ue001"  # private-use characters: printable, so the escaping of controls keeps them
 _ANY_MARK = re.compile(f"{_OPEN}[0-9a-f]{{16}}(?:bad|good|unknown)?{_CLOSE}")

@@ -13,24 +13,19 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from diagtools.model.verdict import Tone
-from diagtools.render.escape import WIDTH, _safe, one_line, safe_output, terminal_safe
+from diagtools.render.escape import _safe, one_line, terminal_safe
 from diagtools.render.lines import (
-    EVIDENCE_WORDS,
     OUTCOME_WORDS,
     _cuda_lines,
     _culprit_lines,
     _driver_text,
     _error_lines,
-    change_lines,
     culprit_details,
     cut_lines,
-    edge_text,
-    evidence_words,
     headline_words,
     hook_note,
     site_lines,
     text_table,
-    try_text,
 )
 from diagtools.render.paths import display_path
 from diagtools.render.style import paint, toned, use_color, verdict_toned
@@ -40,19 +35,12 @@ if TYPE_CHECKING:
     from diagtools.model.diff import ScanDiff
     from diagtools.model.replay import ChildOutcome, ParentState, ReplayComparison, ReplayResult
     from diagtools.model.scan import ScanResult, Site
-    from diagtools.render.ordering import ModuleGroups
+    from diagtools.render.ordering import GroupLine, ModuleGroups
 
-__all__ = [
-    "EVIDENCE_WORDS",
+__all__ = [  # the renderers, and the pieces callers first found here
     "OUTCOME_WORDS",
-    "WIDTH",
-    "change_lines",
     "culprit_details",
     "cut_lines",
-    "edge_text",
-    "evidence_words",
-    "headline_words",
-    "hook_note",
     "one_line",
     "paint",
     "render_baseline",
@@ -64,11 +52,8 @@ __all__ = [
     "render_scan",
     "render_sweep",
     "render_verdict",
-    "safe_output",
-    "site_lines",
     "terminal_safe",
     "text_table",
-    "try_text",
     "use_color",
 ]
 
@@ -219,16 +204,10 @@ def _shown_site(site: Site) -> Site:
 
 
 def _group_lines(groups: ModuleGroups, sign: str, limit: int) -> list[str]:
-    lines = [f"    {sign} {_one_line(name)}  (culprit chain)" for name in groups.chain]
-    lines += [f"    {sign} {_one_line(name)}" for name in groups.own[:limit]]
-    if len(groups.own) > limit:
-        lines.append(f"    {sign} ... {len(groups.own) - limit} more of the target's package")
-    for package, modules in groups.others[:limit]:
-        lines.append(f"    {sign} {_one_line(package)}.*: {len(modules)} module{'s' if len(modules) != 1 else ''}")
-    hidden = groups.others[limit:]
-    if hidden:
-        lines.append(f"    {sign} ... {len(hidden)} more packages, {sum(len(m) for _, m in hidden)} modules")
-    if groups.stdlib:
-        preview = ", ".join(groups.stdlib[:4]) + (", ..." if len(groups.stdlib) > 4 else "")
-        lines.append(f"    {sign} standard library: {len(groups.stdlib)} modules ({preview})")
-    return lines
+    def text(line: GroupLine) -> str:
+        if line.name is None:
+            return line.words
+        gap = "  " if line.words.startswith("(") else ""
+        return f"{_one_line(line.name)}{gap}{line.words}"
+
+    return [f"    {sign} {text(line)}" for line in groups.shown(limit)]
