@@ -57,7 +57,7 @@ _LOCATIONS = {
     "TargetError": "diagtools.model.scan",
     "TargetFailure": "diagtools.model.scan",
     "ScanResult": "diagtools.model.scan",
-    "Site": "diagtools.model.scan",
+    "Site": "diagtools.model.site",
     "StartupInfo": "diagtools.model.scan",
     "DiagtoolsError": "diagtools.errors",
     "UsageError": "diagtools.errors",
@@ -96,11 +96,11 @@ if TYPE_CHECKING:
         DriverInfo,
         ImportNode,
         ScanResult,
-        Site,
         StartupInfo,
         TargetError,
         TargetFailure,
     )
+    from diagtools.model.site import Site
     from diagtools.render.postmortem import postmortem
     from diagtools.render.text import render_scan
     from diagtools.usecases.fix import fix

@@ -154,16 +154,24 @@ def _derived_versions(names: set[str]) -> dict[str, tuple[str, str | None]]:
     return versions
 
 
+def _declared(
+    pxd_name: str, declaration: re.Pattern[str], modelled: set[str]
+) -> tuple[set[str], list[str], Path | None]:
+    """The names ``modelled`` plus those cuda-python's ``pxd_name`` declares, where they came from, and that file
+    (``None`` when cuda-python is not installed)."""
+    names, sources = set(modelled), []
+    pxd = _first_in_site(pxd_name)
+    if pxd is not None:
+        declared = set(declaration.findall(pxd.read_text(errors="replace")))
+        names |= declared
+        sources.append(f"{len(declared)} declared in {pxd}")
+    return names, sources, pxd
+
+
 def driver_stubs(simcuda_source: str) -> GeneratedSource:
     """Stubs and ``cuGetProcAddress`` tables for every CUDA driver entry point known here."""
     modelled = set(_modelled("driver", simcuda_source))
-    names = set(modelled)
-    sources: list[str] = []
-    pxd = _first_in_site("cuda/bindings/cydriver.pxd")
-    if pxd is not None:
-        declared = set(_DRIVER_DECL.findall(pxd.read_text(errors="replace")))
-        names |= declared
-        sources.append(f"{len(declared)} declared in {pxd}")
+    names, sources, pxd = _declared("cuda/bindings/cydriver.pxd", _DRIVER_DECL, modelled)
     versions: dict[str, tuple[str, str | None]] = {}
     newest = _newest_cuda_header()
     if newest is not None:
@@ -202,13 +210,7 @@ def driver_stubs(simcuda_source: str) -> GeneratedSource:
 def nvml_stubs(simnvml_source: str) -> GeneratedSource:
     """Stubs for every NVML function known here that the simulated NVML does not model."""
     modelled = set(_modelled("nvml", simnvml_source)) | _NVML_NOT_RETURNING_STATUS
-    names = set(modelled)
-    sources: list[str] = []
-    pxd = _first_in_site("cuda/bindings/cynvml.pxd")
-    if pxd is not None:
-        declared = set(_NVML_DECL.findall(pxd.read_text(errors="replace")))
-        names |= declared
-        sources.append(f"{len(declared)} declared in {pxd}")
+    names, sources, _ = _declared("cuda/bindings/cynvml.pxd", _NVML_DECL, modelled)
     pynvml = _first_in_site("pynvml.py")
     if pynvml is not None:
         looked_up = set(_PYNVML_LOOKUP.findall(pynvml.read_text(errors="replace")))

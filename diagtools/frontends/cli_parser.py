@@ -110,12 +110,8 @@ def _add_scan(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--fail-on-cuda", action="store_true", help="exit 1 when CUDA got initialized")
     parser.add_argument("--stack", action="store_true", help="print the whole Python stack of the culprit")
     parser.add_argument("--svg", metavar="FILE", help="write the import graph (culprit chains) as SVG")
-    parser.add_argument(
-        "--no-cuts",
-        dest="cuts",
-        action="store_false",
-        help="do not search where to cut (by default each candidate cut is verified by scanning again)",
-    )
+    no_cuts = "do not search where to cut (by default each candidate cut is verified by scanning again)"
+    parser.add_argument("--no-cuts", dest="cuts", action="store_false", help=no_cuts)
 
 
 def _add_fix(parser: argparse.ArgumentParser) -> None:
@@ -141,11 +137,11 @@ def _common(
     document: str | None = None,
     own: bool = False,
     python: bool = False,
-) -> argparse.ArgumentParser:
+) -> _Parser:
     """A parent parser with the options commands share, each written once: ``--path``, ``--driver``,
     ``--timeout`` (with this command's default), ``--json`` (writing this ``document``), ``--own``, ``--python``
     and a ``--debug`` accepted after the command too."""
-    parser = argparse.ArgumentParser(add_help=False)
+    parser = _Parser(add_help=False)
     if path:
         parser.add_argument("--path", action="append", default=[], metavar="DIR", help="prepend DIR to sys.path")
     if driver:
@@ -203,18 +199,28 @@ def _add_replay(parser: argparse.ArgumentParser) -> None:
     )
 
 
+_SWEEP_SWITCHES = (
+    ("--fail-on-cuda", "exit 1 when any module initializes CUDA"),
+    ("--fresh", "a fresh subkernel per module, no zygote (slower)"),
+    ("--cuts", "after the sweep, verify a cut for each root cause (its line to change; a few scans per cause)"),
+)
+_SWEEP_FILES = (
+    ("--json", "JSON Lines journal: appended as modules finish, resumed"),
+    ("--baseline", "an earlier sweep's journal or --summary: exit 1 only for root causes it does not list"),
+    ("--summary", "write the sweep's answer (root causes, rows) as JSON"),
+    ("--html", "write the root-cause summary as an HTML page"),
+)
+
+
 def _add_sweep(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("package", metavar="PACKAGE", help="package whose submodules are scanned one by one")
     parser.add_argument("--jobs", type=int, default=None, metavar="N", help="parallel subkernels (default: CPUs)")
-    parser.add_argument("--json", metavar="FILE", help="JSON Lines journal: appended as modules finish, resumed")
-    parser.add_argument("--fail-on-cuda", action="store_true", help="exit 1 when any module initializes CUDA")
     parser.add_argument(
         "--preload",
         default="auto",
         metavar="auto|none|MOD,...",
         help="modules the zygote imports once before forking (auto: torch when installed, then the package)",
     )
-    parser.add_argument("--fresh", action="store_true", help="a fresh subkernel per module, no zygote (slower)")
     parser.add_argument(
         "--no-adapt",
         dest="adapt",
@@ -224,18 +230,10 @@ def _add_sweep(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--exclude", action="append", default=[], metavar="PATTERN", help="glob on module names to skip (repeatable)"
     )
-    parser.add_argument(
-        "--baseline",
-        metavar="FILE",
-        help="an earlier sweep's journal or --summary: exit 1 only for root causes it does not list",
-    )
-    parser.add_argument("--summary", metavar="FILE", help="write the sweep's answer (root causes, rows) as JSON")
-    parser.add_argument(
-        "--cuts",
-        action="store_true",
-        help="after the sweep, verify a cut for each root cause (its line to change; a few scans per cause)",
-    )
-    parser.add_argument("--html", metavar="FILE", help="write the root-cause summary as an HTML page")
+    for flag, text in _SWEEP_SWITCHES:
+        parser.add_argument(flag, action="store_true", help=text)
+    for flag, text in _SWEEP_FILES:
+        parser.add_argument(flag, metavar="FILE", help=text)
 
 
 def _add_bisect(parser: argparse.ArgumentParser) -> None:
@@ -300,7 +298,7 @@ def _add_run(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("argv", nargs=argparse.REMAINDER, metavar="COMMAND", help="the command, after --")
 
 
-Commands = dict[str, tuple[str, Callable[[], argparse.ArgumentParser], Callable[[argparse.ArgumentParser], None]]]
+Commands = dict[str, tuple[str, Callable[[], _Parser], Callable[[argparse.ArgumentParser], None]]]
 COMMANDS: Commands = {
     "scan": (
         "import targets in a fresh subkernel and name the culprit",

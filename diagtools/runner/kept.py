@@ -311,16 +311,8 @@ def start_kept(
     )
     passed = tuple(fd for fd in (status_w, life_r, channel, dump) if fd is not None)
     try:
-        keeper = popen(
-            argv,
-            env=env,
-            cwd=cwd,
-            stdin=stdin,
-            stdout=stdout,
-            stderr=stderr,
-            pass_fds=passed,
-            start_new_session=True,
-        )
+        streams = {"stdin": stdin, "stdout": stdout, "stderr": stderr}
+        keeper = popen(argv, env=env, cwd=cwd, **streams, pass_fds=passed, start_new_session=True)
     except BaseException:
         for fd in (status_r, life_w):
             os.close(fd)

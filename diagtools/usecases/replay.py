@@ -188,19 +188,11 @@ def compare_replays(
 ) -> ReplayComparison:
     """The same replay on the ``before`` and ``after`` trees under each start method."""
     shared = validate_paths(path)
+    same: dict[str, Any] = {"child": child, "driver": driver, "timeout": timeout, "runner": runner, "python": python}
     runs = []
     for label, roots in (("before", before), ("after", after)):
         variant_roots = (*validate_paths(roots), *shared)
         for method in start_methods:
-            result = replay_fork(
-                setup,
-                child=child,
-                start_method=method,
-                path=variant_roots,
-                driver=driver,
-                timeout=timeout,
-                runner=runner,
-                python=python,
-            )
+            result = replay_fork(setup, start_method=method, path=variant_roots, **same)
             runs.append(ComparisonRun(label, result))
     return ReplayComparison(setup, tuple(runs))

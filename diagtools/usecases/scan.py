@@ -177,10 +177,10 @@ def _refine(result: ScanResult, request: SubkernelRequest, runner: Runner, own: 
         return result
     first = result.culprit
     refined = replace(
-        rerun.culprit,
+        traced,
         chain=first.chain,
         chain_imports=first.chain_imports,
         phase=first.phase,
-        first_party=rerun.culprit.first_party or first.first_party,
+        first_party=traced.first_party or first.first_party,
     )
     return result.with_culprits((refined, *result.culprits[1:]))
