@@ -74,7 +74,7 @@ def write_json(document: dict[str, Any], destination: str) -> None:
     from diagtools.model.serial import json_text
     from diagtools.render.paths import write_report
 
-    text = json_text(document) + "\n"  # json.dumps(document, indent=2, sort_keys=True), faster
+    text = json_text(document) + "\n"  # what json.dumps with indent=2 and sorted keys writes, faster
     if destination == "-":
         sys.stdout.write(text)
     else:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from collections.abc import Callable
@@ -12,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from diagtools.model.scan import ScanResult
+from diagtools.model.serial import json_text
 from diagtools.model.verdict import VERDICT_TONES, Tone, Verdict
 from diagtools.render.paths import display_path, shareable
 from diagtools.render.style import HTML_COLOURS, toned, verdict_toned
@@ -198,7 +198,7 @@ def write_demo_report(
     )
     out.mkdir(parents=True, exist_ok=True)
     scans = {f"{o.specimen.name}/{o.variant}": o.result.to_json() for o in outcomes}
-    (out / "specimens.json").write_text(json.dumps(scans, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    (out / "specimens.json").write_text(json_text(scans) + "\n", encoding="utf-8")
     (out / "specimens.md").write_text(_markdown(outcomes), encoding="utf-8")
     executed: tuple[NotebookOutcome, ...] = ()
     notes = () if notebooks is None or notebooks.is_dir() else (_no_notebooks(notebooks),)

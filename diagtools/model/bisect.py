@@ -23,8 +23,9 @@ class BisectStep(Serial):
     """One commit git bisect asked about, and the verdict."""
 
     commit: str
-    verdict: str
+    verdict: str  # good, bad or skip: what the step told git bisect
     status: str
+    error: str = ""  # why a skipped commit could not be judged
 
 
 @dataclass(frozen=True)

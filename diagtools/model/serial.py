@@ -34,7 +34,7 @@ from diagtools.errors import SchemaError
 from diagtools.model._display import TextReport
 from diagtools.model.common import check_schema
 
-__all__ = ["Serial", "dump", "json_text", "load"]
+__all__ = ["Serial", "dump", "json_line", "json_text", "load"]
 
 _T = TypeVar("_T")
 _MISSING = dataclasses.MISSING
@@ -131,6 +131,12 @@ def _dump_dataclass(value: Any, plan: _Plan) -> Any:
     if extra is not None:
         document.update({key: dump(item) for key, item in extra().items()})
     return document
+
+
+def json_line(value: Any) -> str:
+    """One line of a JSON Lines file (a sweep journal, a bisect's steps): ``value`` (what :func:`dump` or
+    ``to_json`` gives) on one line, keys sorted, with no newline inside."""
+    return json.dumps(value, sort_keys=True)
 
 
 def json_text(document: Any) -> str:

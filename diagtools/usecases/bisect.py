@@ -131,8 +131,8 @@ _CANDIDATES = re.compile(r"could be any of:\n((?:[0-9a-f]{40}\n?)+)")
 def _steps(log: Path) -> tuple[BisectStep, ...]:
     if not log.exists():
         return ()
-    records = [json.loads(line) for line in log.read_text(encoding="utf-8").splitlines() if line.strip()]
-    return tuple(BisectStep(r["commit"], r["verdict"], r.get("status", "")) for r in records)
+    lines = [line for line in log.read_text(encoding="utf-8").splitlines() if line.strip()]
+    return tuple(BisectStep.from_json(json.loads(line)) for line in lines)
 
 
 def bisect(

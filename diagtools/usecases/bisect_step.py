@@ -8,13 +8,14 @@ Each verdict is appended to the journal named by ``DIAGTOOLS_BISECT_LOG``.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import sys
 
+from diagtools.model.bisect import BisectStep
 from diagtools.model.options import DEFAULT_TIMEOUT_S
 from diagtools.model.scan import ScanResult
+from diagtools.model.serial import json_line
 from diagtools.usecases.scan import scan
 
 GOOD, BAD, SKIP = 0, 1, 125
@@ -34,12 +35,15 @@ def verdict(target: str, path: str, driver: str, timeout: float) -> tuple[int, d
     """The exit code for this commit and what to journal about it."""
     result = scan_at(target, path, driver, timeout)
     if not result.ok:
-        return SKIP, {"verdict": "skip", "status": result.status, "error": result.error.message if result.error else ""}
+        return SKIP, {
+            "verdict": "skip",
+            "status": str(result.status),
+            "error": result.error.message if result.error else "",
+        }
     if result.verdict == "unknown":  # nothing seen, but the scan could not have seen it: never "good"
-        return SKIP, {"verdict": "skip", "status": result.status, "error": "; ".join(result.doubts())}
-    culprit = result.culprit.to_json() if result.culprit else None
+        return SKIP, {"verdict": "skip", "status": str(result.status), "error": "; ".join(result.doubts())}
     code = BAD if result.cuda_initialized else GOOD
-    return code, {"verdict": "bad" if code == BAD else "good", "status": result.status, "culprit": culprit}
+    return code, {"verdict": "bad" if code == BAD else "good", "status": str(result.status)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -56,7 +60,8 @@ def main(argv: list[str] | None = None) -> int:
     log = os.environ.get("DIAGTOOLS_BISECT_LOG")
     if log:
         with open(log, "a", encoding="utf-8") as handle:
-            handle.write(json.dumps({"commit": _commit(), **record}, sort_keys=True) + "\n")
+            step = BisectStep.from_json({"commit": _commit(), **record})
+            handle.write(json_line(step.to_json()) + "\n")
     return code
 
 

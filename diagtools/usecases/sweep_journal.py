@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from diagtools.errors import JournalLockedError, SchemaError, UsageError
+from diagtools.model.serial import json_line
 from diagtools.model.sweep import SWEEP_SCHEMA, RootCause, SweepRow
 from diagtools.usecases.sweep_discover import SweptTree
 
@@ -131,7 +132,7 @@ class Journal:
 
     def _write(self, record: dict[str, Any]) -> None:
         assert self.handle is not None
-        self.handle.write(json.dumps(record, sort_keys=True) + "\n")
+        self.handle.write(json_line(record) + "\n")
         self.handle.flush()
 
 

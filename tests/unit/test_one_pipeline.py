@@ -47,3 +47,17 @@ def test_the_run_agent_speaks_the_protocols_names_and_events():
     assert emitted <= set(protocol.EVENTS)
     for kind in emitted:
         assert f'"{kind}"' in source, kind
+
+
+def test_json_documents_and_lines_come_from_the_derived_serializer():
+    """No use case or front end writes JSON by hand: documents through ``json_text``, lines through ``json_line``."""
+    from pathlib import Path
+
+    import diagtools
+
+    root = Path(diagtools.__file__).parent
+    for folder in ("usecases", "frontends", "render", "runner", "bench"):
+        for source in sorted((root / folder).glob("*.py")):
+            text = source.read_text(encoding="utf-8")
+            hand_written = [line for line in text.splitlines() if "json.dumps(" in line and "payload" not in line]
+            assert not hand_written, (source.name, hand_written)
