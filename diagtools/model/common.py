@@ -1,4 +1,4 @@
-"""Helpers every result type shares: the schema check and timestamps (fields: :mod:`diagtools.model.serial`)."""
+"""Helpers every result type shares: the schema check, timestamps and exit statuses (fields: ``serial``)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,26 @@ import time
 
 from diagtools.errors import SchemaError
 
-__all__ = ["check_schema", "iso_time"]
+__all__ = ["check_schema", "describe_exit", "iso_time", "signal_name"]
+
+
+def signal_name(number: int) -> str:
+    """``SIGKILL`` for 9; ``signal N`` for a number with no name here."""
+    import signal  # its enums cost a scan's fixed cost a millisecond: only a failed run needs them
+
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def describe_exit(code: int | None) -> str:
+    """A process's exit status in words, the one way every report says it (``-N``: killed by signal N)."""
+    if code is None:
+        return "did not start"
+    if code < 0:
+        return f"killed by signal {-code} ({signal_name(-code)})"
+    return f"exit code {code}"
 
 
 def check_schema(data: object, expected: str) -> None:

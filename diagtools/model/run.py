@@ -15,6 +15,7 @@ from typing import ClassVar
 
 from diagtools import protocol
 from diagtools.model._display import present
+from diagtools.model.common import describe_exit
 from diagtools.model.scan import Culprit, DriverInfo, Site
 from diagtools.model.serial import Serial
 from diagtools.model.verdict import Verdict
@@ -101,9 +102,7 @@ class ChildSaw(Serial):
         if self.execed:
             parts.append("replaced itself with exec")
         if self.exitcode is not None:
-            parts.append(
-                f"killed by signal {-self.exitcode}" if self.exitcode < 0 else f"exited with code {self.exitcode}"
-            )
+            parts.append(describe_exit(self.exitcode))
         return "; ".join(parts) or "nothing recorded (it made no driver call the driver refused)"
 
 

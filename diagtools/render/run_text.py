@@ -13,6 +13,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
 from diagtools import protocol
+from diagtools.model.common import describe_exit
 from diagtools.model.cuts import unsearched
 from diagtools.model.run import Finding, RunResult
 from diagtools.model.scan import Culprit, Site
@@ -59,14 +60,6 @@ def user_site(stack: Sequence[Site]) -> Site | None:
         if frame is not None:
             return frame
     return stack[-1] if stack else None
-
-
-def describe_exit(code: int | None) -> str:
-    if code is None:
-        return "did not start"
-    if code < 0:
-        return f"killed by signal {-code}"
-    return f"exit code {code}"
 
 
 def compact_pids(pids: Iterable[int | None], limit: int = _PIDS_SHOWN) -> str:

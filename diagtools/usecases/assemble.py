@@ -8,13 +8,12 @@ a process.
 from __future__ import annotations
 
 import re
-import signal
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from diagtools import protocol
-from diagtools.model.common import iso_time
+from diagtools.model.common import describe_exit, iso_time, signal_name
 from diagtools.model.scan import (
     AliveThread,
     Culprit,
@@ -167,25 +166,15 @@ def _import_error(event: dict[str, Any]) -> TargetFailure:
     return TargetFailure("import-error", message, _format_traceback(frames, capped(event["msg"])), file, line)
 
 
-def _signal_name(number: int) -> str:
-    try:
-        return signal.Signals(number).name
-    except ValueError:
-        return f"signal {number}"
-
-
-def _exit_words(code: int) -> str:
-    return f"{code}" if code >= 0 else f"{-code} ({_signal_name(-code)})"
-
-
 def subkernel_failure(raw: RawRun) -> tuple[ScanStatus, TargetFailure] | None:
     """``timeout`` or ``crashed`` with the stack dump's innermost frame, ``exited`` when the interpreter never
     started the probe; ``None`` otherwise."""
     code = raw.returncode
     if raw.never_kept is not None and not raw.timed_out:
         message = (
-            "the interpreter never ran the probe: it exited with status "
-            f"{_exit_words(raw.never_kept)} before starting it (is --python a wrapper that drops its arguments?)"
+            "the interpreter never ran the probe: "
+            + (f"it exited with status {status}" if (status := raw.never_kept) >= 0 else describe_exit(status))
+            + " before starting it (is --python a wrapper that drops its arguments?)"
         )
         return ScanStatus.EXITED, TargetFailure("exited", message, raw.stderr.text[-4000:], exitcode=raw.never_kept)
     if raw.timed_out:
@@ -193,7 +182,7 @@ def subkernel_failure(raw: RawRun) -> tuple[ScanStatus, TargetFailure] | None:
         message = "the subkernel did not finish in time" + (f"; it was at {where}" if where else "")
         return ScanStatus.TIMEOUT, TargetFailure("timeout", message, raw.fault_dump, where=where)
     if code is not None and code < 0:
-        name = _signal_name(-code)
+        name = signal_name(-code)
         where = _fault_where(raw.fault_dump)
         message = f"the subkernel was killed by {name}" + (f" at {where}" if where else "")
         return ScanStatus.CRASHED, TargetFailure("crashed", message, raw.fault_dump, signal=-code, where=where)
@@ -229,7 +218,7 @@ def _status_and_error(raw: RawRun, events: Sequence[dict[str, Any]]) -> tuple[Sc
     if "done" not in kinds:
         exit_events = [event for event in events if event["e"] == "exit"]
         reason = "sys.exit" if exit_events else "os._exit or a closed interpreter"
-        message = f"the target ended the subkernel ({reason}) with exit code {code}"
+        message = f"the target ended the subkernel ({reason}; {describe_exit(code)})"
         return ScanStatus.EXITED, TargetFailure("exited", message, raw.stderr.text[-4000:], exitcode=code)
     if errors:
         return ScanStatus.IMPORT_ERROR, _import_error(errors[0])
