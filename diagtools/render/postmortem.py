@@ -129,13 +129,9 @@ class Postmortem:
     @property
     def headline(self) -> Headline:
         """The line to change by the one rule: the regression edge against the fixed tree when one is compared,
-        else the nearest verified cut (of the fix, or of the scan)."""
-        diff = self.diff
-        if diff is not None and diff.regression is not None:
-            return diff.headline
-        if self.fix is not None and self.fix.cut is not None:
-            return headline(shareable(self.fix.scan).cuts)
-        return self.shown_before.headline
+        else the nearest verified cut (of the fix, or of the scan); paths as a reader sees them."""
+        fixed = shareable(self.fix.scan) if self.fix is not None else None
+        return _chosen_headline(self.shown_before, self.shown_after, fixed)
 
     @property
     def change(self) -> str:
@@ -179,13 +175,7 @@ class Postmortem:
 
     def _raw_headline(self) -> Headline:
         """:attr:`headline` with the files as scanned (absolute), to read the source from."""
-        if self.after is not None:
-            diff = diff_scans(self.before, self.after)
-            if diff.regression is not None:
-                return diff.headline
-        if self.fix is not None and self.fix.cut is not None:
-            return self.fix.scan.headline
-        return self.before.headline
+        return _chosen_headline(self.before, self.after, self.fix.scan if self.fix is not None else None)
 
     def source_context(self) -> list[tuple[int, str]]:
         """The line to change and three lines either side, read from the scanned file."""
@@ -215,6 +205,18 @@ def _md_text(text: str) -> str:
         out += [_MD_SPECIAL.sub(r"\\\1", text[position : span.start()]), span.group(0)]
         position = span.end()
     return "".join([*out, _MD_SPECIAL.sub(r"\\\1", text[position:])])
+
+
+def _chosen_headline(before: ScanResult, after: ScanResult | None, fixed: ScanResult | None) -> Headline:
+    """The one rule, on these scans: the regression edge against ``after``, else the fix's verified cut, else the
+    scan's own headline."""
+    if after is not None:
+        diff = diff_scans(before, after)
+        if diff.regression is not None:
+            return diff.headline
+    if fixed is not None and fixed.cuts is not None and fixed.cuts.nearest is not None:
+        return headline(fixed.cuts)
+    return before.headline
 
 
 _RULE_WORDS = {
