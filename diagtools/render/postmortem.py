@@ -26,8 +26,12 @@ from diagtools.model.replay import ReplayComparison
 from diagtools.model.scan import Culprit, ScanResult, Site
 from diagtools.render.html import _STYLE, bench_table_html, comparison_html, graph_block, scan_html
 from diagtools.render.paths import display_path
-from diagtools.render.postmortem_report import Postmortem, _code, _md_text
-from diagtools.render.postmortem_report import _verdict  # noqa: F401 - the timeline's words, also read from here
+from diagtools.render.postmortem_report import (
+    Postmortem,
+    _code,
+    _md_text,
+    _verdict,  # noqa: F401 - the timeline's words, also read from here
+)
 from diagtools.render.text import render_comparison, render_diff, render_scan, terminal_safe
 
 __all__ = ["HOW_TO_FIX", "Postmortem", "PostmortemFiles", "bench_rows_of", "postmortem", "write_postmortem"]
