@@ -480,3 +480,113 @@ def load_cuprobe(env):
 def driver_initialized(state):
     """Whether a ``cuDeviceGetCount`` result code means some caller already ran ``cuInit``."""
     return state not in (None, NO_DRIVER, DRIVER_UNASKABLE, CUDA_ERROR_NOT_INITIALIZED)
+
+
+# ---- what every agent does the same way ------------------------------------------
+
+MESSAGE_LIMIT = 100_000  # characters of an exception's message an event carries: far below the channel's bound
+
+
+def describe(exc, limit=MESSAGE_LIMIT):
+    """``Type: message`` of an exception, however broken its ``str``; a message past ``limit`` characters is cut."""
+    try:
+        text = str(exc)
+    except BaseException:
+        text = "<unprintable>"
+    if len(text) > limit:
+        text = text[:limit] + f"... [truncated: {len(text)} characters]"
+    return type(exc).__qualname__ + (": " + text if text else "")
+
+
+def calling_frame(thread, depth):
+    """The innermost Python frame of the thread that called the driver, ``depth`` calls above the caller of this
+    function, and that thread's id.
+
+    The driver calls a hook on the calling thread when that thread holds the GIL,
+    and otherwise from a helper thread while the caller waits inside the driver,
+    its frames unchanged (see driver/simcuda.c).
+    """
+    tid = _thread.get_ident()
+    if thread is None or thread == tid:
+        return sys._getframe(depth + 1), tid
+    return sys._current_frames().get(thread), thread
+
+
+def thread_name(function):
+    """The ``threading.Thread`` name behind a low-level start, when there is one."""
+    owner = getattr(function, "__self__", None)
+    name = getattr(owner, "_name", None) if owner is not None else None
+    return name if isinstance(name, str) else None
+
+
+def init_inferred(cuprobe):
+    """True when the simulated driver inferred this cuInit from a real runtime's export-table request."""
+    found = cuprobe.simulation_refusals() if cuprobe is not None else None
+    return bool(found and found[0] & SIM_INIT_INFERRED)
+
+
+def simulation_refusals(cuprobe):
+    """What the simulated driver, NVML and runtime refused (see driver/simcuda.c), or None elsewhere."""
+    found = cuprobe.simulation_refusals()
+    if found is None:
+        return None
+    driver, first, nvml, nvml_first = found
+    refusals = {"driver": driver, "first": first, "nvml": nvml, "nvml_first": nvml_first}
+    runtime = getattr(cuprobe, "runtime_refusals", lambda: None)()
+    if runtime is not None:
+        refusals["runtime"], refusals["runtime_first"] = runtime
+    return refusals
+
+
+def torch_cuda_initialized():
+    """Whether ``torch.cuda`` says it initialized (None: it was never imported)."""
+    module = sys.modules.get("torch.cuda")
+    if module is None:
+        return None
+    return bool(vars(module).get("_initialized", False))
+
+
+_CUDA_LIBRARIES = ("libcuda.so", "libcudart.so", "libnvidia-ml.so")
+
+
+def foreign_cuda_libraries(env):
+    """Under the simulated driver: CUDA libraries mapped into this process from outside the simulated world's
+    folder (read from the loaded maps, not the environment), each as its path; ``[]`` when there are none."""
+    world = env.get(SIMULATED_WORLD)
+    if env.get(DRIVER_KIND) != "simulated" or not world:
+        return []
+    try:
+        with open("/proc/self/maps", "rb") as maps:
+            lines = maps.read().decode("utf-8", "surrogateescape").splitlines()
+    except OSError:
+        return []
+    found = []
+    for line in lines:
+        path = line.split(None, 5)[5] if line.count(" ") >= 5 and "/" in line else ""
+        path = path.strip()
+        name = path.rsplit("/", 1)[-1]
+        if name.startswith(_CUDA_LIBRARIES) and path.rsplit("/", 1)[0] != world and path not in found:
+            found.append(path)
+    return found
+
+
+def load_source(name, path, register=False):
+    """The module ``name`` made from the Python file ``path``, its code read through the bytecode cache.
+
+    The one way agent code is loaded by file (the probe as the zygote's library, the run agent in a
+    notebook's kernel): the import system's own source loader, which every interpreter has loaded, without
+    asking the import system to find anything, so nothing is added to what the target's imports see.
+    ``register``: the module is in ``sys.modules`` while its code runs (and stays there when it succeeds).
+    """
+    module = type(sys)(name)
+    module.__file__ = path
+    code = sys.modules["_frozen_importlib_external"].SourceFileLoader(name, path).get_code(name)
+    if register:
+        sys.modules[name] = module
+    try:
+        exec(code, module.__dict__)
+    except BaseException:
+        if register:
+            sys.modules.pop(name, None)
+        raise
+    return module

@@ -14,19 +14,11 @@ _ENV = protocol.environ()
 _channel = protocol.channel_from(_ENV)
 
 
-def _describe(exc):
-    try:
-        text = str(exc)
-    except BaseException:
-        text = "<unprintable>"
-    return type(exc).__qualname__ + (": " + text[:2000] if text else "")
-
-
 def _resolve(module, name):
     try:
         value = getattr(__import__(module, fromlist=[name]), name)
     except BaseException as exc:
-        _channel.emit("resolved", module=module, name=name, ok=False, error=_describe(exc))
+        _channel.emit("resolved", module=module, name=name, ok=False, error=protocol.describe(exc, limit=2000))
         return
     origin = getattr(value, "__module__", None) or getattr(value, "__name__", None)
     _channel.emit("resolved", module=module, name=name, ok=True, origin=origin if isinstance(origin, str) else None)

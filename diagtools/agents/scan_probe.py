@@ -265,31 +265,12 @@ def _refine_thread(starter):
 # ---- the driver hook and threads --------------------------------------------
 
 
-def _init_inferred():
-    """True when the simulated driver inferred this cuInit from a real runtime's export-table request."""
-    found = _cuprobe.simulation_refusals()
-    return bool(found and found[0] & protocol.SIM_INIT_INFERRED)
-
-
-def _caller(thread, depth):
-    """The innermost Python frame of the thread that called the driver, and that thread's id.
-
-    The driver calls a hook on the calling thread when that thread holds the GIL,
-    and otherwise from a helper thread while the caller waits inside the driver,
-    its frames unchanged (see driver/simcuda.c).
-    """
-    tid = _thread.get_ident()
-    if thread is None or thread == tid:
-        return sys._getframe(depth + 1), tid
-    return sys._current_frames().get(thread), thread
-
-
 def _on_cuinit(thread=None):
     """Called by the driver during the first cuInit, with the calling thread's id."""
     if _State.hook_fired:
         return
     _State.hook_fired = True
-    caller, tid = _caller(thread, 1)
+    caller, tid = protocol.calling_frame(thread, 1)
     module = _innermost(tid)
     _note_chain(tid, module)
     running = _module_code_running(caller)
@@ -311,7 +292,7 @@ def _on_cuinit(thread=None):
         origin=_State.origins.get(tid),
         name=started["name"] if started else None,
         started=started["stack"] if started else None,
-        inferred=_init_inferred(),
+        inferred=protocol.init_inferred(_cuprobe),
     )
 
 
@@ -343,17 +324,10 @@ def _module_code_running(frame):
     return None
 
 
-def _thread_name(function):
-    """The ``threading.Thread`` name behind a low-level start, when there is one."""
-    owner = getattr(function, "__self__", None)
-    name = getattr(owner, "_name", None) if owner is not None else None
-    return name if isinstance(name, str) else None
-
-
 def _traced_thread(function, caller):
     """Wrap a thread's function: remember who started it, from where, and while it is alive."""
     starter = _innermost(_thread.get_ident())
-    record = {"name": _thread_name(function), "by": starter, "stack": _frames(caller)}
+    record = {"name": protocol.thread_name(function), "by": starter, "stack": _frames(caller)}
     _channel.emit("thread", by=starter, name=record["name"], stack=record["stack"])
 
     def run(*call_args, **call_kwargs):
@@ -411,20 +385,6 @@ def _install_in_loaded_threading():
 # ---- errors ------------------------------------------------------------------
 
 
-_MESSAGE_LIMIT = 100_000  # one event line stays far below the runner's channel bound
-
-
-def _describe(exc):
-    try:
-        text = str(exc)
-    except BaseException:
-        text = "<unprintable>"
-    if len(text) > _MESSAGE_LIMIT:
-        text = text[:_MESSAGE_LIMIT] + f"... [truncated: {len(text)} characters]"
-    name = type(exc).__qualname__
-    return name + (": " + text if text else "")
-
-
 def _traceback_frames(exc):
     frames = []
     tb = exc.__traceback__
@@ -440,7 +400,7 @@ def _report_error(target, exc):
     file = getattr(exc, "filename", None) if isinstance(exc, SyntaxError) else None
     line = getattr(exc, "lineno", None) if isinstance(exc, SyntaxError) else None
     _channel.emit(
-        "error", target=target, type=type(exc).__qualname__, msg=_describe(exc), tb=frames, file=file, line=line
+        "error", target=target, type=type(exc).__qualname__, msg=protocol.describe(exc), tb=frames, file=file, line=line
     )
 
 
@@ -514,26 +474,6 @@ def _at_exit():
     _channel.emit("shutdown", initialized=_driver_initialized())
 
 
-def _simulation_refusals():
-    """What the simulated driver and NVML refused (see driver/simcuda.c), or None elsewhere."""
-    found = _cuprobe.simulation_refusals()
-    if found is None:
-        return None
-    driver, first, nvml, nvml_first = found
-    refusals = {"driver": driver, "first": first, "nvml": nvml, "nvml_first": nvml_first}
-    runtime = getattr(_cuprobe, "runtime_refusals", lambda: None)()
-    if runtime is not None:
-        refusals["runtime"], refusals["runtime_first"] = runtime
-    return refusals
-
-
-def _torch_cuda_initialized():
-    module = sys.modules.get("torch.cuda")
-    if module is None:
-        return None
-    return bool(vars(module).get("_initialized", False))
-
-
 def _hello(startup=True, **extra):
     state = _cuprobe.driver_state()
     _channel.emit(
@@ -569,35 +509,11 @@ def _finish_scan():
     _channel.emit(
         "final",
         initialized=_driver_initialized(),
-        torch=_torch_cuda_initialized(),
-        refusals=_simulation_refusals(),
-        foreign=_foreign_cuda_libraries(),
+        torch=protocol.torch_cuda_initialized(),
+        refusals=protocol.simulation_refusals(_cuprobe),
+        foreign=protocol.foreign_cuda_libraries(_ENV),
     )
     _channel.emit("done")
-
-
-_CUDA_LIBRARIES = ("libcuda.so", "libcudart.so", "libnvidia-ml.so")
-
-
-def _foreign_cuda_libraries():
-    """Under the simulated driver: CUDA libraries mapped into this process from outside the simulated world's
-    folder (read from the loaded maps, not the environment), each as its path; ``[]`` when there are none."""
-    world = _ENV.get(protocol.SIMULATED_WORLD)
-    if _ENV.get(protocol.DRIVER_KIND) != "simulated" or not world:
-        return []
-    try:
-        with open("/proc/self/maps", "rb") as maps:
-            lines = maps.read().decode("utf-8", "surrogateescape").splitlines()
-    except OSError:
-        return []
-    found = []
-    for line in lines:
-        path = line.split(None, 5)[5] if line.count(" ") >= 5 and "/" in line else ""
-        path = path.strip()
-        name = path.rsplit("/", 1)[-1]
-        if name.startswith(_CUDA_LIBRARIES) and path.rsplit("/", 1)[0] != world and path not in found:
-            found.append(path)
-    return found
 
 
 def main():

@@ -36,24 +36,12 @@ def _lines(name):
     return [item for item in _ENV.get(name, "").split("\n") if item]
 
 
-def _describe(exc):
-    try:
-        text = str(exc)
-    except BaseException:
-        text = "<unprintable>"
-    return type(exc).__qualname__ + (": " + text if text else "")
-
-
 # ---- preloading and its checks -------------------------------------------------
 
 
 def _load_probe():
     """The scan probe's functions, loaded as a library (its ``main`` does not run)."""
-    path = _ENV[protocol.SWEEP_PROBE]
-    namespace = {"__name__": "_diagtools_scan_probe", "__file__": path, "__builtins__": __builtins__}
-    with open(path, "rb") as handle:
-        exec(compile(handle.read(), path, "exec"), namespace)
-    return namespace
+    return vars(protocol.load_source("_diagtools_scan_probe", _ENV[protocol.SWEEP_PROBE]))
 
 
 def _extra_threads():
@@ -191,7 +179,7 @@ def _preload(items, modules):
         try:
             __import__(name)
         except BaseException as exc:
-            problem = f"preloading {name} failed: {_describe(exc)}"
+            problem = f"preloading {name} failed: {protocol.describe(exc)}"
         else:
             problem = _problem_after(f"preloading {name}")
         if problem:
@@ -245,7 +233,7 @@ def _trial_import(name):
         try:
             __import__(name)
         except BaseException as exc:
-            _write_file(path, f"its import fails here: {_describe(exc)}")
+            _write_file(path, f"its import fails here: {protocol.describe(exc)}")
             posix._exit(_TRIAL_FAILED)
         added = [module for module in sys.modules if module not in before]
         change = _side_effect(hooks, _import_hooks(), added)
@@ -796,7 +784,7 @@ def _import_checked(names, before_cuda):
             __import__(name)
         except BaseException as exc:
             if not before_cuda:
-                return f"importing {name} failed: {_describe(exc)}"
+                return f"importing {name} failed: {protocol.describe(exc)}"
         problem = _problem_after(f"importing {name}")
         if problem:
             return problem

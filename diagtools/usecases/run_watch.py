@@ -42,15 +42,11 @@ def load_agent(directory: str, context: str | None = None) -> Any:
     """
     module = sys.modules.get(protocol.RUN_AGENT_MODULE)
     if module is None:
-        import importlib.util
-
         sys.modules.setdefault(protocol.PROTOCOL_MODULE, protocol)  # the agent's name for the protocol module
-        spec = importlib.util.spec_from_file_location(protocol.RUN_AGENT_MODULE, AGENT_FILE)
-        if spec is None or spec.loader is None:
-            raise DiagtoolsError(f"cannot load the run agent from {AGENT_FILE}")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[protocol.RUN_AGENT_MODULE] = module
-        spec.loader.exec_module(module)
+        try:
+            module = protocol.load_source(protocol.RUN_AGENT_MODULE, str(AGENT_FILE), register=True)
+        except OSError as exc:
+            raise DiagtoolsError(f"cannot load the run agent from {AGENT_FILE}: {exc}") from None
     agent = module.install(directory, agent_cuprobe(), context)
     if not agent.directory:
         agent.directory = directory

@@ -42,19 +42,6 @@ def _hidden(filename):
     return filename in _HIDDEN or filename.startswith(_HERE)
 
 
-def _caller(thread):
-    """The innermost frame of the thread that called the driver (two calls up), and that thread's id.
-
-    The driver calls a hook on the calling thread when that thread holds the GIL,
-    and otherwise from a helper thread while the caller waits inside the driver,
-    its frames unchanged (see driver/simcuda.c).
-    """
-    tid = _thread.get_ident()
-    if thread is None or thread == tid:
-        return sys._getframe(2), tid
-    return sys._current_frames().get(thread), thread
-
-
 def _visible_frames(frame):
     """Frames from ``frame`` outwards, innermost first, without importlib's and the agent's."""
     frames = []
@@ -139,13 +126,6 @@ def _own_argv():
     finally:
         os.close(fd)
     return [os.fsdecode(part) for part in data.split(b"\0")[:-1]]
-
-
-def _thread_name(function):
-    """The ``threading.Thread`` name behind a low-level start, when there is one."""
-    owner = getattr(function, "__self__", None)
-    name = getattr(owner, "_name", None) if owner is not None else None
-    return name if isinstance(name, str) else None
 
 
 # ---- the agent ---------------------------------------------------------------------
@@ -271,21 +251,15 @@ class Agent:
         if self.cuinit_seen:
             return
         self.cuinit_seen = True
-        frame, tid = _caller(thread)
-        self.emit("cuinit", inferred=self._init_inferred(), **self.describe(frame, tid))
-
-    def _init_inferred(self):
-        """True when the simulated driver inferred this cuInit from a real runtime's export-table request."""
-        module = self._cuprobe()
-        found = module.simulation_refusals() if module is not None else None
-        return bool(found and found[0] & protocol.SIM_INIT_INFERRED)
+        frame, tid = protocol.calling_frame(thread, 1)
+        self.emit("cuinit", inferred=protocol.init_inferred(self._cuprobe()), **self.describe(frame, tid))
 
     def on_refused(self, call, thread=None):
         """Called by the simulated driver when it refuses a call in a poisoned child."""
         if self.probing or self.refusals >= _MAX_REFUSALS:
             return
         self.refusals += 1
-        frames = _visible_frames(_caller(thread)[0])
+        frames = _visible_frames(protocol.calling_frame(thread, 1)[0])
         self.emit("refusal", call=str(call), code=protocol.CUDA_ERROR_NOT_INITIALIZED, stack=[_row(f) for f in frames])
 
     def check_state(self, phase="startup"):
@@ -304,7 +278,7 @@ class Agent:
         started = self.threads.get(_thread.get_ident())
         if started is not None:  # a thread started by a thread: the first starter keeps the blame
             module, chain = started[0], started[1]
-        record = (module, chain, [_row(f) for f in frames], _thread_name(function))
+        record = (module, chain, [_row(f) for f in frames], protocol.thread_name(function))
 
         def run(*args, **kwargs):
             tid = _thread.get_ident()

@@ -19,8 +19,8 @@ def _load_protocol() -> None:
     path = os.path.join(os.path.dirname(os.path.dirname(_HERE)), "protocol.py")
     module = type(sys)(_PROTOCOL)
     module.__file__ = path
-    with open(path, "rb") as handle:
-        exec(compile(handle.read(), path, "exec"), module.__dict__)
+    loader = sys.modules["_frozen_importlib_external"].SourceFileLoader(_PROTOCOL, path)  # as protocol.load_source
+    exec(loader.get_code(_PROTOCOL), module.__dict__)
     sys.modules[_PROTOCOL] = module
 
 
