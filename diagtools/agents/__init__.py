@@ -6,7 +6,9 @@ six:
 
 - ``scan_probe``: the scan's subkernel program (main program);
 - ``sweep_zygote``: the sweep's preloading worker, which forks one child per
-  module (main program);
+  module (main program); its fork scheduler (``zygote_serving``) and its
+  package descent and continuation (``zygote_descent``) are files of their
+  own, loaded by it with ``protocol.load_source``;
 - ``replay_parent``: the replay's subkernel program (main program);
 - ``replay_child``: imported by the replay's forked or spawned child;
 - ``resolve_names``: a patch's name check, ``from MODULE import NAME`` for

@@ -30,6 +30,10 @@ _cuprobe = protocol.load_cuprobe(_ENV)
 _WORKDIR = _ENV.get(protocol.SWEEP_WORKDIR, "")
 _JOBS = max(1, int(_ENV.get(protocol.SWEEP_JOBS, "1")))  # scan children at once, in all zygotes together
 _FILE_FLAGS = posix.O_WRONLY | posix.O_CREAT | posix.O_TRUNC | posix.O_CLOEXEC
+_HERE = _ENV.get(protocol.PROGRAM_FILE, "").rpartition("/")[0]
+# the zygote's other rooms, each a file of its own (loaded as the probe is: by file, no import system)
+_serving = protocol.load_source("_diagtools_zygote_serving", _HERE + "/zygote_serving.py")
+_descent = protocol.load_source("_diagtools_zygote_descent", _HERE + "/zygote_descent.py")
 
 
 def _lines(name):
@@ -226,7 +230,7 @@ def _side_effect(before, after, added):
 def _trial_import(name):
     """Import ``name`` in a throwaway child: ``(modules it loaded, "")``, or ``((), why to pass it over)``."""
     path = _own_path("trial", "loaded")
-    _flush_stdio()
+    _serving._flush_stdio()
     pid = posix.fork()
     if pid == 0:
         before, hooks = set(sys.modules), _import_hooks()
@@ -238,7 +242,7 @@ def _trial_import(name):
         added = [module for module in sys.modules if module not in before]
         change = _side_effect(hooks, _import_hooks(), added)
         _write_file(path, change or "\n".join(added))
-        _flush_stdio()
+        _serving._flush_stdio()
         posix._exit(_TRIAL_CHANGED if change else 0)
     _, status = posix.waitpid(pid, 0)
     code = posix.waitstatus_to_exitcode(status)
@@ -260,7 +264,7 @@ def _scan_before_preloading(due, modules):
     for index in due:
         if len(running) >= _JOBS:
             _await_scan(*running.pop(0), modules)
-        _flush_stdio()
+        _serving._flush_stdio()
         pid = posix.fork()
         if pid == 0:
             return index, modules[index]
@@ -321,398 +325,13 @@ def _folders_of(package):
         return ()
 
 
-# ---- forking -----------------------------------------------------------------
+_tokens = _serving._Tokens()
 
 
-def _flush_stdio():
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except BaseException:
-            pass
+# ---- package zygotes (the descent itself: zygote_descent.py) ---------------------
 
-
-def _below(modules, order):
-    """For each package in ``order``, the indices of ``order`` that lie inside it, in order."""
-    found = {}
-    for index in order:
-        parts = modules[index].split(".")
-        for depth in range(1, len(parts)):
-            found.setdefault(".".join(parts[:depth]), []).append(index)
-    return found
-
-
-def _serve(modules, order):
-    """Fork one child per module of ``order``; ``(index, module)`` in a child, else None.
-
-    No more than ``_JOBS`` scan children run at once in all zygotes together
-    (see :class:`_Tokens`).  A package with at least :data:`DESCEND_MIN`
-    modules below it is imported once for all of them, by another zygote
-    (see :class:`_Descent`); its modules wait for that zygote while this one
-    goes on with the others, so every job stays busy.
-    """
-    state = _Serving(modules, order)
-    while True:
-        index = state.next_module()
-        if index is None:
-            if not state.busy():
-                return None
-            child = state.reap()
-            if child is not None:
-                return child
-            continue
-        module = modules[index]
-        if module in _explicit:
-            _channel.emit("present", i=index)  # preloaded: its row says so, no child needed
-            continue
-        while not _tokens.take(len(state.running)):
-            child = state.reap(block=False)
-            if child is not None:
-                return child
-        inside = state.inside(module)
-        descend = len(inside) >= DESCEND_MIN and module not in sys.modules
-        pid = _fork()
-        if pid == 0:
-            _Continuation.below = (index, modules, inside) if descend else None
-            return index, module
-        state.running[pid] = index
-        _channel.emit("forked", i=index, pid=pid, m=module, z=_zygote_index)
-        if descend:
-            state.descents[pid] = _Descent(index, inside)
-            state.held.update(inside)
-
-
-_TOKEN_POLL_S = 0.002
-
-
-class _Tokens:
-    """The sweep's ``_JOBS``, shared by every zygote: one byte in a pipe per scan child that may run.
-
-    A zygote takes a byte before it forks a scan child and puts it back when it
-    reaps that child, so however many zygotes serve packages below one another,
-    no more than ``_JOBS`` scan children run at once.  The pipe is checked to be
-    the one made (a module a child imported may have closed the number and
-    opened a file there); when it is not, each zygote keeps to ``_JOBS`` of its
-    own children instead.
-    """
-
-    def __init__(self):
-        self.fds, self.identity = None, None
-
-    def create(self):
-        try:
-            read_fd, write_fd = posix.pipe()
-            read_fd, write_fd = protocol.move_high(read_fd), protocol.move_high(write_fd)
-            posix.set_blocking(read_fd, False)
-            posix.write(write_fd, b"+" * _JOBS)
-        except OSError:
-            return
-        self.fds = (read_fd, write_fd)
-        self.identity = protocol.identity(read_fd)
-
-    def _intact(self):
-        return self.fds is not None and protocol.identity(self.fds[0]) == self.identity
-
-    def take(self, running):
-        """Whether a scan child may be forked now (a byte was taken for it)."""
-        if not self._intact():
-            return running < _JOBS
-        try:
-            return posix.read(self.fds[0], 1) == b"+"
-        except BlockingIOError:
-            return False
-        except OSError:
-            self.fds = None
-            return running < _JOBS
-
-    def give(self):
-        if self._intact():
-            try:
-                posix.write(self.fds[1], b"+")
-            except OSError:
-                self.fds = None
-
-
-_tokens = _Tokens()
-
-
-class _Serving:
-    """One zygote's scan: what is left, what runs, which packages' modules wait for another zygote."""
-
-    def __init__(self, modules, order):
-        self.modules, self.order = modules, list(order)
-        self.below = _below(modules, order)
-        self.position = 0
-        self.released = []  # modules a package zygote left to this one, in order
-        self.running = {}  # pid -> index: scan children
-        self.zygotes = {}  # pid -> _Descent: package zygotes serving the modules below a package
-        self.descents = {}  # pid of a package's row child -> _Descent, decided when it ends
-        self.held = set()  # modules another zygote scans, or may
-        self.done = set()
-
-    def next_module(self):
-        while self.released:
-            index = self.released.pop(0)
-            if index not in self.done and index not in self.held:
-                return index
-        while self.position < len(self.order):
-            index = self.order[self.position]
-            self.position += 1
-            if index in _served or index in self.done:
-                continue
-            if index in self.held:
-                continue  # if its package zygote leaves it, it comes back through ``released``
-            return index
-        return None
-
-    def inside(self, module):
-        return [k for k in self.below.get(module, ()) if k not in self.done and k not in _served and k not in self.held]
-
-    def busy(self):
-        return bool(self.running or self.zygotes)
-
-    def reap(self, block=True):
-        """Wait for any child and act on it; ``(index, module)`` in a scan child forked meanwhile, else None.
-
-        Without ``block``, a moment's wait when no child has ended (a job of another zygote may free).
-        """
-        try:
-            pid, status = posix.waitpid(-1, 0 if block else posix.WNOHANG)
-        except ChildProcessError:  # none of ours runs: every job is another zygote's
-            pid = 0
-        if pid == 0:
-            time.sleep(_TOKEN_POLL_S)
-            return None
-        code = posix.waitstatus_to_exitcode(status)
-        if pid in self.running:
-            _tokens.give()
-            _channel.emit("reaped", i=self.running.pop(pid), pid=pid, code=code)
-            descent = self.descents.pop(pid, None)
-            return descent.start(self) if descent is not None else None
-        descent = self.zygotes.pop(pid, None)
-        if descent is not None:
-            _channel.emit("ascended", i=descent.index, code=code)
-            descent.ended(self, code)
-        return None  # or an orphan this zygote reaps as a subreaper
-
-    def give_back(self, descent):
-        """No package zygote serves ``descent``'s modules: this zygote scans them itself."""
-        self.held.difference_update(descent.inside)
-        self.released.extend(descent.inside)
-
-
-# ---- package zygotes -----------------------------------------------------------
-
-DESCEND_MIN = 2  # a package with this many modules below it is imported once for all of them
-_NOT_SERVED = 3  # a package zygote's exit code when it refused and scanned nothing
 _zygote_index = -1  # the index of the package this zygote imported (-1: the first zygote)
 _explicit = set()  # the modules the preload loaded: their rows say "preloaded", no child is forked
-
-
-class _Descent:
-    """Who scans the modules below one package, decided once the package's own row child has ended.
-
-    Every one of them imports the package first.  The row child, once its
-    traced import is done, forks a zygote that continues from there (see
-    :class:`_Continuation`); when it did, that zygote serves them.  Otherwise
-    (the import failed or started a thread, or it initialized the real
-    driver) a zygote forked from this one imports the package once (untraced,
-    checked like any preload: no CUDA, no thread) and forks their children;
-    nothing else it loads is visible to any other module.  When the row's
-    import initialized CUDA, that package zygote preloads only what the row
-    had imported before that (outside the package, each checked CUDA-free),
-    and each child below imports the package again: the chain and the rest.
-    When no zygote serves them, this one scans them itself.
-    """
-
-    def __init__(self, index, inside):
-        self.index, self.inside = index, inside
-        self.kind = ""
-
-    def start(self, state):
-        """The row child has ended: continue its zygote, or fork one; a scan child's ``(index, module)``."""
-        pid = _continued_zygote(self.index)
-        if pid is not None:
-            self._serve_by(state, pid, "continued")
-            return None
-        if _Continuation.prefix is not None:  # a continuing zygote never imports untraced: children need events
-            state.give_back(self)
-            return None
-        before_cuda = _lines_of(_own_path(self.index, "before-cuda"))  # what its row imported off the chain
-        return self._fork_package_zygote(state, before_cuda or None)
-
-    def _fork_package_zygote(self, state, before_cuda):
-        _flush_stdio()
-        pid = posix.fork()
-        if pid == 0:
-            return _package_zygote(self.index, state.modules, self.inside, before_cuda)
-        self._serve_by(state, pid, "before-cuda" if before_cuda else "package")
-        return None
-
-    def _serve_by(self, state, pid, kind):
-        self.kind = kind
-        state.zygotes[pid] = self
-
-    def ended(self, state, code):
-        """Its package zygote has ended: the modules are done, or this zygote's to scan."""
-        served = code == 0 and (self.kind == "continued" or _exists(_own_path(self.index, "package")))
-        if served:
-            state.held.difference_update(self.inside)
-            state.done.update(self.inside)
-        else:
-            state.give_back(self)
-
-
-def _fork():
-    """Fork a scan child: plainly, or without the fork handlers in a continuing zygote."""
-    _flush_stdio()
-    return posix.fork() if _Continuation.prefix is None else _cuprobe.fork_continuing()
-
-
-# ---- zygotes that continue from a row's import -----------------------------------
-
-_SIGSTOP, _SIGCONT = 19, 18  # Linux
-
-
-class _Continuation:
-    """A package's row child, its import done, forks a zygote that goes on from there.
-
-    That zygote is the process that imported the package, traced: each child
-    it forks for a module below copies what the row had recorded so far
-    (events, stdout, stderr) and imports its module, exactly as a fresh
-    subkernel importing that module would after the package.  The fork skips
-    the handlers libraries registered with ``pthread_atfork`` (a child
-    continues the process, it is not a forked one: torch would otherwise mark
-    CUDA unusable in it), so it is made only with a single thread.  A package
-    that initialized the driver continues only on the simulated one, which
-    hands the initialization to each child; the real driver's state does not
-    survive a fork.
-
-    The zygote stops itself at once; the zygote above, a subreaper it is
-    orphaned to, continues it once the row child has ended.
-    """
-
-    below = None  # in a row child: (index, modules, inside) when it lies above modules to scan
-    prefix = None  # in a continuing zygote and its children: (row index, sizes of its files), to copy
-    channel = None  # in a row child that may continue: its own copy of the zygote's channel
-    started = 0.0
-    loaded = 0
-
-
-def _may_continue(ok):
-    """Why the row child must not continue from its import, or ``""``."""
-    if not ok:
-        return "its import failed"
-    if _threads_after_settling():
-        return "its import started a thread"
-    if not _cuprobe.can_fork_continuing():
-        return "no fork without handlers here"
-    if protocol.driver_initialized(_cuprobe.driver_state()) and not _cuprobe.driver_adoptable():
-        return "it initialized a driver whose state does not survive a fork"
-    return ""
-
-
-def _threads_after_settling(limit=0.25):
-    """Threads besides this one, given a moment to end: the simulated driver calls its hook from a
-    short-lived helper thread when the caller released the GIL (ctypes does)."""
-    deadline = _clock() + limit
-    while True:
-        threads = _extra_threads()
-        if not threads or _clock() >= deadline:
-            return threads
-        time.sleep(0.005)
-
-
-def _continue_below(probe):
-    """The scan's ``after_import`` in a row child above modules: fork the continuing zygote."""
-
-    def after_import(ok):
-        below = _Continuation.below
-        if below is None or _Continuation.channel is None or _may_continue(ok):
-            return
-        index = below[0]
-        files = (probe["_channel"].fd, 1, 2)
-        _flush_stdio()
-        sizes = [_size(fd) for fd in files]
-        initialized = protocol.driver_initialized(_cuprobe.driver_state())  # the zygote must not ask: not handed over
-        try:
-            pid = _cuprobe.fork_continuing()
-        except OSError:
-            return
-        if pid:
-            _write_own(index, "continued", str(pid))
-            _Continuation.channel.release()  # the zygote's to write now
-            return
-        _run_continuing_zygote(probe, below, sizes, initialized)
-
-    return after_import
-
-
-def _size(fd):
-    try:
-        return posix.fstat(fd).st_size
-    except OSError:
-        return 0
-
-
-def _run_continuing_zygote(probe, below, sizes, initialized):
-    """In the continuing zygote: wait to be continued, then serve the modules below; never returns."""
-    global _channel, _zygote_index
-    index, modules, inside = below
-    try:
-        posix.setpgid(0, 0)  # the row's group is the host's to kill, not this one
-    except OSError:
-        pass
-    null = posix.open("/dev/null", posix.O_WRONLY)
-    posix.dup2(null, 1)
-    posix.dup2(null, 2)
-    posix.close(null)
-    posix.kill(posix.getpid(), _SIGSTOP)
-    loaded = len(sys.modules) - _Continuation.loaded
-    _channel = _Continuation.channel
-    _channel.adopt()
-    _cuprobe.become_subreaper()
-    _channel.emit(
-        "descend", i=index, pid=posix.getpid(), z=_zygote_index, before_cuda=False, continued=True, cuda=initialized
-    )
-    _channel.emit("descended", i=index, s=_clock() - _Continuation.started, n=loaded)
-    _zygote_index = index
-    _Continuation.prefix = (index, sizes)
-    try:
-        child = _serve(modules, inside)
-    except BaseException:
-        posix._exit(_NOT_SERVED)
-    if child is not None:
-        _run_child(probe, *child)
-    posix._exit(0)
-
-
-def _continued_zygote(index):
-    """Continue the zygote the row child of ``index`` left stopped; its pid, or None when there is none."""
-    text = "".join(_lines_of(_own_path(index, "continued")))
-    if not text.isdigit():
-        return None
-    pid = int(text)
-    try:
-        _, status = posix.waitpid(pid, posix.WUNTRACED)
-    except ChildProcessError:
-        return None  # not ours: never orphaned to this zygote
-    if not posix.WIFSTOPPED(status):
-        return None
-    posix.kill(pid, _SIGCONT)
-    return pid
-
-
-def _recorded(index, kind, size, skip_first_line=False):
-    """The first ``size`` bytes the row child of ``index`` wrote to its file ``kind``."""
-    try:
-        with open(_own_path(index, kind), "rb") as handle:
-            data = handle.read(size)
-    except OSError:
-        return b""
-    if skip_first_line:
-        data = data[data.find(b"\n") + 1 :]
-    return data
 
 
 def _lines_of(path):
@@ -729,66 +348,6 @@ def _exists(path):
     except OSError:
         return False
     return True
-
-
-def _package_zygote(index, modules, inside, before_cuda=None):
-    """In the package zygote: import the package (or only ``before_cuda``), check, then serve ``inside``.
-
-    Returns ``(index, module)`` in a child; the package zygote itself exits.
-    """
-    global _channel, _zygote_index
-    module = modules[index]
-    _channel = protocol.Channel(int(_ENV[protocol.CHANNEL_FD]))  # the parent's channel is quiet in a fork
-    _channel.emit(
-        "descend",
-        i=index,
-        pid=posix.getpid(),
-        z=_zygote_index,
-        before_cuda=before_cuda is not None,
-        continued=False,
-        cuda=False,
-    )
-    _zygote_index = index
-    before = set(sys.modules)
-    started = _clock()
-    problem = _import_checked([module] if before_cuda is None else before_cuda, before_cuda=before_cuda is not None)
-    if problem:
-        _channel.emit("descent-refused", i=index, reason=problem)
-        _flush_stdio()
-        posix._exit(_NOT_SERVED)
-    loaded = _inside(_ENV.get(protocol.SWEEP_PACKAGE, ""), [name for name in sys.modules if name not in before])
-    _write_own(index, "package", protocol.encode(loaded))
-    _channel.emit("descended", i=index, s=_clock() - started, n=len(sys.modules) - len(before))
-    __import__("gc").freeze()
-    child = _serve(modules, inside)
-    if child is not None:
-        return child
-    _flush_stdio()
-    posix._exit(0)
-
-
-def _import_checked(names, before_cuda):
-    """Import ``names`` in order, checking after each; why the zygote must not fork now, or ``""``.
-
-    With ``before_cuda`` (what a package's row child imported before its
-    import initialized CUDA), a module whose parent package is not loaded is
-    skipped (importing it would run that package, the one being avoided),
-    and so is one whose import fails here: its children import it themselves.
-    """
-    for name in names:
-        if name in sys.modules:
-            continue
-        if before_cuda and "." in name and name.rpartition(".")[0] not in sys.modules:
-            continue
-        try:
-            __import__(name)
-        except BaseException as exc:
-            if not before_cuda:
-                return f"importing {name} failed: {protocol.describe(exc)}"
-        problem = _problem_after(f"importing {name}")
-        if problem:
-            return problem
-    return ""
 
 
 def _write_own(index, kind, text):
@@ -865,7 +424,7 @@ def _recorded_files(prefix):
         return b"", b"", b""
     row, sizes = prefix
     return tuple(
-        _recorded(row, kind, size, skip_first_line=kind == "events")
+        _descent._recorded(row, kind, size, skip_first_line=kind == "events")
         for kind, size in zip(("events", "out", "err"), sizes, strict=True)
     )
 
@@ -908,7 +467,7 @@ def _leave(code):
         __import__("atexit")._run_exitfuncs()
     except BaseException:
         pass
-    _flush_stdio()
+    _serving._flush_stdio()
     posix._exit(code)
 
 
@@ -921,10 +480,10 @@ def _run_child(probe, index, module):
         _cuprobe.die_with_parent()
     except OSError:
         pass
-    prefix = _Continuation.prefix
+    prefix = _descent._Continuation.prefix
     if prefix is not None:
         _cuprobe.adopt_parent_init()  # the simulated driver: this child goes on as the row that initialized it
-    _Continuation.channel = _keep_channel() if _Continuation.below is not None else None
+    _descent._Continuation.channel = _keep_channel() if _descent._Continuation.below is not None else None
     _channel.release()  # the zygote's channel is not the child's to write
     if prefix is None:  # nor its dump file (below a continuing zygote, that number is no longer the zygote's)
         try:
@@ -940,15 +499,15 @@ def _run_child(probe, index, module):
     }
     protocol.enable_fault_dumps(dump_env, _cuprobe)
     channel = protocol.Channel(_at_named_number(_open_own(index, "events"), protocol.CHANNEL_FD))
-    _Continuation.started, _Continuation.loaded = _clock(), len(sys.modules)
+    _descent._Continuation.started, _descent._Continuation.loaded = _clock(), len(sys.modules)
     code = 0
     try:
         if prefix is None:
             _forget_preloaded_finalizers()
             exits = _ExitHandlers.take_over()
-            probe["run_forked"](channel, [module], _continue_below(probe), exits, _ExitHandlers.modules())
+            probe["run_forked"](channel, [module], _descent._continue_below(probe), exits, _ExitHandlers.modules())
         else:
-            probe["continue_forked"](channel, module, recorded[0], _continue_below(probe))
+            probe["continue_forked"](channel, module, recorded[0], _descent._continue_below(probe))
     except SystemExit as exc:
         code = _exit_code(exc)
     beside = probe["imported_before_cuda"]()
@@ -987,7 +546,7 @@ def main():
     _explicit.update(name for name in sys.modules if name not in _ExitHandlers.modules())
     __import__("gc").freeze()  # the preloaded objects stay out of the children's collections
     _tokens.create()
-    child = _serve(modules, range(len(modules)))
+    child = _serving._serve(modules, range(len(modules)))
     if child is None:
         _channel.emit("done")
         return None
