@@ -63,6 +63,8 @@ RUN_STARTS = "starts"  # in RUN_DIR: a line per Python program started, "PID PPI
 RUN_CUPROBE = "DIAGTOOLS_RUN_CUPROBE"  # the driver-state extension, for the interpreter named next
 RUN_CUPROBE_FOR = "DIAGTOOLS_RUN_CUPROBE_FOR"
 RUN_AGENT_MODULE = "_diagtools_run_agent"
+BISECT_LOG = "DIAGTOOLS_BISECT_LOG"  # diagtools bisect: where each step appends its line
+CACHE_DIR = "DIAGTOOLS_CACHE_DIR"  # where compiled libraries are kept (default: the XDG cache)
 
 # ---- the driver's answers --------------------------------------------------------
 

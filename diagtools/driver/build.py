@@ -34,7 +34,7 @@ _ABI3_FLOOR = "3.10"  # cuprobe.c's Py_LIMITED_API
 
 def cache_dir() -> Path:
     """Where compiled artefacts live: ``$DIAGTOOLS_CACHE_DIR`` or the XDG cache."""
-    override = os.environ.get("DIAGTOOLS_CACHE_DIR")
+    override = os.environ.get(protocol.CACHE_DIR)
     if override:
         return Path(override)
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")

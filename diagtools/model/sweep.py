@@ -73,7 +73,7 @@ class SweepRow(Serial):
     error: str = ""
     started: float = 0.0
     finished: float = 0.0
-    verdict: Verdict = None  # type: ignore[assignment]  # not given: derived in __post_init__
+    verdict: Verdict | None = None  # not given: derived in __post_init__, never None after it
     cuda_source: str = field(default="none", metadata={"choices": CUDA_SOURCES})
     mode: str = field(default="fresh", metadata={"choices": SWEEP_MODES})
     preloaded: bool = False
@@ -89,6 +89,12 @@ class SweepRow(Serial):
             object.__setattr__(self, "verdict", Verdict.INITIALIZES_CUDA)
         else:
             object.__setattr__(self, "verdict", Verdict.CLEAN if self.status == "ok" else Verdict.UNKNOWN)
+
+    @property
+    def judged(self) -> Verdict:
+        """The row's verdict: as given, or as derived when the row was made (never ``None`` then)."""
+        assert self.verdict is not None
+        return self.verdict
 
     @classmethod
     def _json_upgrade(cls, data: Any) -> Any:
@@ -272,7 +278,7 @@ class SweepResult(Serial):
     @property
     def verdict(self) -> Verdict:
         """``initializes-cuda`` if any module does; ``clean`` only when every module was seen clean."""
-        return combine(row.verdict for row in self.rows)
+        return combine(row.judged for row in self.rows)
 
     @property
     def culprits(self) -> tuple[SweepRow, ...]:

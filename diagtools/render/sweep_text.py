@@ -135,7 +135,7 @@ def render_sweep(result: SweepResult) -> str:
     rows = sorted(result.rows, key=lambda row: (not row.cuda_initialized, row.status == "ok", row.module))
     table: list[list[str]] = []
     for row in rows:
-        cuda = verdict_toned(row.verdict, {"initializes-cuda": "YES", "clean": "no"}.get(row.verdict.value, "?"))
+        cuda = verdict_toned(row.judged, {"initializes-cuda": "YES", "clean": "no"}.get(row.judged.value, "?"))
         table.append([row.module, cuda, f"{row.import_s:.3f}", str(row.status), _sweep_where(row)])
     header = ["module", "CUDA?", "import s", "status", "culprit at / why"]
     used = sum(max(len(header[i]), *(visible_len(r[i]) for r in table)) + 2 for i in range(4)) if table else 0

@@ -21,6 +21,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from diagtools import protocol
 from diagtools.errors import UsageError
 from diagtools.model.bisect import BisectResult, BisectStep
 from diagtools.model.cuts import Edge, regression
@@ -105,7 +106,7 @@ def _judge_endpoint(job: _Job, rev: str, expected: int) -> None:
 
 def _run_bisect(work: Path, good: str, bad: str, step_args: list[str], log: Path) -> str:
     _git(work, "bisect", "start", bad, good)
-    env = dict(os.environ, DIAGTOOLS_BISECT_LOG=str(log))
+    env = dict(os.environ, **{protocol.BISECT_LOG: str(log)})
     command = ["git", "-C", str(work), "bisect", "run", sys.executable, "-m", "diagtools.usecases.bisect_step"]
     with subprocess.Popen(
         [*command, *step_args],

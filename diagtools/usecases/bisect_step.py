@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 
+from diagtools import protocol
 from diagtools.model.bisect import BisectStep
 from diagtools.model.options import DEFAULT_TIMEOUT_S
 from diagtools.model.scan import ScanResult
@@ -57,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
         code, record = verdict(args.target, args.path, args.driver, args.timeout)
     except Exception as exc:  # any failure to judge a commit must skip it, never misjudge it
         code, record = SKIP, {"verdict": "skip", "status": "error", "error": f"{type(exc).__name__}: {exc}"}
-    log = os.environ.get("DIAGTOOLS_BISECT_LOG")
+    log = os.environ.get(protocol.BISECT_LOG)
     if log:
         with open(log, "a", encoding="utf-8") as handle:
             step = BisectStep.from_json({"commit": _commit(), **record})
