@@ -10,6 +10,7 @@ first, as in a scan.
 from __future__ import annotations
 
 import shlex
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -31,6 +32,7 @@ __all__ = [
     "ProcessRecord",
     "ProcessStart",
     "RunResult",
+    "run_verdict",
 ]
 
 RUN_SCHEMA = "diagtools.run/1"
@@ -142,6 +144,18 @@ class Finding(Serial):
         return self.fork_stack[-1] if self.fork_stack else None
 
 
+def run_verdict(findings: Sequence[Finding], processes: Sequence[ProcessRecord], notes: Sequence[str]) -> Verdict:
+    """The run's verdict by the one rule: a poisoned fork wins; any note (something the run could not see) makes
+    it ``unknown``; a process that initialized CUDA makes it ``initializes-cuda``; else ``clean``."""
+    if any(finding.kind == "poisoned-fork" for finding in findings):
+        return Verdict.POISONED_FORK
+    if notes:
+        return Verdict.UNKNOWN
+    if any(record.cuinit is not None for record in processes):
+        return Verdict.INITIALIZES_CUDA
+    return Verdict.CLEAN
+
+
 @dataclass(frozen=True)
 class RunResult(Serial):
     """Everything ``diagtools run`` saw of one command's process tree.
@@ -170,7 +184,10 @@ class RunResult(Serial):
     cell: str | None = None
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "verdict", Verdict(self.verdict))  # accepts the JSON spelling too
+        # One rule, applied whatever was given or read back: a document's stored verdict is never trusted over
+        # its own findings and notes (as a scan's verdict is computed from its status, culprits and doubts).
+        Verdict(self.verdict)  # still a verdict word: a document that says otherwise is refused
+        object.__setattr__(self, "verdict", run_verdict(self.findings, self.processes, self.notes))
 
     @property
     def poisoned_forks(self) -> tuple[Finding, ...]:

@@ -17,9 +17,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from diagtools.model.run import ChildSaw, DriverRefusal, Finding, ProcessRecord, ProcessStart, RunResult
+from diagtools.model.run import ChildSaw, DriverRefusal, Finding, ProcessRecord, ProcessStart, RunResult, run_verdict
 from diagtools.model.scan import Culprit, DriverInfo
-from diagtools.model.verdict import Verdict
 from diagtools.runner.watch import RunRecords
 from diagtools.usecases.attribution import StackChain, attribute, best_event, pick_site, stack_sites
 
@@ -272,16 +271,6 @@ def _lost_children(images: Sequence[_Image], starts: Sequence[list[_Start]]) -> 
     ]
 
 
-def _verdict(findings: Sequence[Finding], processes: Sequence[ProcessRecord], notes: Sequence[str]) -> Verdict:
-    if any(finding.kind == "poisoned-fork" for finding in findings):
-        return Verdict.POISONED_FORK
-    if notes:
-        return Verdict.UNKNOWN
-    if any(record.cuinit is not None for record in processes):
-        return Verdict.INITIALIZES_CUDA
-    return Verdict.CLEAN
-
-
 def assemble_run(records: RunRecords, command: Sequence[str], driver: DriverInfo, outcome: RunOutcome) -> RunResult:
     """Build the result from the processes' records and how the command ended; pure."""
     images = _images(records)
@@ -308,7 +297,7 @@ def assemble_run(records: RunRecords, command: Sequence[str], driver: DriverInfo
         driver=driver,
         processes=processes,
         findings=findings,
-        verdict=_verdict(findings, processes, notes),
+        verdict=run_verdict(findings, processes, notes),
         notes=tuple(notes),
         timed_out=outcome.timed_out,
         duration_s=outcome.duration_s,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from diagtools.errors import SchemaError
@@ -139,3 +141,19 @@ def test_identical_findings_are_grouped_with_compact_pids():
     assert "poisoned fork x6: pid 10 started children 101-103, 105-106, 109 (fork)" in text
     assert text.count("finding") == 1
     assert compact_pids(range(1, 40, 2), limit=3) == "1, 3, 5, … (17 more)"
+
+
+def test_a_run_documents_verdict_is_judged_again_when_read_back_never_trusted():
+    """One rule in one place: an edited verdict does not survive reading; neither does a note added later."""
+    result = assemble([hello(10, 1), cuinit(), fork(1)], [hello(11, 10, "fork", fork_seq=1)])
+    assert result.verdict == "poisoned-fork"
+    document = result.to_json()
+    document["verdict"] = "clean"
+    assert RunResult.from_json(document).verdict == "poisoned-fork"
+    document["verdict"] = "maybe"
+    with pytest.raises(SchemaError, match="verdict"):
+        RunResult.from_json(document)
+    quiet = assemble([hello(10, 1), cuinit()])
+    assert quiet.verdict == "initializes-cuda"
+    seen_less = dataclasses.replace(quiet, notes=("a python child never reported",))
+    assert seen_less.verdict == "unknown"
