@@ -22,6 +22,7 @@ from diagtools.render.style import HTML_COLOURS
 __all__ = [
     "bench_table_html",
     "comparison_html",
+    "culprit_html",
     "cuts_html",
     "diff_html",
     "graph_block",
@@ -73,7 +74,8 @@ def _site_html(label: str, site: Site) -> str:
     )
 
 
-def _culprit_html(culprit: Culprit, headline: Headline | None = None) -> str:
+def culprit_html(culprit: Culprit, headline: Headline | None = None) -> str:
+    """Who initialized CUDA, through which chain, the line to change and where it happened: the scan's words."""
     parts = [
         f"<p>Culprit: <code>{escape(culprit.module or '(no module)')}</code> ({escape(culprit.phase)}, "
         f"evidence: {escape(evidence_words(culprit))})</p>"
@@ -163,7 +165,7 @@ def scan_html(result: ScanResult, *, graph: bool = False, selected: str | None =
     if not result.cuda_initialized and result.doubts():
         reasons = "".join(f"<li>{escape(reason)}</li>" for reason in result.doubts())
         parts.append(f'<p class="unknown">Not called clean: the run could not see everything.</p><ul>{reasons}</ul>')
-    parts += [_culprit_html(c, shown.headline if i == 0 else None) for i, c in enumerate(shown.culprits)]
+    parts += [culprit_html(c, shown.headline if i == 0 else None) for i, c in enumerate(shown.culprits)]
     if hook_note(result):
         parts.append(f'<p class="unknown">Note: {escape(hook_note(result))}.</p>')
     if shown.cuts is not None and result.cuda_initialized:

@@ -10,6 +10,7 @@ from diagtools.model.cuts import unsearched
 from diagtools.model.run import RunResult
 from diagtools.model.scan import Culprit, Site
 from diagtools.model.verdict import VERDICT_TONES, Tone, Verdict
+from diagtools.render.html import culprit_html
 from diagtools.render.paths import shorten_paths
 from diagtools.render.run_text import FindingGroup, compact_pids, describe_exit, group_findings, user_site
 from diagtools.render.style import HTML_COLOURS
@@ -32,28 +33,11 @@ def _stack_cell(stack: Sequence[Site]) -> str:
 
 
 def _cuinit_html(cuinit: Culprit | None) -> str:
+    """The culprit in the scan's own words and layout (:func:`~diagtools.render.html.culprit_html`)."""
     if cuinit is None:
         return "<p>culprit: seen only through the driver's state.</p>"
-    site = cuinit.initialized_at
-    where = f"; CUDA initialized at <code>{_esc(site)}</code>: <code>{_esc(site.source)}</code>" if site else ""
-    if cuinit.initialized_in is not None:
-        where += f" (initialized in <code>{_esc(cuinit.initialized_in)}</code>)"
-    reach = cuinit.first_party
-    if reach is not None and reach not in (site, cuinit.initialized_in):
-        where += f"; your code reaches it at <code>{_esc(reach)}</code>: <code>{_esc(reach.source)}</code>"
-    where += f"; line to change: none verified ({_esc(unsearched(cuinit.chain).reason)})"
-    context = f" while <code>{_esc(cuinit.context)}</code>" if cuinit.context else ""
-    edges = "".join(
-        f"<li>{_esc(importer)} &rarr; {_esc(imported)} at <code>{_esc(site)}</code>: "
-        f"<code>{_esc(site.source)}</code></li>"
-        for importer, imported, site in cuinit.import_edges()
-        if site is not None
-    )
-    return (
-        f"<p>culprit: <b>{_esc(cuinit.module or '?')}</b>{where}{context} "
-        f"(chain {_esc(' -> '.join(cuinit.chain) or '-')}; phase {_esc(cuinit.phase)}; "
-        f"{_esc(cuinit.thread_described)})</p>" + (f"<ul>{edges}</ul>" if edges else "")
-    )
+    context = f"<p>While: <code>{_esc(cuinit.context)}</code></p>" if cuinit.context else ""
+    return culprit_html(cuinit, unsearched(cuinit.chain)) + context
 
 
 def _finding_html(group: FindingGroup) -> str:
