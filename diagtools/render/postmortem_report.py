@@ -18,6 +18,7 @@ from diagtools.model.diff import ScanDiff, diff_scans
 from diagtools.model.fix import FixResult
 from diagtools.model.replay import ReplayComparison
 from diagtools.model.scan import Culprit, ScanResult, Site
+from diagtools.render.lines import headline_words
 from diagtools.render.paths import shareable
 from diagtools.render.text import terminal_safe
 
@@ -168,12 +169,6 @@ def _chosen_headline(before: ScanResult, after: ScanResult | None, fixed: ScanRe
     return before.headline
 
 
-_RULE_WORDS = {
-    "regression-edge": "the import the fixed tree no longer runs",
-    "nearest-cut": "the nearest cut, verified by scanning again without it",
-}
-
-
 def _line_to_change(head: Headline, culprit: Culprit | None) -> str:
     """The line to change by the one rule, and where CUDA was initialized, once each."""
     at = culprit.initialized_at if culprit is not None else None
@@ -184,9 +179,7 @@ def _line_to_change(head: Headline, culprit: Culprit | None) -> str:
     if head.line is None:
         return f"none verified ({head.reason}); {initialized}" if initialized else ""
     site = head.line
-    words = (
-        _RULE_WORDS[head.rule.value] if head.edge is not None else "the line the fixed tree no longer runs at import"
-    )
+    words = headline_words(head)  # the words every report uses for the rule that chose it
     said = f"{_code(f'{site.file}:{site.line}')}: {_code(site.source.strip())} ({words})"
     same = at is not None and (at.file, at.line) == (site.file, site.line)
     return said if same or not initialized else f"{said}; {initialized}"
