@@ -38,23 +38,40 @@ def render_guard_failure(result: ScanResult) -> str:
     return "\n".join(lines)
 
 
-def _sweep_where(row: SweepRow) -> str:
-    """The row's last column: the culprit and where the user's code reaches it (repository-relative), the parent
-    it inherits from, or the error.  The line to change is a root cause's verified cut, listed below."""
+def _sweep_where(row: SweepRow, room: int) -> tuple[str, str]:
+    """The row's last column in ``room`` characters, and a line to put below the row when it cannot fit there.
+
+    The culprit and where the user's code reaches it (the path shortened in its middle, never the module's
+    name), the parent it inherits from, or the error.  Names and phrases are never cut: what does not fit goes
+    on its own line.  The line to change is a root cause's verified cut, listed below the table.
+    """
     if row.culprit is not None and row.inherited_from:
-        return _one_line(f"(inherited from {row.inherited_from})")  # the README's words
-    if row.culprit is not None:
-        line = row.culprit.own_line
-        site = f" at {display_path(line.file)}:{line.line}" if line else ""
-        return _one_line(f"{row.culprit.module}{site}")
-    if row.preloaded:
-        return "(preloaded by the zygote)"
-    return _one_line(row.error)
+        text = _one_line(f"(inherited from {row.inherited_from})")  # the README's words
+    elif row.culprit is not None:
+        module, line = _one_line(row.culprit.module), row.culprit.own_line
+        where = _one_line(f"{display_path(line.file)}:{line.line}") if line else ""
+        if not where:
+            text = module
+        elif len(module) + 4 + 12 <= room:  # room for the name and a path cut in its middle
+            return f"{module} at {short_path(where, room - len(module) - 4)}", ""
+        else:
+            text = f"{module} at {where}"
+    elif row.preloaded:
+        text = "(preloaded by the zygote)"
+    else:
+        text = _one_line(row.error)
+    if len(text) <= room:
+        return text, ""
+    return "", "    " + _shortened(text, WIDTH - 4)
 
 
-def _fit(cell: str, width: int) -> str:
-    """``cell`` cut in the middle to ``width`` characters (a path keeps its file name and line)."""
-    return cell if len(cell) <= width else short_path(cell, max(width, 12))
+def _shortened(text: str, limit: int) -> str:
+    """A path cut in its middle at folder boundaries; other text (a message) cut at a word, with ``…``."""
+    if len(text) <= limit:
+        return text
+    if " " not in text:
+        return short_path(text, limit)
+    return text[: limit - 1].rsplit(" ", 1)[0].rstrip(" ,;:") + "\u2026"
 
 
 def _cause_lines(result: SweepResult) -> list[str]:
@@ -65,12 +82,11 @@ def _cause_lines(result: SweepResult) -> list[str]:
         return []
     lines = [f"root causes: {len(causes)} (for {len(result.culprits)} modules that initialize CUDA)"]
     for number, cause in enumerate(causes, 1):
-        lines.append(_one_line(f"  {number}. {cause.key}"))
+        lines += _cause_title(number, cause.key)
         lines += _cause_sites(cause)
         parent = len(cause.through_parent)
         only = f", {parent} only through a parent package" if parent else ""
-        reached = f"     reached by {len(cause.modules)} module(s){only}: {_names(cause.modules)}"
-        lines.append(_one_line(reached if len(reached) <= WIDTH else reached[: WIDTH - 4] + " ..."))
+        lines.append(_one_line(_reached(f"     reached by {len(cause.modules)} module(s){only}: ", cause.modules)))
     return lines
 
 
@@ -78,7 +94,7 @@ def _cause_sites(cause: RootCause) -> list[str]:
     """The cause's line to change by the one rule, then where the user's code reaches it and CUDA's line."""
 
     def where(label: str, site: Site | None) -> list[str]:
-        return [_one_line(f"     {label} {_fit(f'{display_path(site.file)}:{site.line}', 78)}")] if site else []
+        return [_one_line(f"     {label} {short_path(f'{display_path(site.file)}:{site.line}', 78)}")] if site else []
 
     headline = cause.headline
     lines = where(f"line to change ({headline_words(headline)}, on {cause.representative}):", headline.line)
@@ -97,9 +113,32 @@ def _cause_sites(cause: RootCause) -> list[str]:
     return lines
 
 
-def _names(modules: Sequence[str], limit: int = 6) -> str:
-    shown = ", ".join(modules[:limit])
-    return shown + (f", ... {len(modules) - limit} more" if len(modules) > limit else "")
+def _cause_title(number: int, key: str) -> list[str]:
+    """``N. module: `statement``` (``<- initializer`` only when it is another module), the statement on a line of
+    its own when the whole does not fit: the key is never cut."""
+    reached, arrow, initializer = key.rpartition(" <- ")
+    module = reached.partition(": ")[0]
+    shown = reached if arrow and initializer == module else key
+    title = _one_line(f"  {number}. {shown}")
+    if len(title) <= WIDTH:
+        return [title]
+    head, _, rest = shown.partition(": ")
+    return [_one_line(f"  {number}. {head}:"), _one_line(f"       {rest}")]
+
+
+def _reached(lead: str, modules: Sequence[str]) -> str:
+    """``lead`` and as many whole module names as fit in :data:`WIDTH`, then how many more: a name is never cut."""
+    shown: list[str] = []
+    for index, name in enumerate(modules[:6]):
+        rest = len(modules) - index - 1
+        more = f", ... {rest} more" if rest else ""
+        if len(lead) + len(", ".join([*shown, name])) + len(more) > WIDTH:
+            break
+        shown.append(name)
+    hidden = len(modules) - len(shown)
+    if not shown:
+        return lead.rstrip(": ") + " (in the table above)"
+    return lead + ", ".join(shown) + (f", ... {hidden} more" if hidden else "")
 
 
 @_safe
@@ -136,12 +175,19 @@ def render_sweep(result: SweepResult) -> str:
     table: list[list[str]] = []
     for row in rows:
         cuda = verdict_toned(row.judged, {"initializes-cuda": "YES", "clean": "no"}.get(row.judged.value, "?"))
-        table.append([row.module, cuda, f"{row.import_s:.3f}", str(row.status), _sweep_where(row)])
+        table.append([row.module, cuda, f"{row.import_s:.3f}", str(row.status), ""])
     header = ["module", "CUDA?", "import s", "status", "culprit at / why"]
     used = sum(max(len(header[i]), *(visible_len(r[i]) for r in table)) + 2 for i in range(4)) if table else 0
-    for cells in table:
-        cells[4] = _fit(cells[4], WIDTH - used)
-    lines = text_table(header, table, right=(2,))
+    below = []
+    for cells, row in zip(table, rows, strict=True):
+        cells[4], line = _sweep_where(row, max(WIDTH - used, 12))
+        below.append(line)
+    if WIDTH - used < len(header[4]):
+        header[4] = ""  # every detail is on its own line below its row
+    head, *body = text_table(header, table, right=(2,))
+    lines = [head]
+    for line, extra in zip(body, below, strict=True):
+        lines += [line, extra] if extra else [line]
     lines += _cause_lines(result)
     lines.append(_sweep_mode(result))
     if result.interrupted:

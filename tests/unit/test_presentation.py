@@ -432,3 +432,28 @@ def test_marks_only_inside_a_coloured_render_and_only_with_its_own_key():
     with coloured(False) as off:
         assert off is None
         assert toned("no", Tone.GOOD) == "no"
+
+
+def test_a_sweep_never_cuts_a_name_what_does_not_fit_goes_below_its_row():
+    long_module = "pkg." + "a_long_package_name_segment." * 2 + "leaf"
+    site = Site("/src/pkg/leaf.py", 4, "probe", "lib.cuInit(0)")
+    culprit = Culprit(long_module, ("pkg", long_module), site, (site,), "import", module_site=site)
+    rows = (
+        SweepRow(long_module, "ok", True, culprit, 0.5),
+        SweepRow("pkg.broken", "import-error", False, None, 0.1, error="ImportError: " + "a long message " * 8),
+        *(SweepRow(f"pkg.sibling_module_number_{i}", "ok", True, culprit, 0.1) for i in range(8)),
+    )
+    lines = str(SweepResult("pkg", rows, seconds=1.0)).splitlines()
+    assert all(len(line) <= 100 for line in lines), lines
+    names = [word for line in lines for word in line.replace(",", " ").split() if word.startswith("pkg.")]
+    assert long_module in names  # whole, wherever it is shown
+    cut = [name for name in names if name != long_module and long_module.startswith(name.rstrip("\u2026"))]
+    assert not cut, cut
+    broken = next(index for index, line in enumerate(lines) if line.startswith("pkg.broken"))
+    assert lines[broken + 1].startswith("    ImportError: a long message")  # its detail on its own line
+    reached = next(line for line in lines if "reached by" in line)
+    assert reached.rstrip().endswith(("more", "(in the table above)")), reached
+    if ": " in reached:
+        assert all(part.strip().startswith(("pkg.", "...")) for part in reached.split(": ", 1)[1].split(","))
+    title = next(index for index, line in enumerate(lines) if line.startswith("  1. "))
+    assert lines[title] == f"  1. {long_module}: `lib.cuInit(0)`"  # the module once: it is its own initializer
