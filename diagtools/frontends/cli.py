@@ -42,7 +42,11 @@ def _run_scan(args: argparse.Namespace) -> int:
     from diagtools.usecases.scan import scan
 
     check_writable(args.json, "--json")
-    result = scan(args.targets, **_shared(args), settle=args.settle, runner=_run_probe, cuts=args.cuts)
+    from diagtools.frontends.progress import phase_line
+
+    with phase_line() as live:
+        runner = _phased(_run_probe, live)
+        result = scan(args.targets, **_shared(args), settle=args.settle, runner=runner, cuts=args.cuts)
     from diagtools.render.text import render_scan  # loaded while the subkernel started
 
     _emit(result.to_json(), lambda: render_scan(result, stack=args.stack), args.json)
@@ -96,6 +100,23 @@ def _run_probe(request: SubkernelRequest) -> RawRun:
     from diagtools.runner.subkernel import run_subkernel
 
     return run_subkernel(request, meanwhile=_import_report)
+
+
+def _phased(runner: Callable[[SubkernelRequest], RawRun], live: Any) -> Callable[[SubkernelRequest], RawRun]:
+    """``runner`` that names each subkernel run on the live line: the import, the line-traced rerun, a cut."""
+    from diagtools import protocol
+
+    def run(request: SubkernelRequest) -> RawRun:
+        settings = request.settings
+        if settings.get(protocol.SCAN_SOURCES):
+            live.phase("verifying a cut: importing again with its statements deferred")
+        elif settings.get(protocol.SCAN_REFINE):
+            live.phase(f"tracing the lines of {settings[protocol.SCAN_REFINE]} in a second subkernel")
+        else:
+            live.phase(f"importing {' '.join(settings.get(protocol.SCAN_TARGETS, '').split())} in a fresh subkernel")
+        return runner(request)
+
+    return run
 
 
 def _import_report() -> None:
@@ -280,7 +301,10 @@ def _run_demo(args: argparse.Namespace) -> int:
     if args.notebooks is not None and not Path(args.notebooks).is_dir():
         raise UsageError(f"--notebooks {args.notebooks!r} is not a directory")
     notebooks = None if args.no_notebooks else Path(args.notebooks) if args.notebooks else NOTEBOOKS
-    report = write_demo_report(Path(args.out), driver=args.driver, notebooks=notebooks)
+    from diagtools.frontends.progress import phase_line
+
+    with phase_line() as live:
+        report = write_demo_report(Path(args.out), driver=args.driver, notebooks=notebooks, progress=live.phase)
     _print(lambda: report.summary)
     print(f"report written to {report.index.resolve()}")
     postmortem = report.index.parent / "postmortem.html"

@@ -48,6 +48,11 @@ class SpecimenOutcome:
             and self.specimen.site_text in culprit.site.source
         )
 
+    def summary_line(self) -> str:
+        """``[ok ] name/variant: verdict: ...``, as the demo's summary lists it."""
+        mark = "ok " if self.as_expected else toned("UNEXPECTED", Tone.UNKNOWN)  # the run's health: neutral
+        return f"  [{mark}] {self.specimen.name}/{self.variant}: {verdict_toned(self.result.verdict, self.headline())}"
+
     def headline(self) -> str:
         if not self.result.cuda_initialized:
             doubts = "; ".join(self.result.doubts())
@@ -87,10 +92,7 @@ class DemoReport:
     @property
     def summary(self) -> str:
         lines = [f"driver: {self.outcomes[0].result.driver.describe()}" if self.outcomes else "no specimens"]
-        for outcome in self.outcomes:
-            mark = "ok " if outcome.as_expected else toned("UNEXPECTED", Tone.UNKNOWN)  # the run's health: neutral
-            verdict = verdict_toned(outcome.result.verdict, outcome.headline())
-            lines.append(f"  [{mark}] {outcome.specimen.name}/{outcome.variant}: {verdict}")
+        lines += [outcome.summary_line() for outcome in self.outcomes]
         for notebook in self.notebooks:
             state = f"FAILED: {notebook.error}" if notebook.error else f"executed in {notebook.seconds:.1f} s"
             lines.append(f"  notebook {notebook.name}: {state}")
@@ -188,14 +190,25 @@ def _index_html(
 
 
 def write_demo_report(
-    out: Path, *, driver: str = "auto", notebooks: Path | None = NOTEBOOKS, run: Callable[..., ScanResult] = scan
+    out: Path,
+    *,
+    driver: str = "auto",
+    notebooks: Path | None = NOTEBOOKS,
+    run: Callable[..., ScanResult] = scan,
+    progress: Callable[[str], object] | None = None,
 ) -> DemoReport:
-    """Scan each specimen variant, execute the notebooks, and write the report under ``out``."""
-    outcomes = tuple(
-        SpecimenOutcome(specimen, variant, run(specimen.target, path=[specimen.tree(variant)], driver=driver))
-        for specimen in all_specimens()
-        for variant in specimen.variants
-    )
+    """Scan each specimen variant, execute the notebooks, and write the report under ``out``.
+
+    ``progress(phase)`` hears what starts: each scan (with how many are done), each notebook, the report.
+    """
+    say = progress or (lambda phase: None)
+    variants = [(specimen, variant) for specimen in all_specimens() for variant in specimen.variants]
+    outcomes_list = []
+    for number, (specimen, variant) in enumerate(variants, 1):
+        say(f"scanning {specimen.name}/{variant} ({number} of {len(variants)})")
+        result = run(specimen.target, path=[specimen.tree(variant)], driver=driver)
+        outcomes_list.append(SpecimenOutcome(specimen, variant, result))
+    outcomes = tuple(outcomes_list)
     out.mkdir(parents=True, exist_ok=True)
     scans = {f"{o.specimen.name}/{o.variant}": o.result.to_json() for o in outcomes}
     (out / "specimens.json").write_text(json_text(scans) + "\n", encoding="utf-8")
@@ -205,9 +218,12 @@ def write_demo_report(
     if notebooks is not None and notebooks.is_dir():
         # relative to the notebooks' folder, where they run: the exported notebooks hold no machine-local path
         parameters = {"DRIVER": driver, "OUT_DIR": os.path.relpath(out.resolve(), notebooks.resolve())}
-        executed = tuple(
-            run_notebook(path, out / "notebooks", parameters) for path in sorted(notebooks.glob("*.ipynb"))
-        )
+        ran = []
+        for path in sorted(notebooks.glob("*.ipynb")):
+            say(f"executing notebook {path.name}")
+            ran.append(run_notebook(path, out / "notebooks", parameters))
+        executed = tuple(ran)
+    say("writing the report")
     index = out / "index.html"
     index.write_text(_index_html(outcomes, executed, postmortem=(out / "postmortem.html").exists()), encoding="utf-8")
     return DemoReport(index, outcomes, executed, notes)

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
+import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from diagtools.errors import MissingExtraError
 
-__all__ = ["Stopwatch", "notebook_progress", "terminal_progress"]
+__all__ = ["PhaseLine", "Stopwatch", "notebook_progress", "phase_line", "terminal_progress"]
 
 
 def terminal_progress(description: str = "sweep") -> Callable[[int, int, Any], None]:
@@ -93,3 +95,70 @@ class Stopwatch:
             return runner(request)
 
         return run
+
+
+class PhaseLine:
+    """A live line on a terminal: what a long command is doing now and for how long, redrawn in place.
+
+    The work names each phase (:meth:`phase`); a ticker redraws the line a few
+    times a second, so a 20-second import shows its seconds passing instead
+    of nothing; :meth:`close` clears it before the report is printed.  Only
+    on a terminal: a pipe or a file gets no line at all.
+    """
+
+    def __init__(self, stream: Any, stopwatch: Stopwatch | None = None, interval: float = 0.25) -> None:
+        self.stream, self.watch, self.interval = stream, stopwatch or Stopwatch(), interval
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._ticker: threading.Thread | None = None
+
+    def phase(self, text: str) -> None:
+        if not self.watch.running:
+            self.watch.start(text)
+        self.watch.phase(text)
+        self._draw()
+        if self._ticker is None:
+            self._ticker = threading.Thread(target=self._tick, name="diagtools-phase-line", daemon=True)
+            self._ticker.start()
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._ticker is not None:
+            self._ticker.join()
+        with self._lock:
+            if self.watch.running:
+                self.stream.write("\r\x1b[K")
+                self.stream.flush()
+            self.watch.stop()
+
+    def _tick(self) -> None:
+        while not self._stop.wait(self.interval):
+            self._draw()
+
+    def _draw(self) -> None:
+        with self._lock:
+            if self.watch.running and not self._stop.is_set():
+                self.stream.write(f"\r\x1b[K{self.watch.line()}")
+                self.stream.flush()
+
+
+class _Quiet:
+    """A phase line for a stream that is not a terminal: says nothing."""
+
+    def phase(self, text: str) -> None:
+        pass
+
+
+@contextlib.contextmanager
+def phase_line(stream: Any = None) -> Iterator[PhaseLine | _Quiet]:
+    """A :class:`PhaseLine` on ``stream`` (default: stderr) when it is a terminal, else one that says nothing;
+    cleared on leaving, however the block ends."""
+    stream = stream if stream is not None else sys.stderr
+    if not (hasattr(stream, "isatty") and stream.isatty()):
+        yield _Quiet()
+        return
+    line = PhaseLine(stream)
+    try:
+        yield line
+    finally:
+        line.close()

@@ -82,3 +82,46 @@ def test_colour_follows_structure_never_a_users_words(make_tree):
     assert "\x1b[32m" not in scanned.stdout  # "status: ok; CUDA initialized: no" is the target's text, not ours
     assert "\x1b[33munknown\x1b[0m" in scanned.stdout
     assert "  status: import-error" in scanned.stdout  # the run's own health: neutral words
+
+
+def test_a_long_scan_shows_what_it_does_on_a_terminal_while_it_runs(make_tree):
+    """The phase line appears on a terminal at once, counts seconds while the import runs, and is cleared before
+    the report; a pipe gets none of it."""
+    import pty
+    import select
+    import time
+
+    root = make_tree({"slowpkg.py": "import time\ntime.sleep(2.5)\n"})
+    command = [DIAGTOOLS, "scan", "slowpkg", "--path", str(root), "--driver", "simulated", "--no-cuts"]
+    main, child = pty.openpty()
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=child, text=True)
+    os.close(child)
+    seen, started = b"", time.monotonic()
+    try:
+        while process.poll() is None and time.monotonic() - started < 60:
+            if select.select([main], [], [], 0.2)[0]:
+                try:
+                    seen += os.read(main, 4096)
+                except OSError:
+                    break
+            if b"importing slowpkg in a fresh subkernel (" in seen and process.poll() is None:
+                break  # shown while the scan still runs
+        assert b"importing slowpkg in a fresh subkernel (" in seen, seen
+        assert process.poll() is None  # before the end
+        out, _ = process.communicate(timeout=60)
+        while select.select([main], [], [], 0.2)[0]:
+            try:
+                chunk = os.read(main, 4096)
+            except OSError:  # the terminal's last writer is gone
+                break
+            if not chunk:
+                break
+            seen += chunk
+        assert seen.endswith(b"\r\x1b[K"), seen[-80:]  # the line is cleared before the report
+    finally:
+        if process.poll() is None:
+            process.kill()
+        os.close(main)
+    assert out.startswith("diagtools scan slowpkg")  # the report itself is unchanged
+    piped = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
+    assert "importing" not in piped.stderr  # no terminal, no line
