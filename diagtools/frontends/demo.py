@@ -154,7 +154,8 @@ def _inject_parameters(notebook: Any, parameters: dict[str, Any], nbformat: Any)
 _INDEX_STYLE = (
     "<style>body{font:15px/1.5 system-ui,sans-serif;max-width:60rem;margin:2rem auto;padding:0 1rem;color:#222}"
     "h1{font-size:1.6rem;margin-bottom:.2rem}h2{font-size:1.2rem;margin-top:1.6rem;border-bottom:1px solid #ddd}"
-    "a{color:#1f5fa8}ul{padding-left:1.2rem}li{margin:.2rem 0}code{background:#f4f4f4;padding:1px 4px}"
+    "a{color:#1f5fa8}ul{padding-left:1.2rem}li{margin:.2rem 0}"
+    "code{background:#f4f4f4;padding:0 4px;box-decoration-break:clone}"
     + "".join(f".{tone.value}{{color:{colour};font-weight:600}}" for tone, colour in HTML_COLOURS.items())
     + ".lede{color:#555}nav a{margin-right:1rem}</style>"
 )

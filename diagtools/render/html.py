@@ -38,8 +38,10 @@ __all__ = [
 ]
 
 _STYLE = (
-    "<style>.dt{font-family:system-ui,sans-serif;font-size:13px;max-width:100%;overflow-wrap:anywhere}"
-    ".dt code{background:#f4f4f4;padding:1px 3px}"
+    "<style>.dt{font-family:system-ui,sans-serif;font-size:13px;line-height:1.5;max-width:100%;overflow-wrap:anywhere}"
+    # a wrapped code span draws a background box per line: no vertical padding, so no box covers the underscores
+    # of the line above; each line keeps its own padding at the edges
+    ".dt code{background:#f4f4f4;padding:0 3px;-webkit-box-decoration-break:clone;box-decoration-break:clone}"
     + "".join(f".dt .{tone.value}{{color:{colour};font-weight:600}}" for tone, colour in HTML_COLOURS.items())
     + ".dt .dt-box{max-width:100%;overflow-x:auto}"
     + ".dt table{border-collapse:collapse;max-width:100%}.dt td,.dt th{border:1px solid #ddd;padding:3px 8px;"
