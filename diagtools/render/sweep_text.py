@@ -159,13 +159,25 @@ def _sweep_mode(result: SweepResult) -> str:
 
 
 def _sweep_run(result: SweepResult) -> str:
+    """How the sweep ran, in lines that fit :data:`WIDTH`, wrapped between words and names, never inside one."""
     if result.mode == "zygote":
-        preload = ", ".join(result.preload) or "nothing"
-        line = f"mode: zygote (preloaded {preload}; each module in a forked child)"
+        lines = ["mode: zygote (each module scanned in a child forked from a process that preloaded its imports)"]
+        lines += _wrapped(f"preloaded: {', '.join(map(_one_line, result.preload)) or 'nothing'}")
     else:
-        line = "mode: fresh subkernels"
-    line += "".join(f"\npreload: {_one_line(note)}" for note in result.preload_notes)
-    return line + (f"\nfallback: {result.fallback}" if result.fallback else "")
+        lines = ["mode: fresh subkernels"]
+    for note in result.preload_notes:
+        lines += _wrapped(f"preload: {_one_line(note)}")
+    if result.fallback:
+        lines += _wrapped(f"fallback: {result.fallback}")
+    return "\n".join(lines)
+
+
+def _wrapped(text: str) -> list[str]:
+    import textwrap  # only a sweep's report needs it
+
+    return textwrap.wrap(text, WIDTH, subsequent_indent="    ", break_long_words=False, break_on_hyphens=False) or [
+        text
+    ]
 
 
 @_safe

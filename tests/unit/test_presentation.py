@@ -457,3 +457,13 @@ def test_a_sweep_never_cuts_a_name_what_does_not_fit_goes_below_its_row():
         assert all(part.strip().startswith(("pkg.", "...")) for part in reached.split(": ", 1)[1].split(","))
     title = next(index for index, line in enumerate(lines) if line.startswith("  1. "))
     assert lines[title] == f"  1. {long_module}: `lib.cuInit(0)`"  # the module once: it is its own initializer
+
+
+def test_a_zygote_sweeps_preload_and_notes_wrap_between_names():
+    preload = tuple(f"vllm.model_executor.layers.part_{i}" for i in range(14))
+    note = "learned from 24 children: " + ", ".join(preload[:6]) + " (each checked clean in the zygote)"
+    result = SweepResult("vllm", (), seconds=1.0, mode="zygote", preload=preload, preload_notes=(note,))
+    lines = str(result).splitlines()
+    assert all(len(line) <= 100 for line in lines), lines
+    words = {word.strip(",;()") for line in lines for word in line.split()}
+    assert set(preload) <= words  # every name whole, on one line or the next
