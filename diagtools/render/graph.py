@@ -109,7 +109,7 @@ def _label(node: ImportNode, hidden: int, site: str) -> str:
     if node.initializes_cuda:
         lines.append("INITIALIZES CUDA")
         if site:
-            lines.append(site)
+            lines += site.split("\n")
     return "\\n".join(_escape(line) for line in lines)  # escaped lines joined by DOT's own newline
 
 
@@ -121,8 +121,34 @@ def _site_text(result: ScanResult, name: str) -> str:
     return ""
 
 
+_LABEL_CHARS = 60  # of a source line on one line of a label
+_LABEL_LINES = 3
+_BREAKS = (" ", ",", "(", "[")  # where a statement may break: between names
+
+
 def _short(site: Site) -> str:
-    return f"{site.file.rsplit('/', 1)[-1]}:{site.line}: {site.source[:60]}"
+    """``file.py:N: statement``; a long statement goes on up to three lines, broken between names, never inside
+    one (a label cut mid-identifier names another module)."""
+    head = f"{site.file.rsplit('/', 1)[-1]}:{site.line}: "
+    source = site.source
+    if len(source) <= _LABEL_CHARS:
+        return head + source
+    lines: list[str] = []
+    rest = source
+    while rest and len(lines) < _LABEL_LINES:
+        if len(rest) <= _LABEL_CHARS:
+            lines.append(rest)
+            rest = ""
+            break
+        cut = max(rest.rfind(mark, 0, _LABEL_CHARS) for mark in _BREAKS) + 1
+        if cut <= 0:  # one name longer than a line: that line holds it whole
+            found = [i for i in (rest.find(mark, _LABEL_CHARS) for mark in _BREAKS) if i > 0]
+            cut = min(found) + 1 if found else len(rest)
+        lines.append(rest[:cut].rstrip())
+        rest = rest[cut:].lstrip()
+    if rest:
+        lines[-1] += " \u2026"
+    return head + "\n".join(lines)
 
 
 def _import_lines(result: ScanResult) -> dict[tuple[str, str], Site]:
@@ -256,7 +282,7 @@ def _add_edges(
             site = (lines or {}).get((parent, name)) if on_chain else None
             if site is not None:
                 mark = "line to change: " if (site.file, site.line) in changes else ""
-                attrs["label"] = _escape(mark + _short(site))
+                attrs["label"] = "\\n".join(_escape(line) for line in (mark + _short(site)).split("\n"))
             if (parent, name) in marks.edges:
                 attrs.update(REMOVED_EDGE)
             graph.edge(_escape(parent), _escape(name), **attrs)

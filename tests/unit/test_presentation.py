@@ -467,3 +467,16 @@ def test_a_zygote_sweeps_preload_and_notes_wrap_between_names():
     assert all(len(line) <= 100 for line in lines), lines
     words = {word.strip(",;()") for line in lines for word in line.split()}
     assert set(preload) <= words  # every name whole, on one line or the next
+
+
+def test_a_graph_label_breaks_a_long_import_between_names_never_inside_one():
+    from diagtools.render.graph import _short
+
+    names = ["fused_allreduce_rms_norm", "fused_allreduce_rms_norm_quant", "fused_allreduce_static_group_launcher"]
+    label = _short(Site("/src/ops/__init__.py", 3, "<module>", f"from .fused import {', '.join(names)}"))
+    lines = label.split("\n")
+    assert lines[0].startswith("__init__.py:3: from .fused import")
+    assert all(len(line) <= 60 for line in lines[1:])
+    words = {word.strip(",") for line in lines for word in line.split()}
+    assert set(names) <= words  # each name whole
+    assert _short(Site("/src/x.py", 1, "<module>", "import short")) == "x.py:1: import short"
