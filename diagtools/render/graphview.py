@@ -2,7 +2,7 @@
 
 Works wherever HTML runs scripts (JupyterLab outputs, exported notebooks, the
 postmortem page) with no network and no widget state: zoom (buttons or
-Ctrl+wheel), pan (drag), open fitted to the width (the whole graph, with a
+Ctrl+wheel), pan (drag), open fitted to the view (the whole graph, width and height, with a
 zoom-in cue when its text is small), click a module for its file, times and stack, export the graph
 as SVG or PNG (drawn on a canvas in the page).  Where scripts do not run
 (an ipywidgets HTML view, a sanitized viewer) the same block still shows
@@ -70,9 +70,9 @@ box.classList.add('dtg-live');box.querySelector('.dtg-bar').hidden=false;
 svg.style.transformOrigin='0 0';
 function apply(){svg.style.transform='translate('+x+'px,'+y+'px) scale('+s+')';
 box.setAttribute('data-scale',s.toFixed(3));if(cue)cue.hidden=s>=minS-1e-3;}
-function fit(){var w=view.clientWidth;if(!w)return false;s=Math.max(floor,Math.min(1.5,(w-8)/W));
-x=Math.max(0,(w-W*s)/2);y=4;
-if(W*s>w){centre(svg.querySelector('g.node.culprit'),w);}view.style.height=Math.round(Math.min(H*s+12,Math.max(260,window.innerHeight*0.7)))+'px';
+function fit(){var w=view.clientWidth;if(!w)return false;var room=Math.max(260,window.innerHeight*0.7);
+s=Math.max(floor,Math.min(1.5,(w-8)/W,(room-12)/H));x=Math.max(0,(w-W*s)/2);y=4;
+if(W*s>w){centre(svg.querySelector('g.node.culprit'),w);}view.style.height=Math.round(Math.min(H*s+12,room))+'px';
 apply();return true;}
 function centre(node,w){if(!node||!node.getBBox)return;var b=node.getBBox(),g=svg.querySelector('g.graph'),
 tr=g&&/translate\(([-\d.]+)/.exec(g.getAttribute('transform')||''),tx=tr?parseFloat(tr[1]):0;
@@ -193,7 +193,7 @@ def graph_view_html(
     buttons = "".join(
         f'<button type="button" data-act="{act}" title="{escape(tip)}">{escape(label)}</button>'
         for act, label, tip in (
-            ("fit", "Fit", "fit the whole graph to the width"),
+            ("fit", "Fit", "fit the whole graph in the view"),
             ("in", "+", "zoom in (or Ctrl+wheel)"),
             ("out", "\u2212", "zoom out"),
             ("one", "1:1", "natural size"),
@@ -206,7 +206,7 @@ def graph_view_html(
         f'{_CSS}<div class="dtg" id="{prefix}" data-name="{escape(name)}" '
         f'data-min-scale="{MIN_FONT_PX / BASE_FONT_PX:.4f}" data-floor-scale="{FLOOR_SCALE}"{picked}>'
         f'<div class="dtg-bar" hidden>{buttons}<span class="dtg-hint">drag to pan &middot; click a module for its '
-        'file, times and stack</span><span class="dtg-cue" hidden>The whole graph, fitted to the width: '
+        'file, times and stack</span><span class="dtg-cue" hidden>The whole graph, fitted to the view: '
         "zoom in (+ or Ctrl+wheel) to read it, then drag to pan</span></div>"
         f"{_legend()}"
         f'<div class="dtg-view">{prepare_svg(svg, prefix)}</div>'

@@ -55,3 +55,34 @@ def test_a_wrapped_code_span_never_paints_over_the_line_above(tab, style, body):
     assert len(boxes) >= 3, boxes  # it did wrap
     for (_, bottom), (top, _) in itertools.pairwise(boxes):
         assert top >= bottom - 0.01, boxes  # the next line's background starts below this line's box
+
+
+def test_a_tall_graph_opens_whole_in_its_view_at_1024_by_768(tab):
+    """Fitted to the view's height as well as its width: the last row is never below the view's edge; when that
+    makes the text small, the zoom cue shows."""
+    from diagtools.render.graphview import graph_view_html
+
+    rows = "".join(
+        f'<g class="node"><title>m{i}</title><rect x="10" y="{i * 60}" width="300" height="40"/>'
+        f'<text x="20" y="{i * 60 + 25}" font-size="12">m{i}</text></g>'
+        for i in range(20)
+    )
+    svg = (
+        '<svg width="400pt" height="1200pt" viewBox="0 0 400 1200" xmlns="http://www.w3.org/2000/svg">'
+        f'<g id="graph0" class="graph" transform="translate(0 0)">{rows}</g></svg>'
+    )
+    tab.set_content(f"<html><head>{_STYLE}</head><body><div class='dt'>{graph_view_html(svg, {})}</div></body></html>")
+    tab.wait_for_function("() => document.querySelector('.dtg').hasAttribute('data-scale')", timeout=30_000)
+    geometry = tab.evaluate(
+        """() => {
+      const box = document.querySelector('.dtg'), view = box.querySelector('.dtg-view');
+      const v = view.getBoundingClientRect(), s = view.querySelector('svg').getBoundingClientRect();
+      const cue = box.querySelector('.dtg-cue');
+      return {top: s.top >= v.top - 1, bottom: s.bottom <= v.bottom + 1, left: s.left >= v.left - 1,
+              right: s.right <= v.right + 1,
+              scale: parseFloat(box.getAttribute('data-scale')), min: parseFloat(box.getAttribute('data-min-scale')),
+              cue: !cue.hidden};
+    }"""
+    )
+    assert all(geometry[side] for side in ("top", "bottom", "left", "right")), geometry
+    assert geometry["cue"] == (geometry["scale"] < geometry["min"] - 1e-3), geometry
