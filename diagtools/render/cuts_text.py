@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from diagtools.model.verdict import Tone
 from diagtools.render.escape import _safe, one_line
-from diagtools.render.lines import OUTCOME_WORDS, change_lines, cut_lines
+from diagtools.render.lines import OUTCOME_WORDS, change_lines, cut_lines, wrapped
 from diagtools.render.paths import display_path
 from diagtools.render.style import toned, verdict_toned
 
@@ -27,7 +27,9 @@ def render_fix(fix: FixResult, *, patch: bool = True) -> str:
     itself last (a file given to ``--write`` holds it instead)."""
     scan = fix.scan
     lines = [f"diagtools fix {' '.join(map(one_line, scan.targets))}"]
-    lines.append(f"  driver: {one_line(replace(scan.driver, library=display_path(scan.driver.library)).describe())}")
+    lines += wrapped(
+        f"  driver: {one_line(replace(scan.driver, library=display_path(scan.driver.library)).describe())}"
+    )
     lines.append(f"  verdict: {verdict_toned(scan.verdict)}")
     if scan.culprit is not None:
         lines.append(f"  culprit: {one_line(scan.culprit.module)}")

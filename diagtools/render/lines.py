@@ -33,6 +33,7 @@ __all__ = [
     "site_lines",
     "text_table",
     "try_text",
+    "wrapped",
 ]
 
 _one_line = one_line
@@ -287,3 +288,23 @@ def _table_cell(value: object) -> str:
     if isinstance(value, float):
         return f"{value:.4g}"
     return str(value)
+
+
+def wrapped(text: str, indent: str = "    ") -> list[str]:
+    """``text`` in lines of at most :data:`~diagtools.render.escape.WIDTH` columns, broken between words and
+    never inside one (a path longer than a line keeps a line of its own); the lines after the first indented."""
+    import textwrap  # only a long line needs it
+
+    from diagtools.render.escape import WIDTH
+
+    if len(text) <= WIDTH:
+        return [text]
+    lead = len(text) - len(text.lstrip(" "))
+    return textwrap.wrap(
+        text.lstrip(" "),
+        WIDTH,
+        initial_indent=" " * lead,
+        subsequent_indent=" " * lead + indent,
+        break_long_words=False,
+        break_on_hyphens=False,
+    ) or [text]

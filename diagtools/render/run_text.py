@@ -18,7 +18,7 @@ from diagtools.model.cuts import unsearched
 from diagtools.model.run import Finding, RunResult
 from diagtools.model.scan import Culprit, Site
 from diagtools.render.escape import one_line, terminal_safe
-from diagtools.render.lines import culprit_details, site_lines
+from diagtools.render.lines import culprit_details, site_lines, wrapped
 from diagtools.render.paths import display_path, shorten_paths
 from diagtools.render.style import verdict_toned
 
@@ -152,7 +152,7 @@ def render_run(result: RunResult) -> str:
     driver = replace(result.driver, library=display_path(result.driver.library) if result.driver.library else None)
     lines = [
         f"diagtools run: {one_line(result.title)}",
-        f"  driver: {one_line(driver.describe())}",
+        *wrapped(f"  driver: {one_line(driver.describe())}"),
         f"  command: {describe_exit(result.exitcode)}; {len(result.processes)} Python process(es) watched"
         f" ({forked} forked)",
         f"  verdict: {verdict_toned(result.verdict, _VERDICTS[result.verdict])}",

@@ -7,7 +7,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from diagtools.render.escape import WIDTH, _safe, one_line
-from diagtools.render.lines import _culprit_lines, headline_words, text_table
+from diagtools.render.lines import _culprit_lines, headline_words, text_table, wrapped
 from diagtools.render.paths import display_path, short_path
 from diagtools.render.style import verdict_toned, visible_len
 
@@ -154,7 +154,7 @@ def render_baseline(result: SweepResult, known: frozenset[str], source: str) -> 
 def _sweep_mode(result: SweepResult) -> str:
     driver = result.driver
     shown = replace(driver, library=display_path(driver.library) if driver.library else None) if driver else None
-    lines = [f"driver: {shown.describe()}"] if shown is not None else []
+    lines = wrapped(f"driver: {shown.describe()}") if shown is not None else []
     return "\n".join([*lines, _sweep_run(result)])
 
 
@@ -162,22 +162,14 @@ def _sweep_run(result: SweepResult) -> str:
     """How the sweep ran, in lines that fit :data:`WIDTH`, wrapped between words and names, never inside one."""
     if result.mode == "zygote":
         lines = ["mode: zygote (each module scanned in a child forked from a process that preloaded its imports)"]
-        lines += _wrapped(f"preloaded: {', '.join(map(_one_line, result.preload)) or 'nothing'}")
+        lines += wrapped(f"preloaded: {', '.join(map(_one_line, result.preload)) or 'nothing'}")
     else:
         lines = ["mode: fresh subkernels"]
     for note in result.preload_notes:
-        lines += _wrapped(f"preload: {_one_line(note)}")
+        lines += wrapped(f"preload: {_one_line(note)}")
     if result.fallback:
-        lines += _wrapped(f"fallback: {result.fallback}")
+        lines += wrapped(f"fallback: {result.fallback}")
     return "\n".join(lines)
-
-
-def _wrapped(text: str) -> list[str]:
-    import textwrap  # only a sweep's report needs it
-
-    return textwrap.wrap(text, WIDTH, subsequent_indent="    ", break_long_words=False, break_on_hyphens=False) or [
-        text
-    ]
 
 
 @_safe

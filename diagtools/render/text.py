@@ -26,6 +26,7 @@ from diagtools.render.lines import (
     hook_note,
     site_lines,
     text_table,
+    wrapped,
 )
 from diagtools.render.paths import display_path
 from diagtools.render.style import paint, toned, use_color, verdict_toned
@@ -65,7 +66,7 @@ def render_scan(result: ScanResult, *, stack: bool = False) -> str:
     """A short report a person can act on; ``stack`` adds the whole Python stack."""
     lines = [
         f"diagtools scan {' '.join(map(_one_line, result.targets))}",
-        f"  driver: {_one_line(_driver_text(result))}",
+        *wrapped(f"  driver: {_one_line(_driver_text(result))}"),
         f"  status: {result.status}  ({len(result.modules)} modules imported in {result.duration_s:.2f} s)",
     ]
     lines += _error_lines(result)
@@ -87,7 +88,7 @@ def render_replay(result: ReplayResult) -> str:
     """The replay as a transcript: setup, parent state, child outcome, driver answers."""
     lines = [
         f"diagtools replay {result.target} --start-method {result.start_method} --child {result.child_action}",
-        f"  driver: {_one_line(_driver_text(result))}",
+        *wrapped(f"  driver: {_one_line(_driver_text(result))}"),
         f"  {toned(*result.headline())}",
         f"  status: {result.status}; the import {_import_verdict(result)}",
     ]

@@ -480,3 +480,19 @@ def test_a_graph_label_breaks_a_long_import_between_names_never_inside_one():
     words = {word.strip(",") for line in lines for word in line.split()}
     assert set(names) <= words  # each name whole
     assert _short(Site("/src/x.py", 1, "<module>", "import short")) == "x.py:1: import short"
+
+
+def test_a_long_driver_line_wraps_between_words_and_keeps_its_path_whole():
+    from diagtools.render.lines import wrapped
+
+    library = "~/.cache/diagtools/simdriver/71aa234321d77138/libcuda.so.1"
+    text = (
+        f"  driver: simulated driver, a libcuda.so.1 stand-in with no GPU ({library}); also simulated: libcudart.so.13"
+    )
+    lines = wrapped(text)
+    assert len(lines) > 1
+    assert all(len(line) <= 100 for line in lines)
+    assert lines[0].startswith("  driver: ")
+    assert all(line.startswith("      ") for line in lines[1:])
+    assert any(f"({library});" in line for line in lines)  # the path whole, on one line
+    assert wrapped("  short") == ["  short"]
