@@ -42,10 +42,10 @@ def _run_scan(args: argparse.Namespace) -> int:
     from diagtools.usecases.scan import scan
 
     check_writable(args.json, "--json")
-    from diagtools.frontends.progress import phase_line
+    from diagtools.frontends.progress import named_runs, phase_line
 
     with phase_line() as live:
-        runner = _phased(_run_probe, live)
+        runner = named_runs(_run_probe, live.phase)
         result = scan(args.targets, **_shared(args), settle=args.settle, runner=runner, cuts=args.cuts)
     from diagtools.render.text import render_scan  # loaded while the subkernel started
 
@@ -100,23 +100,6 @@ def _run_probe(request: SubkernelRequest) -> RawRun:
     from diagtools.runner.subkernel import run_subkernel
 
     return run_subkernel(request, meanwhile=_import_report)
-
-
-def _phased(runner: Callable[[SubkernelRequest], RawRun], live: Any) -> Callable[[SubkernelRequest], RawRun]:
-    """``runner`` that names each subkernel run on the live line: the import, the line-traced rerun, a cut."""
-    from diagtools import protocol
-
-    def run(request: SubkernelRequest) -> RawRun:
-        settings = request.settings
-        if settings.get(protocol.SCAN_SOURCES):
-            live.phase("verifying a cut: importing again with its statements deferred")
-        elif settings.get(protocol.SCAN_REFINE):
-            live.phase(f"tracing the lines of {settings[protocol.SCAN_REFINE]} in a second subkernel")
-        else:
-            live.phase(f"importing {' '.join(settings.get(protocol.SCAN_TARGETS, '').split())} in a fresh subkernel")
-        return runner(request)
-
-    return run
 
 
 def _import_report() -> None:

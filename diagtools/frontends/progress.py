@@ -11,7 +11,7 @@ from typing import Any
 
 from diagtools.errors import MissingExtraError
 
-__all__ = ["PhaseLine", "Stopwatch", "notebook_progress", "phase_line", "terminal_progress"]
+__all__ = ["PhaseLine", "Stopwatch", "named_runs", "notebook_progress", "phase_line", "scan_phase", "terminal_progress"]
 
 
 def terminal_progress(description: str = "sweep") -> Callable[[int, int, Any], None]:
@@ -95,6 +95,30 @@ class Stopwatch:
             return runner(request)
 
         return run
+
+
+def scan_phase(request: Any) -> str:
+    """What one subkernel run of a scan or a fix is for, read from its request: the phase a live display names."""
+    from diagtools import protocol
+
+    settings = request.settings
+    if settings.get(protocol.RESOLVE_NAMES):
+        return "checking that the patch keeps every deferred name importable"
+    if settings.get(protocol.SCAN_SOURCES):
+        return "verifying a cut: importing again with its statements deferred"
+    if settings.get(protocol.SCAN_REFINE):
+        return f"tracing the lines of {settings[protocol.SCAN_REFINE]} in a second subkernel"
+    return f"importing {' '.join(settings.get(protocol.SCAN_TARGETS, '').split())} in a fresh subkernel"
+
+
+def named_runs(runner: Callable[[Any], Any], phase: Callable[[str], object]) -> Callable[[Any], Any]:
+    """``runner`` that first tells ``phase`` what each run is for (:func:`scan_phase`)."""
+
+    def run(request: Any) -> Any:
+        phase(scan_phase(request))
+        return runner(request)
+
+    return run
 
 
 class PhaseLine:

@@ -16,7 +16,7 @@ from typing import Any
 
 from diagtools.driver import DRIVER_CHOICES
 from diagtools.errors import DiagtoolsError, MissingExtraError
-from diagtools.frontends.progress import Stopwatch
+from diagtools.frontends.progress import Stopwatch, named_runs
 from diagtools.model.fix import FixResult
 from diagtools.model.replay import CHILD_ACTIONS
 from diagtools.model.scan import ScanResult
@@ -205,16 +205,17 @@ class ScanPanel(_Panel):
 
     def run_scan(self) -> None:
         """Scan the target in a fresh subkernel and show the result."""
-        self._call(self.scanner, self.show, "scanning {} in a fresh subkernel&hellip;", SCAN_AGAIN)
+        self._call(self.scanner, self.show, "scanning {} in a fresh subkernel&hellip;")
 
     def run_fix(self) -> None:
         """Find the nearest verified cut, write it as a patch checked on a copy, and show it with its guard."""
-        self._call(self.fixer, self.show_fix, "looking for the fix of {}&hellip;", FIX_PHASE)
+        self._call(self.fixer, self.show_fix, "looking for the fix of {}&hellip;")
 
-    def _call(self, call: Callable[..., Any], show: Callable[[Any], None], message: str, later: str) -> None:
-        """``show(call(target, path=..., driver=..., runner=...))`` off the kernel's thread, its runs named."""
+    def _call(self, call: Callable[..., Any], show: Callable[[Any], None], message: str) -> None:
+        """``show(call(target, path=..., driver=..., runner=...))`` off the kernel's thread, each run named by
+        what it is for (:func:`~diagtools.frontends.progress.scan_phase`)."""
         target, paths, driver = self.target.value.strip(), _split_paths(self.path.value), self.driver.value
-        runner = self.stopwatch.phased(run_subkernel, SCAN_PHASES, later=later)
+        runner = named_runs(run_subkernel, self.stopwatch.phase)
         self._run(
             lambda: show(call(target, path=paths, driver=driver, runner=runner)),
             message.format(f"<code>{escape(target)}</code>"),
@@ -255,8 +256,6 @@ class ScanPanel(_Panel):
 
 
 SCAN_PHASES = ("importing the target in a fresh subkernel",)
-SCAN_AGAIN = "run {n}: scanning again (tracing the culprit's lines, or verifying a cut)"
-FIX_PHASE = "run {n}: scanning again with import statements deferred (verifying a cut), or checking the patch"
 REPLAY_PHASES = tuple(
     f"replay {variant}/{method}: parent imports the target, child calls CUDA"
     for variant in ("before", "after")
