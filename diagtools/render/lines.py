@@ -11,7 +11,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from diagtools.model.verdict import Evidence, Tone
-from diagtools.render.escape import one_line
+from diagtools.render.escape import WIDTH, one_line
 from diagtools.render.paths import display_path
 from diagtools.render.style import toned, verdict_toned, visible_len
 
@@ -293,12 +293,10 @@ def _table_cell(value: object) -> str:
 def wrapped(text: str, indent: str = "    ") -> list[str]:
     """``text`` in lines of at most :data:`~diagtools.render.escape.WIDTH` columns, broken between words and
     never inside one (a path longer than a line keeps a line of its own); the lines after the first indented."""
-    import textwrap  # only a long line needs it
-
-    from diagtools.render.escape import WIDTH
-
     if len(text) <= WIDTH:
         return [text]
+    import textwrap  # only a long line needs it
+
     lead = len(text) - len(text.lstrip(" "))
     return textwrap.wrap(
         text.lstrip(" "),

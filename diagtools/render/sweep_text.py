@@ -120,9 +120,9 @@ def _cause_title(number: int, key: str) -> list[str]:
     module = reached.partition(": ")[0]
     shown = reached if arrow and initializer == module else key
     title = _one_line(f"  {number}. {shown}")
-    if len(title) <= WIDTH:
+    head, colon, rest = shown.partition(": ")
+    if len(title) <= WIDTH or not colon:  # a cause with no line of the user's (``module (phase)``) stays whole
         return [title]
-    head, _, rest = shown.partition(": ")
     return [_one_line(f"  {number}. {head}:"), _one_line(f"       {rest}")]
 
 

@@ -176,11 +176,10 @@ class _Sweep:
 
     tree: SweptTree
     setup: DriverSetup
+    options: ScanOptions  # each child's timeout, and whose code is the user's
     request: SubkernelRequest
     jobs: int
-    timeout: float
     on_row: Callable[[SweepRow], None]
-    own: tuple[str, ...]
 
 
 def zygote_pass(
@@ -199,7 +198,7 @@ def zygote_pass(
     With ``adapt`` (and at least :data:`ADAPT_MIN_MODULES` modules), the
     preload grows: see :func:`_adaptive_pass`.
     """
-    sweep = _Sweep(tree, setup, _request(setup, options), jobs, options.timeout, on_row, options.own)
+    sweep = _Sweep(tree, setup, options, _request(setup, options), jobs, on_row)
     if adapt and len(modules) >= ADAPT_MIN_MODULES:
         return _adaptive_pass(sweep, modules, list(preload))
     return _pass(sweep, modules, list(preload))
@@ -297,8 +296,8 @@ def _pass(
 ) -> ZygotePass:
     """One zygote over ``modules``, retried with a shorter preload while the zygote refuses one."""
     attempt, notes = list(preload), []
-    tree, setup, request, on_row, own = sweep.tree, sweep.setup, sweep.request, sweep.on_row, sweep.own
-    jobs, timeout = sweep.jobs, sweep.timeout
+    tree, setup, request, on_row, own = sweep.tree, sweep.setup, sweep.request, sweep.on_row, sweep.options.own
+    jobs, timeout = sweep.jobs, sweep.options.timeout
     while True:
         collector = _Collector(modules, setup, tree, on_row, own=own, learner=learner)
         outcome = run_zygote(
