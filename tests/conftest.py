@@ -72,6 +72,14 @@ def require_installed(module: str, extra: str, reason: str | None = None) -> Non
         _missing(module, extra, reason)
 
 
+def unwrapped(text: str) -> str:
+    """``text`` with each labelled site the report put on its own line (``label:`` then ``path:N in f``) joined
+    back to its label, so a test reads the same line however wide the path made it."""
+    import re
+
+    return re.sub(r":\n +(\S+:\d+(?: in \S+)?)\n", r": \1\n", text)
+
+
 def cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     """Run the installed ``diagtools`` command, as a user would, and capture what it printed."""
     return subprocess.run([DIAGTOOLS, *args], capture_output=True, text=True, timeout=timeout, check=False)

@@ -289,10 +289,12 @@ def _run_demo(args: argparse.Namespace) -> int:
     with phase_line() as live:
         report = write_demo_report(Path(args.out), driver=args.driver, notebooks=notebooks, progress=live.phase)
     _print(lambda: report.summary)
-    print(f"report written to {report.index.resolve()}")
+    from diagtools.render.paths import display_path
+
+    print(f"report written to {display_path(str(report.index.resolve()))}")
     postmortem = report.index.parent / "postmortem.html"
     if postmortem.exists():
-        print(f"postmortem: {postmortem.resolve()}")
+        print(f"postmortem: {display_path(str(postmortem.resolve()))}")
     return ExitCode.OK if report.as_expected else ExitCode.TARGET_FAILED
 
 

@@ -91,7 +91,8 @@ class DemoReport:
 
     @property
     def summary(self) -> str:
-        lines = [f"driver: {self.outcomes[0].result.driver.describe()}" if self.outcomes else "no specimens"]
+        driver = shareable(self.outcomes[0].result, library=True).driver.describe() if self.outcomes else ""
+        lines = [f"driver: {driver}" if self.outcomes else "no specimens"]
         lines += [outcome.summary_line() for outcome in self.outcomes]
         for notebook in self.notebooks:
             state = f"FAILED: {notebook.error}" if notebook.error else f"executed in {notebook.seconds:.1f} s"
@@ -211,7 +212,9 @@ def write_demo_report(
         outcomes_list.append(SpecimenOutcome(specimen, variant, result))
     outcomes = tuple(outcomes_list)
     out.mkdir(parents=True, exist_ok=True)
-    scans = {f"{o.specimen.name}/{o.variant}": o.result.to_json() for o in outcomes}
+    _clear_earlier_report(out)
+    # meant for sharing: every path by the one rule (diagtools.render.paths), no driver cache path
+    scans = {f"{o.specimen.name}/{o.variant}": shareable(o.result).to_json() for o in outcomes}
     (out / "specimens.json").write_text(json_text(scans) + "\n", encoding="utf-8")
     (out / "specimens.md").write_text(_markdown(outcomes), encoding="utf-8")
     executed: tuple[NotebookOutcome, ...] = ()
@@ -228,6 +231,21 @@ def write_demo_report(
     index = out / "index.html"
     index.write_text(_index_html(outcomes, executed, postmortem=(out / "postmortem.html").exists()), encoding="utf-8")
     return DemoReport(index, outcomes, executed, notes)
+
+
+def _clear_earlier_report(out: Path) -> None:
+    """Remove what an earlier demo wrote into ``out`` (and only that), so the report is this run's alone: an
+    index never links a postmortem or a notebook page this run did not write."""
+    from diagtools.render.postmortem import FIX_GRAPH_FILE, GRAPH_FILE
+
+    names = ("index.html", "specimens.json", "specimens.md", "postmortem.html", "postmortem.md")
+    for name in (*names, GRAPH_FILE, FIX_GRAPH_FILE):
+        (out / name).unlink(missing_ok=True)
+    executed = out / "notebooks"
+    if executed.is_dir():
+        for page in executed.iterdir():
+            if page.is_file() and page.name.endswith((".ipynb", ".html", ".kernel.log")):
+                page.unlink()
 
 
 def _no_notebooks(where: Path) -> str:

@@ -16,7 +16,7 @@ from diagtools.render.paths import display_path
 from diagtools.render.style import toned, verdict_toned, visible_len
 
 if TYPE_CHECKING:
-    from diagtools.model.cuts import Cut, CutTry, Edge, Headline
+    from diagtools.model.cuts import Cut, CutTry, Headline
     from diagtools.model.replay import ReplayResult
     from diagtools.model.scan import Culprit, ScanResult, Site
 
@@ -26,7 +26,6 @@ __all__ = [
     "change_lines",
     "culprit_details",
     "cut_lines",
-    "edge_text",
     "evidence_words",
     "headline_words",
     "hook_note",
@@ -103,7 +102,11 @@ def _cuda_lines(result: ScanResult) -> list[str]:
 
 
 def site_lines(label: str, site: Site, indent: str = "    ") -> list[str]:
-    lines = [f"{indent}{label} {_one_line(site)}"]
+    """A labelled site and its source line; a site too long for the label's line goes whole on the next."""
+    where = _one_line(site)
+    lines = [f"{indent}{label} {where}"]
+    if len(lines[0]) > WIDTH:
+        lines = [f"{indent}{label}", f"{indent}  {where}"]
     if site.source:
         lines.append(f"{indent}{site.line:>5} | {_one_line(site.source)}")
     return lines
@@ -133,7 +136,7 @@ def culprit_details(
     """
     lines = []
     if culprit.chain:
-        lines.append(f"{indent}chain: {' -> '.join(map(_one_line, culprit.chain))}")
+        lines += wrapped(f"{indent}chain: {' -> '.join(map(_one_line, culprit.chain))}")
     if culprit.phase == "thread":
         lines.append(f"{indent}thread: {_one_line(culprit.thread_described)}")
         if culprit.thread_started_at is not None:
@@ -144,7 +147,8 @@ def culprit_details(
     lines.append(f"{indent}evidence: {evidence_words(culprit)} (phase {culprit.phase})")
     if (stack and culprit.chain_imports) or (imports and any(culprit.chain_imports)):
         lines.append(f"{indent}imports (importer -> imported at the import line):")
-        lines += [_edge_line(edge, indent) for edge in culprit.import_edges()]
+        for edge in culprit.import_edges():
+            lines += _edge_lines(edge, indent)
     if stack and culprit.stack:
         lines.append(f"{indent}stack (outermost first):")
         if culprit.stack_dropped:
@@ -199,10 +203,12 @@ _PASSED_OVER = ("cannot-defer", "breaks", "unknown")
 _OUTCOME_TONES = {"clean": Tone.GOOD, "still-initializes": Tone.BAD}
 
 
-def edge_text(edge: Edge) -> str:
-    """``file:line  statement`` of an edge, the path shown as a reader would see it."""
-    site = edge.site
-    return _one_line(f"{display_path(site.file)}:{site.line}  {site.source}".rstrip())
+def located_lines(lead: str, where: str, source: str, indent: str) -> list[str]:
+    """``lead where  source`` in one line when it fits :data:`WIDTH`, else the source whole on the next line."""
+    line = f"{lead}{where}  {source}".rstrip() if source else f"{lead}{where}"
+    if len(line) <= WIDTH or not source:
+        return [line]
+    return [f"{lead}{where}", f"{indent}{source}"]
 
 
 def try_text(attempt: CutTry) -> str:
@@ -222,7 +228,9 @@ def _cut_block(cut: Cut, label: str, indent: str) -> list[str]:
     count = f"{len(cut.edges)} import{'s' if len(cut.edges) != 1 else ''}"
     reach = f"; on the chain of {cut.reach} swept module(s)" if cut.reach is not None else ""
     lines = [f"{indent}{label}: {count}, verified {cut.verified}{reach}"]
-    lines += [f"{indent}  - {edge_text(edge)}" for edge in cut.edges]
+    for edge in cut.edges:
+        where = _one_line(f"{display_path(edge.site.file)}:{edge.site.line}")
+        lines += located_lines(f"{indent}  - ", where, _one_line(edge.site.source), f"{indent}      ")
     return lines
 
 
@@ -245,16 +253,23 @@ def cut_lines(result: ScanResult, indent: str = "  ") -> list[str]:
     passed = [a for a in search.tries if a.outcome in _PASSED_OVER]
     if passed:
         lines.append(f"{inner}passed over:")
-        lines += [f"{inner}  - {try_text(attempt)}" for attempt in passed]
+        for attempt in passed:
+            lines += wrapped(f"{inner}  - {try_text(attempt)}", "    ")
     if search.nearest is not None:
         lines.append(_one_line(f"{inner}the patch and its guard: diagtools fix {' '.join(result.targets)}"))
     return lines
 
 
-def _edge_line(edge: tuple[str, str, Site | None], indent: str) -> str:
+def _edge_lines(edge: tuple[str, str, Site | None], indent: str) -> list[str]:
+    """``importer -> imported: file:line  statement``; what does not fit goes whole on the lines below."""
     importer, imported, site = edge
-    where = f"{site.file}:{site.line}" + (f"  {site.source}" if site.source else "") if site else "(line unknown)"
-    return _one_line(f"{indent}  {importer} -> {imported}: {where}")
+    lead = _one_line(f"{indent}  {importer} -> {imported}: ")
+    if site is None:
+        return [f"{lead}(line unknown)"]
+    where = _one_line(f"{site.file}:{site.line}")
+    if len(lead) + len(where) > WIDTH:
+        return [lead.rstrip(), *located_lines(f"{indent}    ", where, _one_line(site.source), f"{indent}      ")]
+    return located_lines(lead, where, _one_line(site.source), f"{indent}      ")
 
 
 def text_table(

@@ -1,10 +1,12 @@
 """Paths as a reader should see them: relative to the repository or import root, never /tmp or a cache.
 
 A report is pasted into a ticket read on another machine, so an absolute
-path there says nothing and may leak a home directory.  :func:`display_path`
-tries, in order: the interpreter's own library folders, the git repository
-holding the file, one of the import roots the scan saw, and the home
-directory (``~``); only a path outside all of them stays absolute.
+path there says nothing and may leak a home directory.  One rule, for every
+report, page and shared document (:func:`display_path`): the interpreter's
+own library folders (``<stdlib>/``, ``<site-packages>/``), else relative to
+the working directory, else to the git repository holding the file, else to
+one of the import roots the scan saw (the package root), else ``~`` for home;
+only a path outside all of them stays absolute.
 """
 
 from __future__ import annotations
@@ -64,6 +66,13 @@ def import_roots(result: ScanResult) -> tuple[str, ...]:
     return tuple(sorted(roots, key=len, reverse=True))
 
 
+def _working_directory() -> str:
+    try:
+        return os.getcwd()
+    except OSError:  # removed under the process: no path is shown relative to it
+        return ""
+
+
 def _under(path: str, root: str) -> str | None:
     root = root.rstrip(os.sep)
     if root and path.startswith(root + os.sep):
@@ -72,25 +81,23 @@ def _under(path: str, root: str) -> str | None:
 
 
 def display_path(path: str | None, roots: Iterable[str] = ()) -> str:
-    """``path`` relative to its repository, an import root or the library; ``~`` for home as a last resort."""
-    if not path:
-        return ""
-    if not os.path.isabs(path):
-        return path
-    for root, label in _library_roots():
-        relative = _under(path, root)
-        if relative is not None:
-            return f"{label}/{relative}"
+    """``path`` by the one rule: the library's label, else relative to the working directory, the repository or
+    an import root; ``~`` for home as a last resort."""
+    if not path or not os.path.isabs(path):
+        return path or ""
     repository = _repository_of(os.path.dirname(path))
-    if repository is not None:
-        return os.path.relpath(path, repository)
-    for root in roots:
+    ordered = [
+        *((root, f"{label}/") for root, label in _library_roots()),
+        (_working_directory(), ""),
+        *([(repository, "")] if repository is not None else []),
+        *((root, "") for root in roots),
+        (os.path.expanduser("~"), "~/"),
+    ]
+    for root, label in ordered:
         relative = _under(path, root)
         if relative is not None:
-            return relative
-    home = os.path.expanduser("~")
-    relative = _under(path, home)
-    return f"~/{relative}" if relative is not None else path
+            return f"{label}{relative}"
+    return path
 
 
 def _site(site: Site | None, roots: tuple[str, ...]) -> Site | None:
@@ -114,8 +121,9 @@ def _cuts(search: CutSearch | None, roots: tuple[str, ...]) -> CutSearch | None:
     return replace(search, nearest=_cut(search.nearest, roots), deepest=_cut(search.deepest, roots), tries=tries)
 
 
-def shareable(result: ScanResult) -> ScanResult:
-    """A copy of ``result`` fit to paste into a ticket: every path shown relative, no driver cache path."""
+def shareable(result: ScanResult, *, library: bool = False) -> ScanResult:
+    """A copy of ``result`` fit to paste into a ticket: every path shown by the one rule, and no driver cache path
+    unless ``library`` (a report read on this machine names the driver it loaded, ``~``-relative)."""
     roots = import_roots(result)
     culprits = tuple(c.with_sites(lambda site: _site(site, roots) or site) for c in result.culprits)
     threads = tuple(replace(t, started_at=_site(t.started_at, roots)) for t in result.threads_alive)
@@ -123,7 +131,8 @@ def shareable(result: ScanResult) -> ScanResult:
     error = result.error
     if error is not None and error.file:
         error = replace(error, file=display_path(error.file, roots))
-    driver = replace(result.driver, library=None)
+    shown_library = display_path(result.driver.library) if library and result.driver.library else None
+    driver = replace(result.driver, library=shown_library)
     return replace(
         result,
         culprits=culprits,
@@ -136,13 +145,17 @@ def shareable(result: ScanResult) -> ScanResult:
 
 
 def shorten_paths(text: str, roots: Iterable[str]) -> str:
-    """``text`` with every ``root/`` prefix removed and the home directory written ``~``.
-
-    For reports whose paths are embedded in sentences (a command's scripts in
-    a temporary folder, say), where :func:`display_path` cannot reach them.
-    """
-    for root in sorted({r.rstrip(os.sep) for r in roots if r and os.path.isabs(r)}, key=len, reverse=True):
-        text = text.replace(root + os.sep, "")
+    """``text`` with its paths written by the one rule, for reports whose paths sit inside sentences (a command's
+    scripts in a temporary folder, say) where :func:`display_path` cannot reach them: the library folders by
+    their labels, the working directory's and each root's prefix removed, the home directory written ``~``."""
+    prefixes = [(root, f"{label}/") for root, label in _library_roots()]
+    prefixes += [(root, "") for root in (_working_directory(), *roots)]
+    for root, label in sorted(
+        {(r.rstrip(os.sep), label) for r, label in prefixes if r and os.path.isabs(r) and r.rstrip(os.sep)},
+        key=lambda pair: len(pair[0]),
+        reverse=True,
+    ):
+        text = text.replace(root + os.sep, label)
     home = os.path.expanduser("~")
     return text.replace(home + os.sep, "~" + os.sep) if home not in ("", os.sep) else text
 

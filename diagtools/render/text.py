@@ -28,7 +28,7 @@ from diagtools.render.lines import (
     text_table,
     wrapped,
 )
-from diagtools.render.paths import display_path
+from diagtools.render.paths import display_path, shareable
 from diagtools.render.style import paint, toned, use_color, verdict_toned
 from diagtools.render.sweep_text import render_baseline, render_bisect, render_guard_failure, render_sweep
 
@@ -63,7 +63,8 @@ _one_line = one_line
 
 @_safe
 def render_scan(result: ScanResult, *, stack: bool = False) -> str:
-    """A short report a person can act on; ``stack`` adds the whole Python stack."""
+    """A short report a person can act on; ``stack`` adds the whole Python stack; every path by the one rule."""
+    result = shareable(result, library=True)
     lines = [
         f"diagtools scan {' '.join(map(_one_line, result.targets))}",
         *wrapped(f"  driver: {_one_line(_driver_text(result))}"),

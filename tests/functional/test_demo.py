@@ -17,14 +17,28 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_demo_cli_writes_the_specimen_report(tmp_path):
+    earlier = tmp_path / "report"
+    (earlier / "notebooks").mkdir(parents=True)
+    for stale in ("postmortem.html", "postmortem.md", "notebooks/04_postmortem.html"):
+        (earlier / stale).write_text("an earlier demo's page\n")
+    (earlier / "notes.txt").write_text("the user's own file\n")
     done = cli("demo", "--out", str(tmp_path / "report"), "--driver", "simulated", "--no-notebooks")
     assert done.returncode == 0, done.stderr
     assert "[ok ] common_ops/before: initializes-cuda: vmodels.platforms; line to change " in done.stdout
     assert "before/vmodels/common/ops/__init__.py:3" in done.stdout  # the nearest verified cut
     assert "[ok ] lazy_clean/after: clean: CUDA not initialized" in done.stdout
     assert f"report written to {tmp_path / 'report' / 'index.html'}" in done.stdout
-    scans = json.loads((tmp_path / "report" / "specimens.json").read_text())
+    shared = (tmp_path / "report" / "specimens.json").read_text()
+    scans = json.loads(shared)
     assert scans["common_ops/before"]["culprits"][0]["module"] == "vmodels.platforms"
+    assert str(ROOT) not in shared  # meant for sharing
+    assert os.path.expanduser("~") + "/" not in shared
+    assert scans["common_ops/before"]["driver"]["library"] is None
+    # one demo, one report: nothing an earlier demo wrote is left beside it, nothing else is touched
+    assert not (earlier / "postmortem.html").exists()
+    assert not (earlier / "notebooks" / "04_postmortem.html").exists()
+    assert "postmortem" not in (earlier / "index.html").read_text()
+    assert (earlier / "notes.txt").read_text() == "the user's own file\n"
     assert not scans["common_ops/after"]["cuda_initialized"]
 
 

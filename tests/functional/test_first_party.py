@@ -22,7 +22,7 @@ from diagtools.render.html import scan_html
 from diagtools.render.postmortem import postmortem
 from diagtools.render.text import render_sweep
 from diagtools.specimens import get
-from tests.conftest import cli
+from tests.conftest import cli, unwrapped
 
 SPECIMEN = get("third_party_init")
 USER_LINE = "from jitkern import rmsnorm"
@@ -70,7 +70,7 @@ def test_every_chain_edge_has_its_import_line_in_json(result):
 def test_cli_text_headlines_the_users_line_and_lists_imports_with_stack(tmp_path):
     done = cli("scan", SPECIMEN.target, "--path", str(SPECIMEN.tree("before")), "--driver", "simulated", "--stack")
     assert done.returncode == 0, done.stderr
-    lines = done.stdout.splitlines()
+    lines = unwrapped(done.stdout).splitlines()
     headline = next(i for i, line in enumerate(lines) if "line to change (the nearest verified cut):" in line)
     assert lines[headline].rstrip().endswith("ringllm/layers/__init__.py:3 in <module>")
     assert REEXPORT in lines[headline + 1]
@@ -79,8 +79,9 @@ def test_cli_text_headlines_the_users_line_and_lists_imports_with_stack(tmp_path
     assert USER_LINE in lines[headline + 3]
     assert "CUDA initialized at:" in lines[headline + 4]
     assert "jitkern/jit/env.py:11" in lines[headline + 4]
-    edge = next(line for line in lines if "jitkern -> jitkern.jit.env:" in line)
-    assert "from jitkern.jit.env import CONTEXT" in edge
+    edge = next(i for i, line in enumerate(lines) if "jitkern -> jitkern.jit.env:" in line)
+    assert "jitkern/__init__.py:3" in " ".join(lines[edge : edge + 2])  # the site, on the edge's line or the next
+    assert "from jitkern.jit.env import CONTEXT" in " ".join(lines[edge : edge + 3])
 
 
 def test_own_patterns_move_the_line_to_change():
@@ -156,7 +157,7 @@ def test_run_finding_headlines_the_scripts_import_line(tmp_path):
     assert (cuinit.own_line.file, cuinit.own_line.line) == (str(script), 2)
     assert cuinit.initialized_at.file == str(installed / "jitkern" / "jit" / "env.py")
     assert result.to_json()["findings"][0]["cuinit"]["own_line"]["source"] == "from jitkern import rmsnorm"
-    text = render_run(result)
+    text = unwrapped(render_run(result))
     assert f"your code reaches it at: {script}:2 in <module>" in text
     assert "CUDA initialized at: " in text
     assert "line to change: none verified (no cut was searched: diagtools fix jitkern verifies one)" in text

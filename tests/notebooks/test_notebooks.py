@@ -71,13 +71,25 @@ def outputs_text(notebook: Path) -> str:
     return "\n".join(parts)
 
 
+def _files_under(folder: Path) -> dict[str, int]:
+    """Each file under ``folder`` with its modification time: what a notebook run must leave as it was."""
+    return {str(p): p.stat().st_mtime_ns for p in folder.rglob("*") if p.is_file()} if folder.is_dir() else {}
+
+
 def test_all_five_notebooks_exist():
     assert [p.stem for p in NOTEBOOK_FILES] == sorted(EXPECTED)
 
 
 @pytest.mark.parametrize("source", NOTEBOOK_FILES, ids=[p.stem for p in NOTEBOOK_FILES])
-def test_notebook_executes_and_shows_its_findings(source, tmp_path):
-    outcome = run_notebook(source, tmp_path / "executed", {"DRIVER": "simulated", "OUT_DIR": str(tmp_path / "out")})
+def test_notebook_executes_and_shows_its_findings(source, tmp_path, monkeypatch):
+    parameters = {"DRIVER": "simulated", "OUT_DIR": str(tmp_path / "out")}
+    if source.stem == "04_postmortem":  # with no folder chosen it writes into a new temporary one, never the checkout
+        monkeypatch.setenv("TMPDIR", str(tmp_path / "temporary"))
+        (tmp_path / "temporary").mkdir()
+        parameters.pop("OUT_DIR")
+    checkout_report = _files_under(ROOT / "build" / "report")
+    outcome = run_notebook(source, tmp_path / "executed", parameters)
+    assert _files_under(ROOT / "build" / "report") == checkout_report
     assert outcome.error == "", outcome.error
     text = outputs_text(tmp_path / "executed" / source.name)
     for expected in EXPECTED[source.stem]:
@@ -88,7 +100,9 @@ def test_notebook_executes_and_shows_its_findings(source, tmp_path):
     if source.stem == "00_onboarding":
         assert_lines_are_the_specimens_own(text)
     if source.stem == "04_postmortem":
-        page = (tmp_path / "out" / "postmortem.html").read_text()
+        (written,) = (tmp_path / "temporary").glob("diagtools-postmortem-*")
+        assert f"{written}/postmortem.html" in text  # the notebook says where it went
+        page = (written / "postmortem.html").read_text()
         for section in (
             "Summary",
             "How to fix",
@@ -101,7 +115,7 @@ def test_notebook_executes_and_shows_its_findings(source, tmp_path):
         ):
             assert f"<h2>{section}</h2>" in page
         assert 'class="node culprit"' in page
-        markdown = (tmp_path / "out" / "postmortem.md").read_text()
+        markdown = (written / "postmortem.md").read_text()
         assert "assert_import_cuda_free('vmodels.common.ops')" in markdown
         assert "![" not in markdown  # the graph is the Mermaid block; the SVG is named beside it
-        assert (tmp_path / "out" / "postmortem-graph.svg").exists()
+        assert (written / "postmortem-graph.svg").exists()
