@@ -129,7 +129,7 @@ def _finding_lines(number: int, group: FindingGroup) -> list[str]:
     if finding.context:
         lines.append(f"    while: {one_line(finding.context)}")
     if finding.child_saw is not None:
-        lines.append(f"    the child{'ren' if count > 1 else ''}: {one_line(finding.child_saw.describe())}")
+        lines += wrapped(f"    the child{'ren' if count > 1 else ''}: {one_line(finding.child_saw.describe())}")
     cuinit_stack = finding.cuinit.stack if finding.cuinit else ()
     lines += side_by_side("cuInit stack", cuinit_stack, "fork stack", finding.fork_stack)
     return lines
