@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from diagtools.errors import MissingExtraError
+from diagtools.model.bisect import BisectResult
 from diagtools.model.fix import FixResult
 from diagtools.model.replay import ReplayComparison
 from diagtools.model.scan import Culprit, ScanResult, Site
@@ -38,7 +39,7 @@ __all__ = ["HOW_TO_FIX", "Postmortem", "PostmortemFiles", "bench_rows_of", "post
 
 BENCH_COLUMNS = ["size", "backend", "median_ms", "GB/s", "copy_fraction", "max_rel_error"]
 GRAPH_FILE, FIX_GRAPH_FILE = "postmortem-graph.svg", "postmortem-fix.svg"
-TIMELINE_NOTE = "When each step of this analysis ran (UTC): the analysis, not the incident."
+TIMELINE_NOTE = "When each step of this analysis ran (UTC): the analysis, not the incident (its timeline is above)."
 
 HOW_TO_FIX = (
     (
@@ -91,12 +92,21 @@ def _html_sections(report: Postmortem) -> list[str]:
         f"<h1>{escape(report.title)}</h1>",
         f"<p>Target <code>{escape(report.target)}</code>; driver: {escape(before.driver.describe())}.</p>",
         f'<h2>Summary</h2><dl class="summary">{summary}</dl>',
+        *_impact_html(report),
         "<h2>How to fix</h2>",
+        f"<p>The pattern behind it (the change itself is under The fix):</p><ol>{fixes}</ol>",
+        "<h2>The fix</h2>",
         *_change_html(report),
-        f"<p>The pattern behind it:</p><ol>{fixes}</ol>",
-        "<h2>Root cause</h2>",
-        scan_html(before, graph=True),
     ]
+    diff = report.diff
+    if diff is not None:
+        sections += [
+            "<details><summary>What it changed in the import tree</summary>",
+            f"<pre>{escape(render_diff(diff))}</pre>",
+            graph_block(diff.graph),
+            "</details>",
+        ]
+    sections += ["<h2>Root cause</h2>", scan_html(before, graph=True)]
     context, marked = report.source_context(), report.marked_line()
     if context and marked is not None:
         lines = "\n".join(f"{'&gt;' if n == marked.line else ' '} {n:>5} | {escape(text)}" for n, text in context)
@@ -106,14 +116,6 @@ def _html_sections(report: Postmortem) -> list[str]:
             "<h2>Replay</h2>",
             comparison_html(report.replay),
         ]
-    diff = report.diff
-    if diff is not None:
-        sections += [
-            "<h2>The fix</h2>",
-            "<p>What it changed in the import tree:</p>",
-            f"<pre>{escape(render_diff(diff))}</pre>",
-            graph_block(diff.graph),
-        ]
     sections += [f"<h2>{escape(_bench_title(report))}</h2>", _bench_html(report)]
     sections += ["<h2>Regression guard</h2>", f"<pre>{escape(report.guard_snippet())}</pre>"]
     sections += [
@@ -122,6 +124,17 @@ def _html_sections(report: Postmortem) -> list[str]:
         + "".join(f"<tr><td>{escape(t)}</td><td>{escape(what)}</td></tr>" for t, what in report.timeline())
         + "</table>",
     ]
+    return sections
+
+
+def _impact_html(report: Postmortem) -> list[str]:
+    """The Impact section, and the incident's timeline when a bisect or a fix is at hand."""
+    said = "".join(f"<li>{_inline_md(sentence)}</li>" for sentence in report.impact())
+    sections = [f"<h2>Impact</h2><ul>{said}</ul>"] if said else []
+    incident = report.incident()
+    if incident:
+        rows = "".join(f"<tr><td>{escape(when)}</td><td>{_inline_md(what)}</td></tr>" for when, what in incident)
+        sections.append(f"<h2>Timeline of the incident</h2><table><tr><th>when</th><th>what</th></tr>{rows}</table>")
     return sections
 
 
@@ -161,17 +174,35 @@ def _bench_html(report: Postmortem) -> str:
     return note + bench_table_html(list(report.bench_rows), BENCH_COLUMNS)
 
 
+def _impact_markdown(report: Postmortem) -> list[str]:
+    lines = []
+    said = report.impact()
+    if said:
+        lines += ["## Impact", "", *(f"- {_md_text(sentence)}" for sentence in said), ""]
+    incident = report.incident()
+    if incident:
+        lines += ["## Timeline of the incident", "", "| when | what |", "| --- | --- |"]
+        lines += [f"| {_md_cell(when)} | {_md_text(what)} |" for when, what in incident] + [""]
+    return lines
+
+
 def _markdown(report: Postmortem, graphs: dict[str, str]) -> str:
     before = report.shown_before
     driver = _md_text(before.driver.describe())
     lines = [f"# {_md_text(report.title)}", "", f"Target {_code(report.target)}; driver: {driver}.", ""]
     lines += ["## Summary", ""] + [f"- **{heading}:** {_md_text(text)}" for heading, text in report.summary()] + [""]
-    lines += ["## How to fix", ""]
+    lines += _impact_markdown(report)
+    lines += ["## How to fix", "", "The pattern behind it (the change itself is under The fix):", ""]
+    lines += [f"{i}. **{_md_text(h)}.** {_md_text(t)}" for i, (h, t) in enumerate(HOW_TO_FIX, 1)] + [""]
+    lines += ["## The fix", ""]
     change = report.change
     if change:
         lines += [_md_text(_change_caption(report)), "", *_fenced(change.rstrip("\n"), "diff"), ""]
-    lines += ["The pattern behind it:", ""]
-    lines += [f"{i}. **{_md_text(h)}.** {_md_text(t)}" for i, (h, t) in enumerate(HOW_TO_FIX, 1)] + [""]
+    else:
+        lines += ["No change to show yet: compare the fixed tree (`after`) or pass a `diagtools.fix` result.", ""]
+    if report.diff is not None:
+        lines += ["What it changed in the import tree:", "", *_fenced(render_diff(report.diff), "text"), ""]
+        lines += _graph_markdown(FIX_GRAPH_FILE, "What the fix removed (dashed grey)", graphs, None)
     lines += ["## Root cause", "", *_fenced(render_scan(before, stack=True), "text"), ""]
     context, marked = report.source_context(), report.marked_line()
     if context and marked is not None:
@@ -180,10 +211,6 @@ def _markdown(report: Postmortem, graphs: dict[str, str]) -> str:
     lines += _graph_markdown(GRAPH_FILE, "Import graph: the culprit in red, its chain in orange", graphs, before)
     if report.replay is not None:
         lines += ["## Replay", "", *_fenced(render_comparison(report.replay), "text"), ""]
-    if report.diff is not None:
-        lines += ["## The fix", "", "What it changed in the import tree:", ""]
-        lines += [*_fenced(render_diff(report.diff), "text"), ""]
-        lines += _graph_markdown(FIX_GRAPH_FILE, "What the fix removed (dashed grey)", graphs, None)
     lines += [f"## {_bench_title(report)}", ""]
     if report.bench_note:
         lines += [_md_text(report.bench_note), ""]
@@ -299,11 +326,13 @@ def postmortem(
     bench_note: str = "",
     bench_device: str = "",
     fix: FixResult | None = None,
+    bisect: BisectResult | None = None,
 ) -> PostmortemFiles:
     """Write the postmortem of ``before`` (and its fix ``after``) under ``out``; returns the HTML and Markdown paths.
 
     ``fix`` (a :func:`diagtools.fix` result) supplies the verified patch and its guard test; without ``after``
-    the patch is the change shown.  ``bench_device`` names where ``bench_rows`` were measured; rows measured
+    the patch is the change shown.  ``bisect`` (a :func:`diagtools.bisect` result) puts the first bad commit in
+    the incident's timeline.  ``bench_device`` names where ``bench_rows`` were measured; rows measured
     on ``cpu`` are left out.
     """
     report = Postmortem(
@@ -312,6 +341,7 @@ def postmortem(
         after=after,
         replay=replay,
         fix=fix,
+        bisect=bisect,
         bench_rows=bench_rows_of(bench_rows),
         bench_note=bench_note,
         bench_device=bench_device,

@@ -13,6 +13,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from diagtools.model.bisect import BisectResult
 from diagtools.model.cuts import Headline, headline
 from diagtools.model.diff import ScanDiff, diff_scans
 from diagtools.model.fix import FixResult
@@ -39,6 +40,7 @@ class Postmortem:
     after: ScanResult | None = None
     replay: ReplayComparison | None = None
     fix: FixResult | None = None
+    bisect: BisectResult | None = None
     bench_rows: tuple[dict[str, Any], ...] = ()
     bench_note: str = ""
     bench_device: str = ""
@@ -65,6 +67,37 @@ class Postmortem:
     def diff(self) -> ScanDiff | None:
         after = self.shown_after
         return diff_scans(self.shown_before, after) if after is not None else None
+
+    def impact(self) -> list[str]:
+        """What failed, for whom, and what the fix changed for them: one sentence each, from the replay when one
+        ran (never claimed without it)."""
+        target = _code(self.target)
+        said = []
+        if self.replay is not None:
+            said += _replay_impact(self.replay, target)
+        elif self.before.cuda_initialized:
+            said.append(
+                f"Not replayed in this analysis: a process forked after importing {target} holds a driver it cannot "
+                f"use (`diagtools replay {self.target}` shows the failure)."
+            )
+        if self.before.cuda_initialized:
+            said.append(
+                f"Who is hit: every process that forks after importing {target}: vLLM's EngineCore workers started "
+                "with `multiprocessing` fork, `multiprocessing` fork pools, pytest-forked tests, servers that fork "
+                "workers. Children started with spawn or forkserver start a fresh interpreter and are not hit."
+            )
+        return said
+
+    def incident(self) -> list[tuple[str, str]]:
+        """(when, what) for the incident itself: the last good and first bad commits when a bisect found them,
+        the fix and the guard; empty when neither a bisect nor a fix is at hand."""
+        if self.bisect is None and self.diff is None and self.fix is None:
+            return []
+        events = _bisect_events(self.bisect) if self.bisect is not None else []
+        if self.diff is not None or self.fix is not None:
+            events.append(("the fix", _the_fix(self)))
+        events.append(("the guard", f"`diagtools scan {self.target} --fail-on-cuda` in CI keeps it fixed"))
+        return events
 
     def timeline(self) -> list[tuple[str, str]]:
         """(time, what happened) for each analysis step, in the order they ran."""
@@ -229,6 +262,38 @@ def _verdict(result: ScanResult) -> str:
         return "CUDA not initialized"
     culprit = result.culprit
     return f"CUDA initialized by {culprit.module}" if culprit else "CUDA initialized"
+
+
+def _replay_impact(replay: ReplayComparison, target: str) -> list[str]:
+    """What the replay saw fail, and how the last variant (the fix) fared: only what ran is said."""
+    said = []
+    first, last = replay.variants[0], replay.variants[-1]
+    failed = [run for run in replay.runs_of(first) if run.reproduced]
+    if failed:
+        child = failed[0].child
+        error = child.short().removeprefix("fails: ").removeprefix("failed: ") if child is not None else "failed"
+        methods = ", ".join(sorted({r.start_method for r in failed}))
+        said.append(f"What failed: a child started with {methods} after importing {target} ({first}): {_code(error)}.")
+    else:
+        said.append(f"The replay of {first} reproduced no failure of a forked child.")
+    if last != first:
+        passed = all(run.child is not None and run.child.status == "ok" for run in replay.runs_of(last))
+        state = "every child works" if passed else "not every child works (see Replay)"
+        said.append(f"After the fix ({last}): {state}.")
+    return said
+
+
+def _bisect_events(found: BisectResult) -> list[tuple[str, str]]:
+    events = [(f"commit {found.good[:12]}", f"last known good: importing {_code(found.target)} initialized no CUDA")]
+    if found.first_bad is not None:
+        line = found.headline.line
+        added = f"; the line it added to the chain: {_code(f'{line.file}:{line.line}')}" if line is not None else ""
+        events.append((f"commit {found.first_bad[:12]}", f"first bad commit: {_code(found.subject)}{added}"))
+    elif found.candidates:
+        shown = ", ".join(commit[:12] for commit in found.candidates)
+        events.append(("commits", f"the first bad commit is one of {shown} (skips hid which)"))
+    events.append((f"commit {found.bad[:12]}", "the failing state that was bisected"))
+    return events
 
 
 def _source_context(file: str, line: int, around: int = 3) -> list[tuple[int, str]]:

@@ -244,7 +244,8 @@ def test_postmortem_markdown_is_paste_ready(tmp_path):
     after = replace(result([("pkg", None), ("pkg.ops", "pkg")], culprit=False), started_at="2")
     html_path, md_path = postmortem(before, after, out=tmp_path)
     markdown = md_path.read_text()
-    assert markdown.index("## Summary") < markdown.index("## Root cause") < markdown.index("## Timeline of the")
+    order = [markdown.index(f"## {heading}") for heading in ("Summary", "Root cause", "Timeline of the analysis")]
+    assert order == sorted(order)
     for heading in ("What broke", "The line to change", "The fix", "The guard"):
         assert f"**{heading}:**" in markdown
     assert "Import the leaf lazily" in markdown
@@ -257,6 +258,35 @@ def test_postmortem_markdown_is_paste_ready(tmp_path):
     for image in images:
         assert (tmp_path / image).read_text().lstrip().startswith("<?xml")
     assert "the analysis, not the incident" in markdown
+
+
+def test_postmortem_says_the_impact_and_the_incidents_timeline(tmp_path):
+    require("graphviz", "notebook")
+    from diagtools.model.bisect import BisectResult
+    from diagtools.render.postmortem import postmortem
+
+    before = result(BEFORE)
+    after = replace(result([("pkg", None), ("pkg.ops", "pkg")], culprit=False), started_at="2")
+    runs = (("before", replay(True, "fork")), ("before", replay(False, "spawn")))
+    runs += (("after", replay(False, "fork")), ("after", replay(False, "spawn")))
+    found = BisectResult("pkg", "a" * 40, "c" * 40, "b" * 40, "Re-export the ops", ("pkg/__init__.py",), None, ())
+    html_path, md_path = postmortem(before, after, replay=ReplayComparison("pkg", runs), bisect=found, out=tmp_path)
+    markdown = md_path.read_text()
+    impact = markdown[markdown.index("## Impact") : markdown.index("## Timeline of the incident")]
+    assert "a child started with fork after importing `pkg` (before): `DriverCallError: cuInit(0) failed`" in impact
+    assert "After the fix (after): every child works." in impact
+    assert "EngineCore" in impact
+    incident = markdown[markdown.index("## Timeline of the incident") : markdown.index("## How to fix")]
+    assert incident.index(f"commit {'a' * 12}") < incident.index(f"commit {'b' * 12}") < incident.index("the fix")
+    assert "first bad commit: `Re-export the ops`" in incident
+    assert "--fail-on-cuda" in incident
+    fix = markdown[markdown.index("## The fix") : markdown.index("## Root cause")]
+    assert "```diff" in fix or "No change to show yet" in fix
+    assert "<h2>Impact</h2>" in html_path.read_text()
+    assert "<h2>Timeline of the incident</h2>" in html_path.read_text()
+    alone = postmortem(before, out=tmp_path / "alone").markdown.read_text()
+    assert "## Timeline of the incident" not in alone  # neither a bisect nor a fix: no incident to tell
+    assert "Not replayed in this analysis" in alone
 
 
 def test_postmortem_is_public_and_lazy():
