@@ -9,10 +9,17 @@ from collections.abc import Sequence
 from diagtools.model.cuts import unsearched
 from diagtools.model.run import RunResult
 from diagtools.model.scan import Culprit, Site
-from diagtools.model.verdict import VERDICT_TONES, Tone, Verdict
+from diagtools.model.verdict import VERDICT_TONES, Verdict
 from diagtools.render.html import culprit_html
 from diagtools.render.paths import shorten_paths
-from diagtools.render.run_text import FindingGroup, compact_pids, describe_exit, group_findings, user_site
+from diagtools.render.run_text import (
+    VERDICT_WORDS,
+    FindingGroup,
+    compact_pids,
+    describe_exit,
+    group_findings,
+    user_site,
+)
 from diagtools.render.style import HTML_COLOURS
 
 __all__ = ["run_html", "run_page"]
@@ -22,14 +29,26 @@ def _esc(value: object) -> str:
     return html.escape(str(value), quote=True)
 
 
-def _stack_cell(stack: Sequence[Site]) -> str:
-    rows = "".join(
-        f"<div><code>{_esc(frame.file)}:{frame.line}</code> in <b>{_esc(frame.function)}</b>"
-        + (f"<br><code style='color:#444'>{_esc(frame.source)}</code>" if frame.source else "")
-        + "</div>"
+def _breakable(path: str) -> str:
+    """``path`` escaped, breakable after each ``/`` and ``.`` only, so a narrow page never cuts a name."""
+    return _esc(path).replace("/", "/<wbr>").replace(".", ".<wbr>")
+
+
+def _stack_block(title: str, stack: Sequence[Site]) -> str:
+    """A stack as a list under its title, frames left-aligned, each statement on its own unwrapped line (it
+    scrolls in its own box): a stack is read top to bottom, never in a narrow column beside another."""
+    frames = "".join(
+        f"<li><code>{_breakable(frame.file)}:{frame.line}</code> in <b>{_esc(frame.function)}</b>"
+        + (
+            f"<div style='overflow-x:auto'><code style='white-space:pre;color:#444'>{_esc(frame.source)}</code></div>"
+            if frame.source
+            else ""
+        )
+        + "</li>"
         for frame in stack
     )
-    return f"<td style='vertical-align:top;font-size:90%'>{rows or '<i>no stack</i>'}</td>"
+    body = f"<ol style='margin:.2em 0;padding-left:1.6em'>{frames}</ol>" if frames else "<p><i>no stack</i></p>"
+    return f"<div style='text-align:left;overflow-wrap:normal;word-break:normal'><b>{_esc(title)}</b>{body}</div>"
 
 
 def _cuinit_html(cuinit: Culprit | None) -> str:
@@ -49,13 +68,11 @@ def _finding_html(group: FindingGroup) -> str:
     saw = f"<p>The child: {_esc(finding.child_saw.describe())}</p>" if finding.child_saw else ""
     cuinit_stack = finding.cuinit.stack if finding.cuinit else ()
     return (
-        f"<h4 style='color:{HTML_COLOURS[Tone.BAD]}'>Poisoned fork{f' x{count}' if count > 1 else ''}: "
-        f"pid {finding.pid} started "
-        f"{_children(group)}"
+        f"<h4>{'Forks' if count > 1 else 'Fork'}: pid {finding.pid} started {_children(group)}"
         f" ({_esc(finding.start_kind or 'fork')}) after initializing CUDA</h4>"
         f"{_cuinit_html(finding.cuinit)}<p>Forked{forked}</p>{saw}"
-        "<table style='border-collapse:collapse'><tr><th>cuInit stack</th><th>fork stack</th></tr>"
-        f"<tr>{_stack_cell(cuinit_stack)}{_stack_cell(finding.fork_stack)}</tr></table>"
+        f"{_stack_block('cuInit stack (outermost first)', cuinit_stack)}"
+        f"{_stack_block('fork stack (outermost first)', finding.fork_stack)}"
     )
 
 
@@ -88,7 +105,7 @@ def _run_fragment(result: RunResult, color: str, findings: str, notes: str) -> s
         "<div class='diagtools-run'>"
         f"<p><code>{_esc(result.title)}</code>: {_esc(describe_exit(result.exitcode))}; "
         f"{len(result.processes)} Python process(es) watched; driver: {_esc(result.driver.describe())}</p>"
-        f"<p style='color:{color};font-weight:bold'>verdict: {_esc(result.verdict)}</p>"
+        f"<p style='color:{color};font-weight:bold'>verdict: {_esc(VERDICT_WORDS[result.verdict])}</p>"
         f"{findings}{f'<ul>{notes}</ul>' if notes else ''}</div>"
     )
 

@@ -23,6 +23,7 @@ from diagtools.render.paths import display_path, shorten_paths
 from diagtools.render.style import verdict_toned
 
 __all__ = [
+    "VERDICT_WORDS",
     "FindingGroup",
     "compact_pids",
     "describe_exit",
@@ -36,7 +37,8 @@ __all__ = [
 _COLUMN = 58
 _FRAMES = 8
 _PIDS_SHOWN = 12
-_VERDICTS = {
+#: a run's verdict in the words every run report says it once: the text, the HTML, the pytest summary
+VERDICT_WORDS = {
     "poisoned-fork": "POISONED FORK: a process forked after initializing CUDA (poisoned-fork)",
     "initializes-cuda": "CUDA initialized, no fork after it was seen (initializes-cuda)",
     "clean": "no process initialized CUDA (clean)",
@@ -155,7 +157,7 @@ def render_run(result: RunResult) -> str:
         *wrapped(f"  driver: {one_line(driver.describe())}"),
         f"  command: {describe_exit(result.exitcode)}; {len(result.processes)} Python process(es) watched"
         f" ({forked} forked)",
-        f"  verdict: {verdict_toned(result.verdict, _VERDICTS[result.verdict])}",
+        f"  verdict: {verdict_toned(result.verdict, VERDICT_WORDS[result.verdict])}",
         *_body(result),
         *(f"  note: {one_line(note)}" for note in result.notes),
     ]
@@ -165,7 +167,7 @@ def render_run(result: RunResult) -> str:
 def render_watch(result: RunResult) -> str:
     """The ``pytest --cuda-watch`` summary: who initialized CUDA during which node, and forks after it."""
     lines = [
-        f"verdict: {verdict_toned(result.verdict, _VERDICTS[result.verdict])}",
+        f"verdict: {verdict_toned(result.verdict, VERDICT_WORDS[result.verdict])}",
         *_body(result),
         *(f"note: {one_line(note)}" for note in result.notes),
     ]

@@ -49,7 +49,7 @@ def test_cuda_watch_names_the_cell_line_and_the_poisoned_fork(shell, capsys):
     assert "diagtools-cell-" not in str(result)
     assert "diagtools-cell-" not in result._repr_html_()
     assert any(frame.source == "worker.start()" for frame in finding.fork_stack)
-    assert "Poisoned fork" in result._repr_html_()
+    assert "verdict: POISONED FORK" in result._repr_html_()
     assert shell.display_formatter.format(result)[0]["text/plain"].startswith("diagtools run:")
     assert process_cuda_state().clean
 

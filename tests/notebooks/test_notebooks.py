@@ -33,7 +33,7 @@ EXPECTED = {
     "02_fork_replay": [
         "CUDA_ERROR_NOT_INITIALIZED",
         "Reproduced: before/fork fails; fixed: after passes fork and spawn",
-        "Poisoned fork: pid",
+        "Fork: pid",
     ],
     "03_kernels_after_fix": [
         "compress_norm_rope_store",
