@@ -182,21 +182,26 @@ def _run_sweep(args: argparse.Namespace) -> int:
 
 
 def _sweep_for(args: argparse.Namespace) -> Any:
-    from diagtools.frontends.progress import terminal_progress
+    from diagtools.frontends.progress import SweepProgress
     from diagtools.usecases.sweep import sweep
 
-    return sweep(
-        args.package,
-        **_shared(args),
-        jobs=args.jobs,
-        json_path=args.json,
-        progress=terminal_progress(args.package),
-        preload=args.preload,
-        fresh=args.fresh,
-        exclude=args.exclude,
-        adapt=args.adapt,
-        cuts=args.cuts,
-    )
+    live = SweepProgress(args.package)
+    try:
+        return sweep(
+            args.package,
+            **_shared(args),
+            jobs=args.jobs,
+            json_path=args.json,
+            progress=live.update,
+            phase=live.phase,
+            preload=args.preload,
+            fresh=args.fresh,
+            exclude=args.exclude,
+            adapt=args.adapt,
+            cuts=args.cuts,
+        )
+    finally:
+        live.close()
 
 
 def _write_sweep_files(result: Any, args: argparse.Namespace) -> None:

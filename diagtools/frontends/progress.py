@@ -11,7 +11,45 @@ from typing import Any
 
 from diagtools.errors import MissingExtraError
 
-__all__ = ["PhaseLine", "Stopwatch", "named_runs", "notebook_progress", "phase_line", "scan_phase", "terminal_progress"]
+__all__ = [
+    "PhaseLine",
+    "Stopwatch",
+    "SweepProgress",
+    "named_runs",
+    "notebook_progress",
+    "phase_line",
+    "scan_phase",
+    "terminal_progress",
+]
+
+
+class SweepProgress:
+    """A sweep on a terminal: the live phase line (finding modules, the preload) until its first row, then the
+    bar; a phase after the last row (the cut searches) gets a phase line again.  Cleared by :meth:`close`."""
+
+    def __init__(self, description: str, stream: Any = None) -> None:
+        self.stream = stream if stream is not None else sys.stderr
+        self._line: contextlib.ExitStack | None = None
+        self._live: PhaseLine | _Quiet | None = None
+        self._rows = terminal_progress(description)
+
+    def phase(self, text: str) -> None:
+        if self._live is None:
+            self._line = contextlib.ExitStack()
+            self._live = self._line.enter_context(phase_line(self.stream))
+        self._live.phase(text)
+
+    def update(self, done: int, total: int, row: Any) -> None:
+        self._end_line()
+        self._rows(done, total, row)
+
+    def close(self) -> None:
+        self._end_line()
+
+    def _end_line(self) -> None:
+        if self._line is not None:
+            self._line.close()
+        self._line, self._live = None, None
 
 
 def terminal_progress(description: str = "sweep") -> Callable[[int, int, Any], None]:

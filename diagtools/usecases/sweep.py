@@ -222,6 +222,7 @@ def sweep(
     python: str | os.PathLike[str] | None = None,
     adapt: bool = True,
     cuts: bool = False,
+    phase: Callable[[str], object] | None = None,
 ) -> SweepResult:
     """Scan every submodule of ``package`` alone, ``jobs`` at a time (or on ``executor``).
 
@@ -259,10 +260,15 @@ def sweep(
         its modules (:func:`diagtools.scan` with ``cuts``): its nearest cut
         becomes the cause's line to change, with how many swept modules it
         reaches.  Each search is a few more subkernel runs per cause.
+    phase
+        ``phase(text)`` hears what starts before the first row and after the last: finding the modules, the
+        preload and the scanning, the cut searches.
     """
+    say = phase or (lambda text: None)
     if jobs is not None and jobs < 1:
         raise UsageError(f"--jobs must be at least 1, got {jobs}")
     options = ScanOptions.of(path=tuple(path), driver=driver, timeout=timeout, own=own, python=python)
+    say(f"finding the modules of {package}")
     tree = locate_tree(package, options.roots, exclude)
     seen_driver = resolve_driver(driver).info  # build the driver once, before the workers start
     plan = _Plan(
@@ -281,6 +287,7 @@ def sweep(
         resumed = len(rows)
         run = _Run(tree.modules, rows, journal, fingerprints, progress)
         pending = [m for m in tree.modules if m not in rows]
+        say(_start_words(plan, len(pending), resumed))
         try:
             done = _dispatch(plan, pending, run, executor, tree)
         except KeyboardInterrupt as exc:
@@ -288,7 +295,20 @@ def sweep(
             partial = replace(_result(tree, run, resumed, started, plan=plan, done=stopped), driver=seen_driver)
             raise SweepInterrupted(partial, getattr(exc, "signum", None)) from exc
     result = replace(_result(tree, run, resumed, started, plan=plan, done=done), driver=seen_driver)
+    if cuts and result.causes:
+        say(f"searching the cuts of {len(result.causes)} root cause(s)")
     return _with_cuts(result, plan) if cuts else result
+
+
+def _start_words(plan: _Plan, pending: int, resumed: int) -> str:
+    """What the sweep does before its first row, in words: the preload is where a zygote spends its first
+    seconds (a minute on a large package)."""
+    kept = f" ({resumed} kept from the journal)" if resumed else ""
+    scanning = f"scanning {pending} module(s), {plan.jobs} at a time{kept}"
+    if plan.preload is None or not pending:
+        return scanning
+    shown = ", ".join(plan.preload[:4]) + (f" and {len(plan.preload) - 4} more" if len(plan.preload) > 4 else "")
+    return f"preloading {shown or 'nothing'} in the zygote, then {scanning}"
 
 
 def _with_cuts(result: SweepResult, plan: _Plan) -> SweepResult:

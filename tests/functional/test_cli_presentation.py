@@ -125,3 +125,37 @@ def test_a_long_scan_shows_what_it_does_on_a_terminal_while_it_runs(make_tree):
     assert out.startswith("diagtools scan slowpkg")  # the report itself is unchanged
     piped = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
     assert "importing" not in piped.stderr  # no terminal, no line
+
+
+def test_a_sweep_says_what_it_does_before_its_first_row(make_tree):
+    """Before any row is done (the zygote preloading a slow package), a terminal shows the preload and the
+    scanning to come, with its seconds; the bar follows once rows finish."""
+    import pty
+    import select
+    import time
+
+    root = make_tree(
+        {"slowsweep/__init__.py": "import time\ntime.sleep(3)\n", "slowsweep/a.py": "", "slowsweep/b.py": ""}
+    )
+    command = [DIAGTOOLS, "sweep", "slowsweep", "--path", str(root), "--driver", "simulated", "--jobs", "1"]
+    main, child = pty.openpty()
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=child, text=True)
+    os.close(child)
+    seen, started = b"", time.monotonic()
+    wanted = b"preloading slowsweep in the zygote, then scanning 3 module(s), 1 at a time ("
+    try:
+        while process.poll() is None and time.monotonic() - started < 120 and wanted not in seen:
+            if select.select([main], [], [], 0.2)[0]:
+                try:
+                    seen += os.read(main, 4096)
+                except OSError:
+                    break
+        assert wanted in seen, seen
+        assert b"module/s" not in seen and b"3/3" not in seen  # no bar before the first row
+        out, _ = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            process.kill()
+        os.close(main)
+    assert process.returncode == 0
+    assert "slowsweep.a" in out
