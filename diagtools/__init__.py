@@ -45,6 +45,7 @@ __all__ = [
     "scan",
     "specimens",
     "sweep",
+    "working",
 ]
 
 _LOCATIONS = {
@@ -72,6 +73,7 @@ _LOCATIONS = {
     "replay_fork": "diagtools.usecases.replay",
     "diff_scans": "diagtools.model.diff",
     "notebook_progress": "diagtools.frontends.progress",
+    "working": "diagtools.frontends.progress",
     "postmortem": "diagtools.render.postmortem",
     "process_cuda_state": "diagtools.usecases.selfcheck",
     "sweep": "diagtools.usecases.sweep",
@@ -85,7 +87,7 @@ if TYPE_CHECKING:
     from diagtools import specimens
     from diagtools.errors import DiagtoolsError, SchemaError, UsageError
     from diagtools.frontends.magics import load_ipython_extension
-    from diagtools.frontends.progress import notebook_progress
+    from diagtools.frontends.progress import notebook_progress, working
     from diagtools.model.cuts import CutSearch
     from diagtools.model.diff import diff_scans
     from diagtools.model.fix import FixResult

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import sys
 import threading
 import time
@@ -20,6 +21,7 @@ __all__ = [
     "phase_line",
     "scan_phase",
     "terminal_progress",
+    "working",
 ]
 
 
@@ -146,7 +148,11 @@ def scan_phase(request: Any) -> str:
         return "verifying a cut: importing again with its statements deferred"
     if settings.get(protocol.SCAN_REFINE):
         return f"tracing the lines of {settings[protocol.SCAN_REFINE]} in a second subkernel"
-    return f"importing {' '.join(settings.get(protocol.SCAN_TARGETS, '').split())} in a fresh subkernel"
+    if settings.get(protocol.REPLAY_TARGET):
+        method = settings.get(protocol.REPLAY_START_METHOD, "fork")
+        return f"replaying {settings[protocol.REPLAY_TARGET]} with a {method} child in a fresh subkernel"
+    targets = " ".join(settings.get(protocol.SCAN_TARGETS, "").split())
+    return f"importing {targets} in a fresh subkernel" if targets else "running a fresh subkernel"
 
 
 def named_runs(runner: Callable[[Any], Any], phase: Callable[[str], object]) -> Callable[[Any], Any]:
@@ -209,6 +215,83 @@ class _Quiet:
 
     def phase(self, text: str) -> None:
         pass
+
+
+class NotebookLine:
+    """A live line in a notebook cell's output: shown at once, its seconds and phase redrawn in place, and left
+    as one plain sentence (what ran, how long) when the block ends, so a saved or exported notebook reads it."""
+
+    def __init__(self, label: str, interval: float = 0.5) -> None:
+        from IPython.display import display
+
+        self.label, self.watch, self.interval = label, Stopwatch(), interval
+        self.watch.start(label)
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self.handle = display(self._bundle(f"{self.watch.line()}"), raw=True, display_id=True)
+        context = contextvars.copy_context()  # the kernel routes a display by the cell that started it
+        self._ticker = threading.Thread(target=context.run, args=(self._tick,), name="diagtools-live", daemon=True)
+        self._ticker.start()
+
+    def phase(self, text: str) -> None:
+        self.watch.phase(f"{self.label}: {text}")
+        self._draw()
+
+    def close(self, failed: bool = False) -> None:
+        self._stop.set()
+        self._ticker.join()
+        seconds = self.watch.stop()
+        ending = "stopped" if failed else "done"
+        with self._lock:
+            if self.handle is not None:
+                self.handle.update(self._bundle(f"{self.label}: {ending} in {seconds:.1f} s", busy=False), raw=True)
+
+    def _tick(self) -> None:
+        while not self._stop.wait(self.interval):
+            self._draw()
+
+    def _draw(self) -> None:
+        with self._lock:
+            if self.handle is not None and not self._stop.is_set():
+                self.handle.update(self._bundle(self.watch.line()), raw=True)
+
+    @staticmethod
+    def _bundle(text: str, busy: bool = True) -> dict[str, str]:
+        from html import escape
+
+        mark = "&#8987; " if busy else ""
+        return {"text/plain": text, "text/html": f"<div style='color:#555'>{mark}{escape(text)}</div>"}
+
+
+def _in_a_notebook() -> bool:
+    shell = getattr(sys.modules.get("IPython"), "get_ipython", lambda: None)()
+    return shell is not None and getattr(shell, "kernel", None) is not None
+
+
+@contextlib.contextmanager
+def working(label: str) -> Iterator[Callable[[str], None]]:
+    """Say what a long call does while it runs: in a notebook cell a live line (shown at once, with its seconds
+    and the subkernel run in progress, left as "LABEL: done in N s"), on a terminal's stderr the phase line.
+
+    ``with diagtools.working("scanning the specimens"): ...``; every subkernel run in the block names itself
+    (:func:`scan_phase`), and the yielded ``phase(text)`` names any other step.
+    """
+    from diagtools.runner.subkernel import starting_runs
+
+    if _in_a_notebook():
+        line = NotebookLine(label)
+        failed = True
+        try:
+            with starting_runs(lambda request: line.phase(scan_phase(request))):
+                yield line.phase
+            failed = False
+        finally:
+            line.close(failed)
+        return
+    with phase_line() as live:
+        live.phase(label)
+        with starting_runs(lambda request: live.phase(f"{label}: {scan_phase(request)}")):
+            yield live.phase
 
 
 @contextlib.contextmanager

@@ -13,13 +13,15 @@ the tree.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import selectors
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -39,7 +41,38 @@ from diagtools.runner.kept import (
     start_kept,
 )
 
-__all__ = ["CapturedOutput", "RawRun", "SubkernelRequest", "bootstrap_code", "run_subkernel", "subkernel_env"]
+__all__ = [
+    "CapturedOutput",
+    "RawRun",
+    "SubkernelRequest",
+    "bootstrap_code",
+    "run_subkernel",
+    "starting_runs",
+    "subkernel_env",
+]
+
+#: who hears each run of this context as it starts: a live display naming its phase (see :func:`starting_runs`)
+_STARTING: ContextVar[Callable[[SubkernelRequest], object] | None] = ContextVar("diagtools_starting", default=None)
+
+
+@contextlib.contextmanager
+def starting_runs(listener: Callable[[SubkernelRequest], object]) -> Iterator[None]:
+    """Within the block, ``listener(request)`` hears each subkernel run of this thread as it starts, whoever
+    called :func:`run_subkernel` (a scan, a fix, a replay): how a display says what a long call does now."""
+    token = _STARTING.set(listener)
+    try:
+        yield
+    finally:
+        _STARTING.reset(token)
+
+
+def _announce(request: SubkernelRequest) -> None:
+    listener = _STARTING.get()
+    if listener is None:
+        return
+    with contextlib.suppress(Exception):  # a display that fails never stops the run it describes
+        listener(request)
+
 
 _BATCH_S = 0.01
 _READ_BYTES = 1 << 20
@@ -217,6 +250,7 @@ def run_subkernel(
     Whatever way this returns or raises (``KeyboardInterrupt`` included), the
     keeper has been told to kill the subkernel's whole process tree.
     """
+    _announce(request)
     marker = os.urandom(16).hex()
     fds = _Fds()
     wall_start = time.time()
