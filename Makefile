@@ -41,6 +41,8 @@ demo: $(STAMP)
 lab: $(STAMP)
 	mkdir -p $(VENV)/share/jupyter/lab/settings
 	cp scripts/lab-overrides.json $(VENV)/share/jupyter/lab/settings/overrides.json
+	mkdir -p $(VENV)/etc/jupyter/jupyter_server_config.d
+	cp scripts/jupyter_server_config.json $(VENV)/etc/jupyter/jupyter_server_config.d/diagtools.json
 	$(BIN)/jupyter lab --ServerApp.root_dir=notebooks
 
 lint: $(STAMP)

@@ -13,6 +13,7 @@ from typing import Any
 from diagtools.model.scan import ScanResult
 from diagtools.model.serial import json_text
 from diagtools.model.verdict import VERDICT_TONES, Tone, Verdict
+from diagtools.render.lines import wrapped
 from diagtools.render.paths import display_path, shareable
 from diagtools.render.style import HTML_COLOURS, toned, verdict_toned
 from diagtools.render.text import render_scan
@@ -92,8 +93,9 @@ class DemoReport:
     @property
     def summary(self) -> str:
         driver = shareable(self.outcomes[0].result, library=True).driver.describe() if self.outcomes else ""
-        lines = [f"driver: {driver}" if self.outcomes else "no specimens"]
-        lines += [outcome.summary_line() for outcome in self.outcomes]
+        lines = wrapped(f"driver: {driver}") if self.outcomes else ["no specimens"]
+        for outcome in self.outcomes:
+            lines += wrapped(outcome.summary_line(), "        ")
         for notebook in self.notebooks:
             state = f"FAILED: {notebook.error}" if notebook.error else f"executed in {notebook.seconds:.1f} s"
             lines.append(f"  notebook {notebook.name}: {state}")
@@ -119,7 +121,8 @@ def run_notebook(source: Path, out: Path, parameters: dict[str, Any], *, timeout
     import nbformat
     from nbclient import NotebookClient
     from nbclient.exceptions import CellExecutionError, DeadKernelError
-    from nbconvert import HTMLExporter
+
+    from diagtools.frontends.export import notebook_html
 
     notebook = nbformat.read(source, as_version=4)
     _inject_parameters(notebook, parameters, nbformat)
@@ -137,7 +140,7 @@ def run_notebook(source: Path, out: Path, parameters: dict[str, Any], *, timeout
         except (CellExecutionError, DeadKernelError, TimeoutError) as exc:
             error = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
     nbformat.write(notebook, out / source.name)
-    html, _ = HTMLExporter().from_notebook_node(notebook)
+    html = notebook_html(notebook)
     html_path = out / f"{source.stem}.html"
     html_path.write_text(html, encoding="utf-8")
     return NotebookOutcome(source.stem, html_path, error, time.perf_counter() - started)

@@ -50,6 +50,10 @@ _WAITING = (
     '<p class="dt-waiting"><i>No result yet. In a running notebook the panel above fills this in; '
     "its last result stays here, saved and exported with the notebook.</i></p>"
 )
+REOPEN_HINT = (
+    "The buttons answer while this notebook's kernel runs the cell; after reopening the notebook, run it again "
+    "(Run &gt; Run All Cells)."
+)
 _RUNNING = '<p class="dt-waiting"><i>Running&hellip; the result appears here when it is done.</i></p>'
 
 
@@ -98,6 +102,8 @@ class _Panel:
         self.background = background
         self.status = w.HTML(layout=w.Layout(max_width="100%"))
         self.busy = w.HTML(layout=w.Layout(display="none"))
+        # saved with the widget state: a reopened panel, whose buttons reach no kernel, says what to run
+        self.hint = w.HTML(f"<small style='color:#555'>{REOPEN_HINT}</small>")
         self.stopwatch = Stopwatch()
         self.view = _StaticView()
         self.worker: threading.Thread | None = None
@@ -186,9 +192,10 @@ class ScanPanel(_Panel):
         path_text = path if isinstance(path, str) else ":".join(map(str, path))
         self.path = _field(w.Text(value=path_text, description="path", placeholder="DIR[:DIR]"), "260px")
         self.driver = _field(w.Dropdown(options=list(DRIVER_CHOICES), value=driver, description="driver"), "140px")
-        self.scan_button = w.Button(description="Scan", button_style="primary", icon="search")
+        # no icons: a font a reopened or exported page may not load would show as broken glyphs
+        self.scan_button = w.Button(description="Scan", button_style="primary")
         self.fix_button = w.Button(
-            description="Suggest fix", icon="wrench", tooltip="the nearest verified cut as a checked patch, and a guard"
+            description="Suggest fix", tooltip="the nearest verified cut as a checked patch, and a guard"
         )
         self.module_picker = _field(w.Dropdown(options=[], description="module"), "300px")
         self.all_modules = w.Checkbox(value=False, description="all modules", indent=False)
@@ -199,7 +206,7 @@ class ScanPanel(_Panel):
         controls = _wrapping_row([self.target, self.path, self.driver, self.scan_button, self.fix_button])
         picker = _wrapping_row([self.module_picker, self.all_modules])
         self.widget = w.VBox(
-            [controls, _wrapping_row([self.busy, self.status]), picker],
+            [controls, _wrapping_row([self.busy, self.status]), picker, self.hint],
             layout=w.Layout(width="100%", max_width="100%", overflow="hidden"),
         )
 
@@ -282,7 +289,7 @@ class ReplayPanel(_Panel):
         self.after = _field(w.Text(value=str(after), description="after/"), "300px")
         self.child = _field(w.Dropdown(options=list(CHILD_ACTIONS), value=child, description="child"), "140px")
         self.driver = _field(w.Dropdown(options=list(DRIVER_CHOICES), value=driver, description="driver"), "140px")
-        self.compare_button = w.Button(description="Replay", button_style="warning", icon="play")
+        self.compare_button = w.Button(description="Replay", button_style="warning")
         self.comparison: Any = None
         self.compare_button.on_click(lambda _: self.run_compare())
         inputs = w.VBox(
@@ -294,7 +301,7 @@ class ReplayPanel(_Panel):
             layout=w.Layout(width="100%"),
         )
         self.widget = w.VBox(
-            [inputs, _wrapping_row([self.busy, self.status])],
+            [inputs, _wrapping_row([self.busy, self.status]), self.hint],
             layout=w.Layout(width="100%", max_width="100%", overflow="hidden"),
         )
 

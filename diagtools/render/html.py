@@ -38,7 +38,7 @@ __all__ = [
 ]
 
 _STYLE = (
-    "<style>.dt{font-family:system-ui,sans-serif;font-size:13px;line-height:1.5;max-width:100%;overflow-wrap:anywhere}"
+    "<style>.dt{font-family:system-ui,sans-serif;font-size:13px;line-height:1.5;max-width:100%;overflow-wrap:break-word}"
     # a wrapped code span draws a background box per line: no vertical padding, so no box covers the underscores
     # of the line above; each line keeps its own padding at the edges
     ".dt code{background:#f4f4f4;padding:0 3px;-webkit-box-decoration-break:clone;box-decoration-break:clone}"
@@ -47,8 +47,11 @@ _STYLE = (
     + ".dt table{border-collapse:collapse;max-width:100%}.dt td,.dt th{border:1px solid #ddd;padding:3px 8px;"
     "text-align:left!important;vertical-align:top;overflow-wrap:break-word}"
     ".dt td.num{text-align:right!important;font-variant-numeric:tabular-nums;white-space:nowrap}"
-    ".dt pre{background:#f8f8f8;padding:6px;overflow-x:auto;white-space:pre-wrap;overflow-wrap:anywhere}"
-    ".dt .dt-path{white-space:nowrap}.dt td .dt-path{white-space:normal}.dt td.dt-any{overflow-wrap:anywhere}"
+    ".dt pre{background:#f8f8f8;padding:6px;overflow-x:auto;white-space:pre;overflow-wrap:normal}"
+    # a path breaks only where it says (<wbr> after / and .), never inside a name; a source line never breaks
+    ".dt .dt-path{white-space:nowrap}.dt td .dt-path{white-space:normal;overflow-wrap:normal;word-break:normal}"
+    ".dt tr.dt-under td{border-top:none;color:#333}.dt .dt-label{color:#666}"
+    ".dt code.dt-line{white-space:pre;display:inline-block;max-width:100%;overflow-x:auto;vertical-align:top}"
     ".dt .dt-verdict{font-size:14px}"
     ".dt-graph{max-width:100%}</style>"
 )
@@ -64,7 +67,8 @@ def path_html(path: str, line: int | None = None) -> str:
 
     It may break after a ``/`` (never inside a name), so a narrow column wraps it instead of widening.
     """
-    shown = escape(short_path(path)).replace("/", "/<wbr>") + (f":{line}" if line is not None else "")
+    shown = escape(short_path(path)).replace("/", "/<wbr>")
+    shown += f":{line}" if line is not None else ""
     full = escape(path) + (f":{line}" if line is not None else "")
     return f'<code class="dt-path" title="{full}">{shown}</code>'
 
@@ -122,8 +126,13 @@ def change_html(culprit: Culprit, headline: Headline | None) -> str:
 
 def _edge_html(edge: tuple[str, str, Site | None]) -> str:
     importer, imported, site = edge
-    where = f"<code>{escape(site.file)}:{site.line}</code> <code>{escape(site.source)}</code>" if site else "?"
+    where = f"{path_html(site.file, site.line)}{_source_line(site.source)}" if site else "?"
     return f"<li><code>{escape(importer)}</code> &rarr; <code>{escape(imported)}</code>: {where}</li>"
+
+
+def _source_line(source: str) -> str:
+    """A statement on its own line, whole: it scrolls in its box rather than break mid-statement."""
+    return f'<br><code class="dt-line">{escape(source.strip())}</code>' if source.strip() else ""
 
 
 def svg_of(graph: Any) -> str:
@@ -180,9 +189,7 @@ def scan_html(result: ScanResult, *, graph: bool = False, selected: str | None =
 
 def _cut_html(cut: Cut, label: str) -> str:
     reach = f"; on the chain of {cut.reach} swept module(s)" if cut.reach is not None else ""
-    items = "".join(
-        f"<li>{path_html(e.site.file, e.site.line)} <code>{escape(e.site.source)}</code></li>" for e in cut.edges
-    )
+    items = "".join(f"<li>{path_html(e.site.file, e.site.line)}{_source_line(e.site.source)}</li>" for e in cut.edges)
     count = f"{len(cut.edges)} import{'s' if len(cut.edges) != 1 else ''}"
     verified = f'<span class="good">{escape(cut.verified.value)}</span>'
     return f"<p>{label}: {count}, verified {verified}{reach}</p><ul>{items}</ul>"
@@ -205,7 +212,8 @@ def cuts_html(result: ScanResult) -> str:
             parts.append(_cut_html(search.deepest, "Deepest first-party cut"))
     passed = [a for a in search.tries if a.outcome in ("cannot-defer", "breaks", "unknown")]
     if passed:
-        parts.append("<p>Passed over:</p><ul>" + "".join(f"<li>{escape(try_text(a))}</li>" for a in passed) + "</ul>")
+        said = "".join(f"<li>{escape(try_text(a)).replace('/', '/<wbr>')}</li>" for a in passed)  # paths break at /
+        parts.append(f"<p>Passed over:</p><ul>{said}</ul>")
     return "".join(parts)
 
 
@@ -429,36 +437,56 @@ def table_html(
     caption: str = "",
     paths: Sequence[int] = (),
     code: Sequence[int] = (),
+    below: Sequence[int] = (),
 ) -> str:
-    """Any small table for a notebook: every cell escaped, wrapping and scrolling inside its own box.
+    """Any small table for a notebook: every cell escaped, in its own box that scrolls rather than widens.
 
-    The columns numbered in ``paths`` hold paths (``file`` or ``file:line``): shown shortened, whole on hover;
-    those in ``code`` hold source lines, which may break anywhere rather than widen the table.
+    The columns numbered in ``paths`` hold paths (``file`` or ``file:line``): shown shortened, whole on hover,
+    breakable only after a ``/``.  Those in ``code`` (source lines) and ``below`` (long prose) are
+    not narrow columns: each goes under its row, across the table's width, labelled with its header; a source
+    line is kept whole on one line that scrolls.
     """
-    head = "<tr>" + "".join(f"<th>{escape(str(column))}</th>" for column in header) + "</tr>"
-    body = "".join(
-        "<tr>"
-        + "".join(
-            f'<td class="dt-any">{path_html(str(value))}</td>'
-            if i in paths and value and value != "-"
-            else f'<td class="dt-any"><code>{escape(_cell(value))}</code></td>'
-            if i in code and value
-            else _td(value)
-            for i, value in enumerate(row)
-        )
-        + "</tr>"
-        for row in rows
-    )
     title = f"<p>{escape(caption)}</p>" if caption else ""
-    return f'{_STYLE}<div class="dt">{title}{_table(head, body)}</div>'
+    return f'{_STYLE}<div class="dt">{title}{_rows_table(header, rows, paths, code, below)}</div>'
 
 
 def bench_table_html(rows: list[dict[str, Any]], columns: list[str], *, caption: str = "") -> str:
-    """A results table, one row per measurement; ``caption`` (say, that CPU times mean nothing) heads it."""
-    head = "".join(f"<th>{escape(column)}</th>" for column in columns)
-    body = "".join("<tr>" + "".join(_td(row.get(column)) for column in columns) + "</tr>" for row in rows)
+    """A results table, one row per measurement, its ``note`` under the row; ``caption`` (say, that CPU times mean
+    nothing) heads it."""
+    below = [columns.index("note")] if "note" in columns else []
+    table = _rows_table(columns, [[row.get(column) for column in columns] for row in rows], (), (), below)
     title = f'<p class="unknown">{escape(caption)}</p>' if caption else ""
-    return f'{_STYLE}<div class="dt">{title}{_table(f"<tr>{head}</tr>", body)}</div>'
+    return f'{_STYLE}<div class="dt">{title}{table}</div>'
+
+
+def _rows_table(
+    header: Sequence[str],
+    rows: Sequence[Sequence[object]],
+    paths: Sequence[int],
+    code: Sequence[int],
+    below: Sequence[int],
+) -> str:
+    under = [i for i in range(len(header)) if i in code or i in below]
+    beside = [i for i in range(len(header)) if i not in under]
+    head = "<tr>" + "".join(f"<th>{escape(str(header[i]))}</th>" for i in beside) + "</tr>"
+
+    def cell(i: int, value: object) -> str:
+        if i in paths and value and value != "-":
+            return f"<td>{path_html(str(value))}</td>"
+        return _td(value)
+
+    def under_row(i: int, value: object) -> str:
+        if not value:
+            return ""
+        shown = f'<code class="dt-line">{escape(_cell(value))}</code>' if i in code else escape(_cell(value))
+        label = f'<span class="dt-label">{escape(str(header[i]))}:</span>'
+        return f'<tr class="dt-under"><td colspan="{len(beside)}">{label} {shown}</td></tr>'
+
+    body = "".join(
+        "<tr>" + "".join(cell(i, row[i]) for i in beside) + "</tr>" + "".join(under_row(i, row[i]) for i in under)
+        for row in rows
+    )
+    return _table(head, body)
 
 
 def _td(value: Any) -> str:

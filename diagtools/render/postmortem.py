@@ -81,7 +81,12 @@ _BODY_OPEN = '<body class="dt">'
 def _inline_md(text: str) -> str:
     """Markdown's `code` spans as HTML, everything else escaped."""
     parts = escape(text).split("`")
-    return "".join(f"<code>{part}</code>" if i % 2 else part for i, part in enumerate(parts))
+    return "".join(f"<code>{_breakable_name(part)}</code>" if i % 2 else part for i, part in enumerate(parts))
+
+
+def _breakable_name(code: str) -> str:
+    """Escaped code that may break after a ``.`` or a ``/`` (between names), never inside a name."""
+    return code.replace(".", ".<wbr>").replace("/", "/<wbr>")
 
 
 def _html_sections(report: Postmortem) -> list[str]:
@@ -101,10 +106,9 @@ def _html_sections(report: Postmortem) -> list[str]:
     diff = report.diff
     if diff is not None:
         sections += [
-            "<details><summary>What it changed in the import tree</summary>",
+            "<p>What it changed in the import tree:</p>",
             f"<pre>{escape(render_diff(diff))}</pre>",
             graph_block(diff.graph),
-            "</details>",
         ]
     sections += ["<h2>Root cause</h2>", scan_html(before, graph=True)]
     context, marked = report.source_context(), report.marked_line()
@@ -120,9 +124,9 @@ def _html_sections(report: Postmortem) -> list[str]:
     sections += ["<h2>Regression guard</h2>", f"<pre>{escape(report.guard_snippet())}</pre>"]
     sections += [
         "<h2>Timeline of the analysis</h2>",
-        f"<p>{escape(TIMELINE_NOTE)}</p><table><tr><th>time (UTC)</th><th>analysis step</th></tr>"
+        f"<p>{escape(TIMELINE_NOTE)}</p><div class='dt-box'><table><tr><th>time (UTC)</th><th>analysis step</th></tr>"
         + "".join(f"<tr><td>{escape(t)}</td><td>{escape(what)}</td></tr>" for t, what in report.timeline())
-        + "</table>",
+        + "</table></div>",
     ]
     return sections
 
@@ -134,7 +138,8 @@ def _impact_html(report: Postmortem) -> list[str]:
     incident = report.incident()
     if incident:
         rows = "".join(f"<tr><td>{escape(when)}</td><td>{_inline_md(what)}</td></tr>" for when, what in incident)
-        sections.append(f"<h2>Timeline of the incident</h2><table><tr><th>when</th><th>what</th></tr>{rows}</table>")
+        table = f"<div class='dt-box'><table><tr><th>when</th><th>what</th></tr>{rows}</table></div>"
+        sections.append(f"<h2>Timeline of the incident</h2>{table}")
     return sections
 
 

@@ -175,7 +175,7 @@ def render_diff(diff: ScanDiff, *, limit: int = 20) -> str:
     (up to ``limit``); other packages get one line each with their count, the
     standard library one line in all.
     """
-    lines = [f"diagtools diff: {diff.summary()}"]
+    lines = wrapped(f"diagtools diff: {diff.summary()}")
     lines.append(f"  verdict: {verdict_toned(diff.verdict)}")
     head = diff.headline
     if head.line is not None:
@@ -184,7 +184,8 @@ def render_diff(diff: ScanDiff, *, limit: int = 20) -> str:
         culprit = scan.culprit
         if culprit is None:
             continue
-        lines.append(f"  {label} culprit {_one_line(culprit.module)} via {' -> '.join(map(_one_line, culprit.chain))}")
+        chain = " -> ".join(map(_one_line, culprit.chain))
+        lines += wrapped(f"  {label} culprit {_one_line(culprit.module)} via {chain}")
         if culprit.initialized_at is not None:
             lines += site_lines("CUDA initialized at:", _shown_site(culprit.initialized_at), "    ")
     from diagtools.render.ordering import group_modules  # a diff's grouping: a scan's report does not need it

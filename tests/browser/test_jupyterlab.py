@@ -92,6 +92,8 @@ class JupyterLab:
         for plugin, values in json.loads((ROOT / "scripts" / "lab-overrides.json").read_text()).items():
             package, _, name = plugin.partition(":")
             write_settings(settings, package, name, values)
+        # what `make lab` sets for the server (scripts/jupyter_server_config.json): exports keep the static results
+        shutil.copy(ROOT / "scripts" / "jupyter_server_config.json", scratch / "config" / "jupyter_server_config.json")
         self.log_handle = self.log.open("wb")
         self.process = subprocess.Popen(
             command, env=env, stdout=self.log_handle, stderr=subprocess.STDOUT, start_new_session=True
@@ -223,8 +225,17 @@ def open_notebook(page, lab: JupyterLab, name: str) -> None:
     wait_kernel_idle(lab, f"{name}.ipynb")
 
 
-def run_all_cells(page, timeout_s: float) -> None:
-    """Run > Run All Cells (again if nothing started within 30 s), then wait until every code cell has run."""
+# A cell's live line (diagtools.working: the hourglass) shown while some cell still runs.
+LIVE_JS = (
+    f"() => [...document.querySelectorAll('{PANEL} .jp-OutputArea-output')].some(o => o.textContent.includes('\u231b'))"
+    f" && [...document.querySelectorAll('{PANEL} .jp-InputPrompt')].some(p => p.textContent.includes('[*]'))"
+)
+LONG_CELLS = ("00_onboarding", "02_fork_replay", "03_kernels_after_fix", "04_postmortem")
+
+
+def run_all_cells(page, timeout_s: float, *, live: bool = False) -> None:
+    """Run > Run All Cells (again if nothing started within 30 s), then wait until every code cell has run;
+    ``live``: a long cell must show its live line before it ends."""
     for _ in range(3):
         page.locator(".lm-MenuBar-item", has_text="Run").first.click()
         page.locator(".lm-Menu-item", has_text="Run All Cells").first.click()
@@ -235,6 +246,8 @@ def run_all_cells(page, timeout_s: float) -> None:
             page.keyboard.press("Escape")
     else:
         raise AssertionError("Run All Cells did not start the notebook")
+    if live:
+        page.wait_for_function(LIVE_JS, timeout=timeout_s * 1000, polling=100)
     page.wait_for_function(FINISHED_JS, timeout=timeout_s * 1000)
 
 
@@ -317,7 +330,8 @@ def check_lines(page, name: str) -> None:
         for index in range(rows.count()):
             cells = rows.nth(index).locator("td")
             where = cells.nth(2).locator("code").get_attribute("title")  # the whole path, on hover
-            source = cells.nth(3).text_content()
+            under = rows.nth(index).locator("xpath=following-sibling::tr[1]")  # the source line, under its row
+            source = under.locator("code.dt-line").text_content()
             path, _, number = where.rpartition(":")
             lines = (ROOT / path).read_text().splitlines()
             assert lines[int(number) - 1].strip() == source.strip(), (where, source)
@@ -389,7 +403,10 @@ def check_reopened(page, lab: JupyterLab, name: str) -> None:
         cell.scroll_into_view_if_needed()
         kept = cell.locator(".jp-OutputArea").text_content()
         assert "vmodels.platforms" in kept if name == "01_root_cause" else VERDICTS[name] in kept, kept[:2000]
+        assert "run it again (Run > Run All Cells)" in kept, kept[:2000]  # says what makes its buttons work
         cell.screenshot(path=str(SCREENSHOTS / f"{name}-reopened.png"))
+        run_all_cells(page, timeout_s=600)  # what it says to do: then its button works again
+        click_panel(page, name)
     else:
         page.screenshot(path=str(SCREENSHOTS / f"{name}-reopened.png"))
 
@@ -403,14 +420,28 @@ VERDICTS = {
 }
 
 
-def check_export(lab: JupyterLab, name: str) -> None:
-    """nbconvert of the notebook as JupyterLab saved it: the verdict text, no widget repr, no button to press."""
-    from nbconvert import HTMLExporter
+def check_widths(page, name: str) -> None:
+    """Nothing cut at 1440 px either; a screenshot of the notebook's top at both widths."""
+    page.locator(f"{PANEL} .jp-WindowedPanel-outer, {PANEL} .jp-Notebook").first.evaluate("e => e.scrollTo(0, 0)")
+    page.screenshot(path=str(SCREENSHOTS / f"{name}-{WIDTH}.png"))
+    page.set_viewport_size({"width": 1440, "height": 900})
+    try:
+        page.wait_for_timeout(500)  # the layout settles at the new width
+        assert_nothing_cut(page, f"{name} at 1440 px")
+        page.locator(f"{PANEL} .jp-WindowedPanel-outer, {PANEL} .jp-Notebook").first.evaluate("e => e.scrollTo(0, 0)")
+        page.screenshot(path=str(SCREENSHOTS / f"{name}-1440.png"))
+    finally:
+        page.set_viewport_size({"width": WIDTH, "height": 768})
 
-    html, _ = HTMLExporter().from_filename(str(lab.root / f"{name}.ipynb"))
+
+def check_export(lab: JupyterLab, name: str) -> None:
+    """JupyterLab's own export (the server's nbconvert, as File > Save and Export As > HTML): the verdict text, no
+    widget repr, no button to press, and no widget state or script to fetch: it reads the same offline."""
+    with urllib.request.urlopen(lab.url(f"/nbconvert/html/{name}.ipynb"), timeout=120) as response:
+        html = response.read().decode("utf-8")
     (SCREENSHOTS / f"{name}-export.html").write_text(html, encoding="utf-8")
     assert VERDICTS[name] in re.sub(r"<[^>]+>", "", html), name
-    for wrong in ("VBox(", "HBox(", "press the button", "Error displaying widget"):
+    for wrong in ("VBox(", "HBox(", "press the button", "Error displaying widget", "widget-state+json"):
         assert wrong not in html, (name, wrong)
 
 
@@ -419,13 +450,14 @@ def check_export(lab: JupyterLab, name: str) -> None:
 def test_notebook_reads_right_at_1024_px(lab, page, name):
     lab.shut_down_kernels()
     open_notebook(page, lab, name)
-    run_all_cells(page, timeout_s=600)
+    run_all_cells(page, timeout_s=600, live=name in LONG_CELLS)
     assert_no_errors(page, name)
     check_lines(page, name)
     click_panel(page, name)
     check_graphs(page, name)
     assert_nothing_cut(page, name)
     screenshot_results(page, name)
+    check_widths(page, name)
     save(page, lab, name)
     check_export(lab, name)
     check_reopened(page, lab, name)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 from diagtools.model.diff import diff_scans
 from diagtools.render.html import diff_html
@@ -38,7 +39,10 @@ def test_cli_diff_from_two_json_files(make_tree, tmp_path):
     html = tmp_path / "diff.html"
     done = cli("diff", *paths, "--html", str(html))
     assert done.returncode == 0, done.stderr
-    assert "no longer initializes CUDA: the chain is broken at deepseek_v4.nvidia.ops -> " in done.stdout
+    said = " ".join(done.stdout.split())  # lines wrap at 100 columns between words
+    assert "no longer initializes CUDA: the chain is broken at deepseek_v4.nvidia.ops -> " in said
+    long = [line for line in done.stdout.splitlines() if len(line) > 100]
+    assert all(re.fullmatch(r" *\S+:\d+( in \S+)?", line) for line in long), long  # only a path alone, kept whole
     assert "sparse_attn_compress_cutedsl" in html.read_text()
     garbage = tmp_path / "garbage.json"
     garbage.write_text(json.dumps({"schema": "other"}))

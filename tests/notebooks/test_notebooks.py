@@ -46,8 +46,10 @@ EXPECTED = {
 
 
 ROOT = NOTEBOOKS.parent
+# the line to change (its whole path on hover), then, under its row, the source line it names
 SHOWN_LINE = re.compile(
-    r'title="(diagtools/specimens/[^"]+?):(\d+)">(?:(?!</td>).)*</code></td><td[^>]*><code>([^<]*)</code></td>'
+    r'title="(diagtools/specimens/[^"]+?):(\d+)">(?:(?!</tr>).)*</tr>'
+    r'<tr class="dt-under"><td[^>]*><span class="dt-label">source:</span> <code class="dt-line">([^<]*)</code>'
 )
 
 
@@ -94,7 +96,9 @@ def test_notebook_executes_and_shows_its_findings(source, tmp_path, monkeypatch)
     text = outputs_text(tmp_path / "executed" / source.name)
     for expected in EXPECTED[source.stem]:
         assert expected in text, expected
-    assert outcome.html.read_text().startswith("<!DOCTYPE html>")
+    exported = outcome.html.read_text()
+    assert exported.startswith("<!DOCTYPE html>")
+    assert "widget-state+json" not in exported  # no widget script to fetch: the static results read offline
     for wrong in ("VBox(", "press the button", "replay_child.py", "^^^^", str(ROOT)):
         assert wrong not in text, wrong
     if source.stem != "01_root_cause":  # each long cell leaves what it did and how long it took
