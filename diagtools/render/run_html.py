@@ -104,10 +104,17 @@ def _run_fragment(result: RunResult, color: str, findings: str, notes: str) -> s
     return (
         "<div class='diagtools-run'>"
         f"<p><code>{_esc(result.title)}</code>: {_esc(describe_exit(result.exitcode))}; "
-        f"{len(result.processes)} Python process(es) watched; driver: {_esc(result.driver.describe())}</p>"
+        f"{len(result.processes)} Python process(es) watched; driver: {_esc(_shared_driver(result))}</p>"
         f"<p style='color:{color};font-weight:bold'>verdict: {_esc(VERDICT_WORDS[result.verdict])}</p>"
         f"{findings}{f'<ul>{notes}</ul>' if notes else ''}</div>"
     )
+
+
+def _shared_driver(result: RunResult) -> str:
+    """The driver in words, without the cache path a machine built it at: the fragment is pasted elsewhere."""
+    from dataclasses import replace
+
+    return replace(result.driver, library=None).describe()
 
 
 def run_page(result: RunResult) -> str:

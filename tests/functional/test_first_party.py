@@ -161,4 +161,7 @@ def test_run_finding_headlines_the_scripts_import_line(tmp_path):
     assert f"your code reaches it at: {script}:2 in <module>" in text
     assert "CUDA initialized at: " in text
     assert "line to change: none verified (no cut was searched: diagtools fix jitkern verifies one)" in text
-    assert "serve.py:2" in run_html(result)
+    shared = run_html(result)
+    assert "serve.py:2" in shared
+    assert ".cache/diagtools" not in shared  # a fragment to paste names no machine's driver cache
+    assert os.path.expanduser("~") + "/" not in shared
