@@ -22,7 +22,14 @@ from diagtools.model.replay import CHILD_ACTIONS
 from diagtools.model.scan import ScanResult
 from diagtools.render.chart import bandwidth_chart_png
 from diagtools.render.cuts_html import fix_html, fix_status_html
-from diagtools.render.html import bench_table_html, comparison_html, module_html, scan_html, scan_status_html
+from diagtools.render.html import (
+    bench_table_html,
+    comparison_html,
+    headline_status_html,
+    module_html,
+    scan_html,
+    scan_status_html,
+)
 from diagtools.render.ordering import picker_options
 from diagtools.runner.subkernel import run_subkernel
 from diagtools.usecases.fix import fix
@@ -318,7 +325,7 @@ class ReplayPanel(_Panel):
                 runner=runner,
             )
             self.view.show(comparison_html(self.comparison))
-            self.status.value = f"done: {escape(self.comparison.headline())}"
+            self.status.value = f"done: {headline_status_html(self.comparison.headline_parts())}"
 
         self._run(work, "replaying before/after under fork and spawn&hellip;", REPLAY_PHASES[0])
 

@@ -26,6 +26,7 @@ __all__ = [
     "cuts_html",
     "diff_html",
     "graph_block",
+    "headline_status_html",
     "module_html",
     "path_html",
     "replay_html",
@@ -300,6 +301,14 @@ def _table(head: str, rows: str) -> str:
     return f'<div class="dt-box"><table>{head}{rows}</table></div>'
 
 
+def headline_status_html(parts: tuple[tuple[str, Tone], ...]) -> str:
+    """The one verdict for a panel's status line, each part in its tone (inline: the line is outside the page's
+    styles)."""
+    return "; ".join(
+        f'<span style="color:{HTML_COLOURS[tone]};font-weight:600">{escape(text)}</span>' for text, tone in parts
+    )
+
+
 def _headline_html(parts: tuple[tuple[str, Tone], ...]) -> str:
     """The one verdict, each part in its colour (a failure red, the fix green)."""
     spans = "; ".join(f'<span class="{tone.value}">{escape(text)}</span>' for text, tone in parts)
@@ -490,6 +499,8 @@ def _rows_table(
 
 
 def _td(value: Any) -> str:
+    if isinstance(value, Verdict):  # a verdict reads in its tone wherever a table shows one
+        return f'<td class="{VERDICT_TONES[value].value}">{escape(value.value)}</td>'
     numeric = isinstance(value, int | float) and not isinstance(value, bool)
     return f'<td class="num">{escape(_cell(value))}</td>' if numeric else f"<td>{escape(_cell(value))}</td>"
 

@@ -184,8 +184,8 @@ def render_diff(diff: ScanDiff, *, limit: int = 20) -> str:
         culprit = scan.culprit
         if culprit is None:
             continue
-        chain = " -> ".join(map(_one_line, culprit.chain))
-        lines += wrapped(f"  {label} culprit {_one_line(culprit.module)} via {chain}")
+        via = " -> ".join(map(_one_line, culprit.chain))
+        lines += wrapped(f"  {label} culprit {_one_line(culprit.module)} via {via}")
         if culprit.initialized_at is not None:
             lines += site_lines("CUDA initialized at:", _shown_site(culprit.initialized_at), "    ")
     from diagtools.render.ordering import group_modules  # a diff's grouping: a scan's report does not need it

@@ -119,4 +119,4 @@ def test_cuda_watch_names_the_cell_line_that_imported_the_initializing_module(sh
         (1, cell, 3, "import registry")
     ]
     assert f"__main__ -> registry: {cell}:3  import registry" in str(result)
-    assert f"<code>{cell}:3" in result._repr_html_()
+    assert f'title="{cell}:3">{cell}:3</code>' in result._repr_html_()  # the cell line, as the path of its site

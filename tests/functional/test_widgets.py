@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from tests.conftest import require
 
 require("ipywidgets", "notebook")
@@ -88,7 +90,10 @@ def test_replay_panel_compares_before_and_after():
     assert panel.comparison.run("before", "fork").reproduced
     headline = "Reproduced: before/fork fails; fixed: after passes fork and spawn"
     assert panel.comparison.headline() == headline
-    assert panel.status.value.startswith(f"done: {headline}")
+    status = panel.status.value
+    assert re.sub(r"<[^>]+>", "", status).startswith(f"done: {headline}")
+    assert '<span style="color:#b00020;font-weight:600">Reproduced: before/fork fails</span>' in status  # one palette
+    assert '<span style="color:#1b7f3b;font-weight:600">fixed: after passes fork and spawn</span>' in status
     assert "replay_child.py" not in panel.view.value  # diagtools' own frames stay in the JSON
 
 

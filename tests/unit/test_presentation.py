@@ -526,3 +526,19 @@ def test_a_long_driver_line_wraps_between_words_and_keeps_its_path_whole():
     assert all(line.startswith("      ") for line in lines[1:])
     assert any(f"({library});" in line for line in lines)  # the path whole, on one line
     assert wrapped("  short") == ["  short"]
+
+
+def test_a_table_shows_a_verdict_in_its_tone_and_long_text_under_its_row():
+    from diagtools.model.verdict import Verdict
+    from diagtools.render.html import table_html
+
+    page = table_html(
+        ["module", "verdict", "source"],
+        [("pkg", Verdict.INITIALIZES_CUDA, "from .leaf import a_rather_long_name"), ("other", Verdict.CLEAN, "")],
+        code=[2],
+    )
+    assert '<td class="bad">initializes-cuda</td>' in page
+    assert '<td class="good">clean</td>' in page
+    assert "<th>source</th>" not in page  # not a narrow column: under the row, across the table
+    assert '<tr class="dt-under"><td colspan="2"><span class="dt-label">source:</span>' in page
+    assert page.count('class="dt-under"') == 1  # an empty one adds no row
