@@ -187,18 +187,9 @@ def _sweep_for(args: argparse.Namespace) -> Any:
 
     live = SweepProgress(args.package)
     try:
+        chosen = {name: getattr(args, name) for name in ("jobs", "preload", "fresh", "exclude", "adapt", "cuts")}
         return sweep(
-            args.package,
-            **_shared(args),
-            jobs=args.jobs,
-            json_path=args.json,
-            progress=live.update,
-            phase=live.phase,
-            preload=args.preload,
-            fresh=args.fresh,
-            exclude=args.exclude,
-            adapt=args.adapt,
-            cuts=args.cuts,
+            args.package, **_shared(args), **chosen, json_path=args.json, progress=live.update, phase=live.phase
         )
     finally:
         live.close()
