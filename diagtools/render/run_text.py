@@ -127,7 +127,7 @@ def _finding_lines(number: int, group: FindingGroup) -> list[str]:
     lines = [f"  finding {number}: {head} after initializing CUDA", *_culprit_lines(finding.cuinit)]
     fork_site = user_site(finding.fork_stack)
     if fork_site is not None:
-        lines += site_lines("forked at:", fork_site)
+        lines += site_lines("forked at:", _shown_site(fork_site))
     if finding.context:
         lines.append(f"    while: {one_line(finding.context)}")
     if finding.child_saw is not None:
@@ -137,9 +137,30 @@ def _finding_lines(number: int, group: FindingGroup) -> list[str]:
     return lines
 
 
+def _shown_site(site: Site) -> Site:
+    return replace(site, file=display_path(site.file))
+
+
+def _shown(finding: Finding) -> Finding:
+    """``finding`` with the paths its lines show written by the one rule, so a line is wrapped by the width it is
+    shown at; the fork stack stays as recorded (:func:`user_site` reads whose code each frame is)."""
+    saw = finding.child_saw
+    if saw is not None:
+        refused = tuple(
+            replace(r, site=_shown_site(r.site) if r.site else None, stack=tuple(map(_shown_site, r.stack)))
+            for r in saw.refused
+        )
+        saw = replace(saw, refused=refused)
+    return replace(
+        finding,
+        cuinit=finding.cuinit.with_sites(_shown_site) if finding.cuinit else None,
+        child_saw=saw,
+    )
+
+
 def _body(result: RunResult) -> list[str]:
     lines = []
-    for number, group in enumerate(group_findings(result.findings), start=1):
+    for number, group in enumerate(group_findings([_shown(f) for f in result.findings]), start=1):
         lines += _finding_lines(number, group)
     return lines
 

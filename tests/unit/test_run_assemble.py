@@ -157,3 +157,20 @@ def test_a_run_documents_verdict_is_judged_again_when_read_back_never_trusted():
     assert quiet.verdict == "initializes-cuda"
     seen_less = dataclasses.replace(quiet, notes=("a python child never reported",))
     assert seen_less.verdict == "unknown"
+
+
+def test_a_runs_lines_are_wrapped_at_the_width_they_are_shown_at(tmp_path, monkeypatch):
+    """A path under the working directory is shown relative to it; whether its line fits 100 columns is judged on
+    what is shown, so a checkout's depth never changes the report."""
+    deep = tmp_path / ("d" * 70)
+    deep.mkdir()
+    (deep / "app.py").write_text("import os\nimport registry\n")
+    (deep / "registry.py").write_text("import ctypes\n\n\n\ndef _detect(): ...\n\n_detect()\n")
+    monkeypatch.chdir(deep)
+    stack = [[str(deep / "registry.py"), 5, "_detect"], [str(deep / "registry.py"), 7, "<module>"],
+             [str(deep / "app.py"), 2, "<module>"]]  # fmt: skip
+    chain = [["__main__", str(deep / "app.py")], ["registry", str(deep / "registry.py")]]
+    event = {**cuinit(), "stack": stack, "chain": chain}
+    text = render_run(assemble([hello(10, 1), event, fork(1)], [hello(11, 10, "fork", fork_seq=1)]))
+    assert "        __main__ -> registry: app.py:2  import registry" in text.splitlines(), text
+    assert str(deep) not in text
