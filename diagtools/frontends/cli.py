@@ -44,12 +44,25 @@ def _run_scan(args: argparse.Namespace) -> int:
     check_writable(args.json, "--json")
     from diagtools.frontends.progress import named_runs, phase_line
 
+    titled: list[bool] = []
+
+    def titled_first(request: SubkernelRequest) -> RawRun:
+        """The report's first line as the first subkernel starts (the input checked, the driver chosen), so a
+        long scan says at once what it scans, on a terminal or a pipe."""
+        if not titled and args.json != "-":
+            from diagtools import protocol
+            from diagtools.render.text import scan_title
+
+            _print(scan_title(request.settings[protocol.SCAN_TARGETS].split()))
+            titled.append(True)
+        return _run_probe(request)
+
     with phase_line() as live:
-        runner = named_runs(_run_probe, live.phase)
+        runner = named_runs(titled_first, live.phase)
         result = scan(args.targets, **_shared(args), settle=args.settle, runner=runner, cuts=args.cuts)
     from diagtools.render.text import render_scan  # loaded while the subkernel started
 
-    _emit(result.to_json(), lambda: render_scan(result, stack=args.stack), args.json)
+    _emit(result.to_json(), lambda: render_scan(result, stack=args.stack, title=not titled), args.json)
     if args.svg:  # after the report: a graph that cannot be drawn loses nothing else
         from diagtools.render.graph import write_svg
 

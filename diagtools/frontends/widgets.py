@@ -20,17 +20,12 @@ from diagtools.frontends.progress import Stopwatch, named_runs
 from diagtools.model.fix import FixResult
 from diagtools.model.replay import CHILD_ACTIONS
 from diagtools.model.scan import ScanResult
+from diagtools.model.verdict import Tone
 from diagtools.render.chart import bandwidth_chart_png
-from diagtools.render.cuts_html import fix_html, fix_status_html
-from diagtools.render.html import (
-    bench_table_html,
-    comparison_html,
-    headline_status_html,
-    module_html,
-    scan_html,
-    scan_status_html,
-)
+from diagtools.render.cuts_html import fix_html
+from diagtools.render.html import bench_table_html, comparison_html, module_html, scan_html
 from diagtools.render.ordering import picker_options
+from diagtools.render.style import HTML_COLOURS
 from diagtools.runner.subkernel import run_subkernel
 from diagtools.usecases.fix import fix
 from diagtools.usecases.replay import compare_replays
@@ -62,6 +57,26 @@ REOPEN_HINT = (
     "(Run &gt; Run All Cells)."
 )
 _RUNNING = '<p class="dt-waiting"><i>Running&hellip; the result appears here when it is done.</i></p>'
+
+
+def done_status(what: str, seconds: float) -> str:
+    """A panel's status line once its work ended: what ran, in neutral words; the verdict is said once, in the
+    result below it, in its colour."""
+    return f"done in {seconds:.1f} s: {what}; the answer is below"
+
+
+def stopped_status(exc: BaseException, seconds: float) -> str:
+    """A panel's status line when its work raised: the error's kind; its message is in the result below."""
+    return f"stopped by {escape(type(exc).__name__)} after {seconds:.1f} s; the message is below"
+
+
+def _targets(result: ScanResult) -> str:
+    return ", ".join(f"<code>{escape(target)}</code>" for target in result.targets)
+
+
+def _problem_html(message: str) -> str:
+    """Why the work stopped, in the amber of "no answer" (red and green are kept for verdicts)."""
+    return f'<p style="color:{HTML_COLOURS[Tone.UNKNOWN]};font-weight:600">{escape(message)}</p>'
 
 
 def _widget_bundle(widget: Any, text: str) -> dict[str, Any]:
@@ -114,6 +129,7 @@ class _Panel:
         self.stopwatch = Stopwatch()
         self.view = _StaticView()
         self.worker: threading.Thread | None = None
+        self.ran = ""  # what the last run did, in neutral words, for the status line
 
     def _tick(self) -> None:
         self.busy.value = f'{_BUSY_STYLE}<span class="dt-busy"><i></i>{escape(self.stopwatch.line())}</span>'
@@ -133,17 +149,17 @@ class _Panel:
         def guarded() -> None:
             try:
                 work()
+                self.status.value = done_status(self.ran, self.stopwatch.stop())
             except DiagtoolsError as exc:
-                self.status.value = f'<span style="color:#b00020">{type(exc).__name__}: {escape(str(exc))}</span>'
-                self.view.show(f"<p>{self.status.value}</p>")
+                self.status.value = stopped_status(exc, self.stopwatch.stop())
+                self.view.show(_problem_html(f"{type(exc).__name__}: {exc}"))
             except Exception as exc:  # a widget callback's traceback would only reach the kernel log
-                self.status.value = f'<span style="color:#b00020">internal error: {escape(repr(exc))}</span>'
-                self.view.show(f"<p>{self.status.value}</p>")
+                self.status.value = stopped_status(exc, self.stopwatch.stop())
+                self.view.show(_problem_html(f"internal error: {exc!r}"))
                 raise
             finally:
-                seconds = self.stopwatch.stop()
+                self.stopwatch.stop()  # whatever ended the work, the live line stops
                 self.busy.layout.display = "none"
-                self.status.value += f" <small>({seconds:.1f} s)</small>"
 
         if self.background:
             threading.Thread(target=self._ticker, daemon=True).start()
@@ -239,7 +255,10 @@ class ScanPanel(_Panel):
     def show_fix(self, result: FixResult) -> None:
         self.fix_result = result
         self.view.show(fix_html(result))
-        self.status.value = fix_status_html(result)
+        self.ran = (
+            f"searched a verified cut for {_targets(result.scan)} and checked its patch on a copy"
+            f" (driver {escape(result.scan.driver.kind)})"
+        )
 
     def show(self, result: ScanResult) -> None:
         self.result = result
@@ -248,7 +267,7 @@ class ScanPanel(_Panel):
         if self.module_picker.options and self.module_picker.value is None:
             self.module_picker.value = self.module_picker.options[0]  # the culprit, when there is one
         self._render()
-        self.status.value = scan_status_html(result)
+        self.ran = f"imported {_targets(result)} in a fresh subkernel (driver {escape(result.driver.kind)})"
 
     def _fill_picker(self) -> None:
         if self.result is not None:
@@ -325,7 +344,7 @@ class ReplayPanel(_Panel):
                 runner=runner,
             )
             self.view.show(comparison_html(self.comparison))
-            self.status.value = f"done: {headline_status_html(self.comparison.headline_parts())}"
+            self.ran = f"{len(self.comparison.runs)} replays in fresh subkernels"
 
         self._run(work, "replaying before/after under fork and spawn&hellip;", REPLAY_PHASES[0])
 

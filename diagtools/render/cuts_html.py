@@ -12,7 +12,7 @@ from diagtools.render.paths import display_path, shareable
 if TYPE_CHECKING:
     from diagtools.model.fix import FixResult
 
-__all__ = ["fix_html", "fix_status_html", "patch_html"]
+__all__ = ["fix_html", "patch_html"]
 
 _PATCH_STYLE = (
     "<style>.dt pre.dt-patch{background:#fbfbfb;border:1px solid #ddd;line-height:1.45}"
@@ -78,15 +78,3 @@ def fix_html(fix: FixResult) -> str:
     parts.append(f"<p>The guard (<code>{escape(fix.guard_file)}</code>):</p><pre>{escape(fix.guard)}</pre>")
     parts.append("</div>")
     return "".join(parts)
-
-
-def fix_status_html(fix: FixResult) -> str:
-    """A panel's status line after a fix: verified or not, and the line to change."""
-    line = shareable(fix.scan).line_to_change
-    if fix.reason:
-        return f'<span class="unknown">no patch</span>: {escape(fix.reason)}'
-    state = (
-        '<span class="good">verified patch</span>' if fix.verified else '<span class="bad">patch NOT verified</span>'
-    )
-    where = f", line to change {path_html(line.file, line.line)}" if line is not None else ""
-    return f"done: {state}{where} ({len(fix.changes)} file(s))"

@@ -26,12 +26,10 @@ __all__ = [
     "cuts_html",
     "diff_html",
     "graph_block",
-    "headline_status_html",
     "module_html",
     "path_html",
     "replay_html",
     "scan_html",
-    "scan_status_html",
     "short_path",
     "svg_of",
     "sweep_html",
@@ -218,20 +216,6 @@ def cuts_html(result: ScanResult) -> str:
     return "".join(parts)
 
 
-def scan_status_html(result: ScanResult) -> str:
-    """A panel's status line after a scan: the verdict, the line to change (the nearest verified cut), the driver."""
-    shown = shareable(result)
-    culprit = shown.culprit
-    line = shown.line_to_change
-    where = f" &mdash; <code>{escape(culprit.module or '?')}</code>" if culprit is not None else ""
-    if line is not None:
-        where += f", line to change {path_html(line.file, line.line)}"
-    elif culprit is not None and culprit.initialized_at is not None:
-        at = culprit.initialized_at
-        where += f", CUDA initialized at {path_html(at.file, at.line)}"
-    return f"done: {_verdict_badge(result.verdict)}{where} (driver {escape(result.driver.kind)})"
-
-
 def sweep_html(result: SweepResult) -> str:
     """The sweep's answer: each root cause once, then the modules that initialize CUDA."""
     verdict = _verdict_badge(result.verdict)
@@ -299,14 +283,6 @@ def _child_cell(child: ChildOutcome | None) -> str:
 def _table(head: str, rows: str) -> str:
     """A table in its own box: it wraps, and scrolls inside the box rather than widening the page."""
     return f'<div class="dt-box"><table>{head}{rows}</table></div>'
-
-
-def headline_status_html(parts: tuple[tuple[str, Tone], ...]) -> str:
-    """The one verdict for a panel's status line, each part in its tone (inline: the line is outside the page's
-    styles)."""
-    return "; ".join(
-        f'<span style="color:{HTML_COLOURS[tone]};font-weight:600">{escape(text)}</span>' for text, tone in parts
-    )
 
 
 def _headline_html(parts: tuple[tuple[str, Tone], ...]) -> str:

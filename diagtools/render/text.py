@@ -33,6 +33,8 @@ from diagtools.render.style import paint, toned, use_color, verdict_toned
 from diagtools.render.sweep_text import render_baseline, render_bisect, render_guard_failure, render_sweep
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from diagtools.model.diff import ScanDiff
     from diagtools.model.replay import ChildOutcome, ParentState, ReplayComparison, ReplayResult
     from diagtools.model.scan import ScanResult, Site
@@ -53,6 +55,7 @@ __all__ = [  # the renderers, and the pieces callers first found here
     "render_scan",
     "render_sweep",
     "render_verdict",
+    "scan_title",
     "terminal_safe",
     "text_table",
     "use_color",
@@ -62,11 +65,18 @@ _one_line = one_line
 
 
 @_safe
-def render_scan(result: ScanResult, *, stack: bool = False) -> str:
-    """A short report a person can act on; ``stack`` adds the whole Python stack; every path by the one rule."""
+def scan_title(targets: Sequence[str]) -> str:
+    """A scan report's first line: what was scanned (printed at once by a command, before the scan ends)."""
+    return f"diagtools scan {' '.join(map(_one_line, targets))}"
+
+
+@_safe
+def render_scan(result: ScanResult, *, stack: bool = False, title: bool = True) -> str:
+    """A short report a person can act on; ``stack`` adds the whole Python stack; every path by the one rule;
+    ``title=False`` leaves out the first line (:func:`scan_title`) for a command that printed it already."""
     result = shareable(result, library=True)
     lines = [
-        f"diagtools scan {' '.join(map(_one_line, result.targets))}",
+        *([scan_title(result.targets)] if title else []),
         *wrapped(f"  driver: {_one_line(_driver_text(result))}"),
         f"  status: {result.status}  ({len(result.modules)} modules imported in {result.duration_s:.2f} s)",
     ]

@@ -350,18 +350,20 @@ def check_lines(page, name: str) -> None:
 
 
 def click_panel(page, name: str) -> None:
-    """Run the notebook's panel: the static copy below it shows the result, and the status line its verdict."""
+    """Run the notebook's panel: the status line says what ran, the static copy below it the verdict."""
     button = {"01_root_cause": "Scan", "02_fork_replay": "Replay"}.get(name)
     if button is None:
         return
     control = page.locator(f"{PANEL} .jupyter-widgets button", has_text=button).first
     control.scroll_into_view_if_needed()
     control.click()
-    status = page.locator(f"{PANEL} .jupyter-widgets", has_text="done:").first
+    status = page.locator(f"{PANEL} .jupyter-widgets", has_text="the answer is below").first
     status.wait_for(state="visible", timeout=180_000)
     verdict = "initializes-cuda" if button == "Scan" else "Reproduced: before/fork fails"
-    assert verdict in status.text_content()
+    assert verdict not in status.text_content()  # said once: in the result below, in its colour
     cell = page.locator(f"{PANEL} .jp-CodeCell", has=page.locator(".jupyter-widgets button", has_text=button))
+    result = cell.locator(".jp-OutputArea-output", has_text=verdict).last
+    assert verdict in result.text_content()
     assert "No result yet" not in cell.text_content()
     cell.screenshot(path=str(SCREENSHOTS / f"{name}-panel.png"))
 
@@ -420,16 +422,37 @@ VERDICTS = {
 }
 
 
+TOP_JS = """panel => {
+  for (const e of panel.querySelectorAll('.jp-WindowedPanel-outer, .jp-Notebook')) e.scrollTop = 0;
+  const first = panel.querySelector('.jp-Cell');
+  const view = panel.querySelector('.jp-WindowedPanel-outer') || panel.querySelector('.jp-Notebook');
+  if (!first || !view) return null;
+  return {cell: first.getBoundingClientRect().top, view: view.getBoundingClientRect().top};
+}"""
+
+
+def screenshot_top(page, path: Path) -> None:
+    """The notebook scrolled to its first cell (checked by the cell's box, not assumed), then a screenshot."""
+    boxes = None
+    for _ in range(20):  # windowed notebooks re-render what scrolled in: read the boxes until the first cell is up
+        boxes = page.locator(PANEL).first.evaluate(TOP_JS)
+        if boxes is not None and abs(boxes["cell"] - boxes["view"]) < 40:
+            break
+        page.wait_for_timeout(150)
+    assert boxes is not None, "no notebook cell to show"
+    assert abs(boxes["cell"] - boxes["view"]) < 40, boxes  # the first cell at the top of the view
+    page.wait_for_timeout(300)  # content-visibility: let the browser paint what scrolled in
+    page.screenshot(path=str(path))
+
+
 def check_widths(page, name: str) -> None:
     """Nothing cut at 1440 px either; a screenshot of the notebook's top at both widths."""
-    page.locator(f"{PANEL} .jp-WindowedPanel-outer, {PANEL} .jp-Notebook").first.evaluate("e => e.scrollTo(0, 0)")
-    page.screenshot(path=str(SCREENSHOTS / f"{name}-{WIDTH}.png"))
+    screenshot_top(page, SCREENSHOTS / f"{name}-{WIDTH}.png")
     page.set_viewport_size({"width": 1440, "height": 900})
     try:
         page.wait_for_timeout(500)  # the layout settles at the new width
         assert_nothing_cut(page, f"{name} at 1440 px")
-        page.locator(f"{PANEL} .jp-WindowedPanel-outer, {PANEL} .jp-Notebook").first.evaluate("e => e.scrollTo(0, 0)")
-        page.screenshot(path=str(SCREENSHOTS / f"{name}-1440.png"))
+        screenshot_top(page, SCREENSHOTS / f"{name}-1440.png")
     finally:
         page.set_viewport_size({"width": WIDTH, "height": 768})
 

@@ -160,3 +160,32 @@ def test_a_sweep_says_what_it_does_before_its_first_row(make_tree):
         os.close(main)
     assert process.returncode == 0
     assert "slowsweep.a" in out
+
+
+def test_a_piped_scan_names_its_target_before_the_scan_ends(tmp_path):
+    """The report's first line comes as the subkernel starts, not with the rest: a long import says at once what is
+    scanned, on a pipe too.  The target waits for a file the test writes only after reading that line."""
+    go, gave_up = tmp_path / "go", tmp_path / "gave-up"
+    (tmp_path / "slowpkg.py").write_text(
+        "import os, time\n"
+        "deadline = time.monotonic() + 120\n"
+        f"while not os.path.exists({str(go)!r}):\n"
+        "    if time.monotonic() > deadline:\n"
+        f"        open({str(gave_up)!r}, 'w').close()\n"
+        "        break\n"
+        "    time.sleep(0.02)\n",
+        encoding="utf-8",
+    )
+    command = [DIAGTOOLS, "scan", "slowpkg", "--path", str(tmp_path), "--driver", "simulated"]
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as process:
+        try:
+            first = process.stdout.readline()
+            assert not gave_up.exists()  # the target was still waiting: the line came before the scan's end
+            assert first == "diagtools scan slowpkg\n"
+            go.write_text("")
+            rest, errors = process.communicate(timeout=120)
+        finally:
+            process.kill()
+    assert process.returncode == 0, errors
+    assert rest.startswith("  driver: simulated driver"), rest
+    assert "diagtools scan" not in rest  # said once
