@@ -296,8 +296,15 @@ def _run_demo(args: argparse.Namespace) -> int:
     from diagtools.frontends.progress import phase_line
 
     with phase_line() as live:
-        report = write_demo_report(Path(args.out), driver=args.driver, notebooks=notebooks, progress=live.phase)
-    _print(lambda: report.summary)
+
+        def said(lines: list[str]) -> None:  # each specimen's line as its scan ends, above the live line
+            live.above(lambda: _print("\n".join(lines)))
+
+        report = write_demo_report(
+            Path(args.out), driver=args.driver, notebooks=notebooks, progress=live.phase, said=said
+        )
+    if report.closing_lines():
+        _print("\n".join(report.closing_lines()))
     from diagtools.render.paths import display_path
 
     print(f"report written to {display_path(str(report.index.resolve()))}")

@@ -54,6 +54,10 @@ class SpecimenOutcome:
         mark = "ok " if self.as_expected else toned("UNEXPECTED", Tone.UNKNOWN)  # the run's health: neutral
         return f"  [{mark}] {self.specimen.name}/{self.variant}: {verdict_toned(self.result.verdict, self.headline())}"
 
+    def summary_lines(self) -> list[str]:
+        """:meth:`summary_line` wrapped at 100 columns."""
+        return wrapped(self.summary_line(), "        ")
+
     def headline(self) -> str:
         if not self.result.cuda_initialized:
             doubts = "; ".join(self.result.doubts())
@@ -75,6 +79,10 @@ class NotebookOutcome:
     error: str = ""
     seconds: float = 0.0
 
+    def summary_line(self) -> str:
+        state = f"FAILED: {self.error}" if self.error else f"executed in {self.seconds:.1f} s"
+        return f"  notebook {self.name}: {state}"
+
 
 @dataclass(frozen=True)
 class DemoReport:
@@ -92,15 +100,20 @@ class DemoReport:
 
     @property
     def summary(self) -> str:
-        driver = shareable(self.outcomes[0].result, library=True).driver.describe() if self.outcomes else ""
-        lines = wrapped(f"driver: {driver}") if self.outcomes else ["no specimens"]
-        for outcome in self.outcomes:
-            lines += wrapped(outcome.summary_line(), "        ")
-        for notebook in self.notebooks:
-            state = f"FAILED: {notebook.error}" if notebook.error else f"executed in {notebook.seconds:.1f} s"
-            lines.append(f"  notebook {notebook.name}: {state}")
-        lines.extend(f"  note: {note}" for note in self.notes)
-        return "\n".join(lines)
+        """Everything the demo says, in the order a terminal saw it come (:func:`write_demo_report`'s ``said``)."""
+        lines = driver_lines(self.outcomes[0]) if self.outcomes else []
+        lines += [line for outcome in self.outcomes for line in outcome.summary_lines()]
+        lines += [notebook.summary_line() for notebook in self.notebooks]
+        return "\n".join(lines + self.closing_lines())
+
+    def closing_lines(self) -> list[str]:
+        """What the summary says only at the end: no specimens at all, the notes."""
+        return [*([] if self.outcomes else ["no specimens"]), *(f"  note: {note}" for note in self.notes)]
+
+
+def driver_lines(first: SpecimenOutcome) -> list[str]:
+    """The driver the demo's scans used (one driver for them all), wrapped at 100 columns."""
+    return wrapped(f"driver: {shareable(first.result, library=True).driver.describe()}")
 
 
 def _markdown(report_outcomes: tuple[SpecimenOutcome, ...]) -> str:
@@ -201,18 +214,24 @@ def write_demo_report(
     notebooks: Path | None = NOTEBOOKS,
     run: Callable[..., ScanResult] = scan,
     progress: Callable[[str], object] | None = None,
+    said: Callable[[list[str]], object] | None = None,
 ) -> DemoReport:
     """Scan each specimen variant, execute the notebooks, and write the report under ``out``.
 
-    ``progress(phase)`` hears what starts: each scan (with how many are done), each notebook, the report.
+    ``progress(phase)`` hears what starts: each scan (with how many are done), each notebook, the report;
+    ``said(lines)`` hears each part of the summary as soon as it is known: the driver with the first scan, each
+    specimen's line as its scan ends, each notebook's as it ran.
     """
     say = progress or (lambda phase: None)
+    tell = said or (lambda lines: None)
     variants = [(specimen, variant) for specimen in all_specimens() for variant in specimen.variants]
-    outcomes_list = []
+    outcomes_list: list[SpecimenOutcome] = []
     for number, (specimen, variant) in enumerate(variants, 1):
         say(f"scanning {specimen.name}/{variant} ({number} of {len(variants)})")
         result = run(specimen.target, path=[specimen.tree(variant)], driver=driver)
-        outcomes_list.append(SpecimenOutcome(specimen, variant, result))
+        outcome = SpecimenOutcome(specimen, variant, result)
+        tell([*(driver_lines(outcome) if not outcomes_list else []), *outcome.summary_lines()])
+        outcomes_list.append(outcome)
     outcomes = tuple(outcomes_list)
     out.mkdir(parents=True, exist_ok=True)
     _clear_earlier_report(out)
@@ -229,6 +248,7 @@ def write_demo_report(
         for path in sorted(notebooks.glob("*.ipynb")):
             say(f"executing notebook {path.name}")
             ran.append(run_notebook(path, out / "notebooks", parameters))
+            tell([ran[-1].summary_line()])
         executed = tuple(ran)
     say("writing the report")
     index = out / "index.html"

@@ -189,6 +189,15 @@ class PhaseLine:
             self._ticker = threading.Thread(target=self._tick, name="diagtools-phase-line", daemon=True)
             self._ticker.start()
 
+    def above(self, write: Callable[[], object]) -> None:
+        """Let ``write`` print lines while the line is live: the line is cleared first and drawn again below."""
+        with self._lock:
+            if self.watch.running:
+                self.stream.write("\r\x1b[K")
+                self.stream.flush()
+            write()
+        self._draw()
+
     def close(self) -> None:
         self._stop.set()
         if self._ticker is not None:
@@ -215,6 +224,9 @@ class _Quiet:
 
     def phase(self, text: str) -> None:
         pass
+
+    def above(self, write: Callable[[], object]) -> None:
+        write()
 
 
 class NotebookLine:

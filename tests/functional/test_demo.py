@@ -44,6 +44,29 @@ def test_demo_cli_writes_the_specimen_report(tmp_path):
     assert not scans["common_ops/after"]["cuda_initialized"]
 
 
+def test_each_specimens_line_is_said_as_its_scan_ends(tmp_path):
+    """The summary comes piece by piece, in the order it is printed at the end: the driver with the first scan,
+    each specimen's line before the next scan starts."""
+    from diagtools.usecases.scan import scan
+
+    heard: list[str] = []
+
+    def run(*args, **kwargs):
+        heard.append("scan")
+        return scan(*args, **kwargs)
+
+    report = write_demo_report(
+        tmp_path / "report", driver="simulated", notebooks=None, run=run, said=lambda lines: heard.extend(lines)
+    )
+    assert heard[0] == "scan"
+    assert heard[1].startswith("driver: simulated driver")
+    said = [line for line in heard if line != "scan"]
+    assert "\n".join(said) == report.summary
+    first_line = next(n for n, line in enumerate(heard) if line.startswith("  [ok ] "))
+    assert heard.index("scan", first_line) > first_line  # told before the second scan began
+    assert heard.count("scan") == len(report.outcomes)
+
+
 def test_demo_executes_notebooks_into_the_report(tmp_path):
     notebooks = tmp_path / "notebooks"
     notebooks.mkdir()
