@@ -55,9 +55,7 @@ def test_each_specimens_line_is_said_as_its_scan_ends(tmp_path):
         heard.append("scan")
         return scan(*args, **kwargs)
 
-    report = write_demo_report(
-        tmp_path / "report", driver="simulated", notebooks=None, run=run, said=lambda lines: heard.extend(lines)
-    )
+    report = write_demo_report(tmp_path / "report", driver="simulated", notebooks=None, run=run, said=heard.extend)
     assert heard[0] == "scan"
     assert heard[1].startswith("driver: simulated driver")
     said = [line for line in heard if line != "scan"]
