@@ -29,8 +29,9 @@ def markdown(document: dict) -> str:
         lines += [
             "**No GPU in this run.** The rows below come from a CPU: the torch reference and the Triton",
             "interpreter at tiny sizes, with their error against the float64 reference, and the CuTe DSL",
-            "kernel compiled to PTX for sm_90a. Their times are not meaningful. The GPU run is",
-            "`benchmarks/gpu_check.sh`, ready for a machine with a GPU.",
+            "kernel compiled to PTX for sm_90a, or its shipped PTX read where nvidia-cutlass-dsl is absent",
+            "(each row's note says which). Their times are not meaningful: on a CPU this is correctness only.",
+            "The timing side by side is `benchmarks/gpu_check.sh`, ready for a machine with a GPU.",
             "",
         ]
     else:

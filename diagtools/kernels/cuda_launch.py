@@ -195,12 +195,20 @@ def compile_to_ptx(host: Any, arguments: Sequence[Any], dump_dir: str | Path, ar
     return Path(ptx).read_text() if "\n" not in ptx and Path(ptx).is_file() else ptx
 
 
-def compiled_or_shipped(shipped: Path, compile_into: Callable[[str, str], str], missing: str) -> str:
-    """The PTX to load: ``compile_into(folder, arch)`` when nvidia-cutlass-dsl is importable (for
-    ``CUTE_DSL_ARCH``, default sm_90a), else the shipped copy; ``ValueError(missing)`` without either."""
+def compiles_here() -> bool:
+    """Whether nvidia-cutlass-dsl is importable, so :func:`compiled_or_shipped` compiles the PTX instead of
+    reading the shipped copy (a report says which it did)."""
     try:
         import cutlass  # noqa: F401
     except ImportError:
+        return False
+    return True
+
+
+def compiled_or_shipped(shipped: Path, compile_into: Callable[[str, str], str], missing: str) -> str:
+    """The PTX to load: ``compile_into(folder, arch)`` when nvidia-cutlass-dsl is importable (for
+    ``CUTE_DSL_ARCH``, default sm_90a), else the shipped copy; ``ValueError(missing)`` without either."""
+    if not compiles_here():
         if not shipped.is_file():
             raise ValueError(missing) from None
         return shipped.read_text()

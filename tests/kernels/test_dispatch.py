@@ -57,3 +57,18 @@ def test_kernel_modules_import_without_initializing_cuda(sim_scan, module, dsl):
     assert result.status == "ok", result.error
     assert not result.cuda_initialized, result.culprit
     assert module in result.module_names()
+
+
+def test_the_cpu_note_says_compiled_only_when_it_compiled(tmp_path, monkeypatch):
+    """Without nvidia-cutlass-dsl the benchmark reads the shipped PTX: its row must not say "compiled"."""
+    require("torch", "kernels")
+    from diagtools import bench
+
+    # its .pth puts nvidia-cutlass-dsl first on sys.path: hide it after site ran, as if it were not installed
+    (tmp_path / "sitecustomize.py").write_text("import sys\nsys.modules['cutlass'] = None\n")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    report = bench.compare([(64, 512)], backends=("cutedsl",), driver="simulated", timeout=300)
+    assert not report.error, report.error
+    note = report.rows[0]["note"]
+    assert "the shipped PTX for sm_90a was read" in note, note
+    assert "compiled" not in note.replace("not compiled here", ""), note
