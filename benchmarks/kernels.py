@@ -1,10 +1,14 @@
 """compress_norm_rope_store: Triton against CuTe DSL, every size, results as JSON and Markdown.
 
-Run: ``.venv/bin/python benchmarks/kernels.py`` (writes benchmarks/kernels.json and kernels.md).
-On a GPU machine it times the full grid (G in 64, 4096, 65536, 262144 at D = 512 and 128)
-with triton.testing.do_bench over four rotated input sets, against the measured
-device-to-device copy bandwidth; elsewhere it records the CPU checks and says the times
-mean nothing.  ``gpu_check.sh`` is the one prepared script for a lent GPU machine.
+Run: ``.venv/bin/python benchmarks/kernels.py [--out DIR] [--rows FILE] [--require-gpu]`` (writes
+benchmarks/kernels.json and kernels.md).  On a GPU machine it times the full grid (G in 64, 4096,
+65536, 262144 at D = 512 and 128) with triton.testing.do_bench over four rotated input sets,
+against the measured device-to-device copy bandwidth, each backend checked against the float64
+reference before it is timed; elsewhere it records the CPU checks and says the times mean nothing
+(``--require-gpu`` makes that an error).  Each size is measured in its own subkernel, and its rows
+are written as they come: appended to ``--rows`` (JSON Lines, flushed), the JSON and Markdown
+rewritten, so a run that is killed leaves every size before it.  ``gpu_check.sh`` is the one
+prepared script for a lent GPU machine.
 """
 
 from __future__ import annotations
@@ -13,9 +17,11 @@ import argparse
 import json
 from pathlib import Path
 
+from rows import append_rows, write_whole
 from scan_overhead import machine
 
-from diagtools.bench import COLUMNS, compare
+from diagtools.bench import COLUMNS, CPU_SIZES, GPU_SIZES, BenchReport, compare
+from diagtools.driver import resolve_driver
 
 HERE = Path(__file__).resolve().parent
 TARGET_FRACTION = 0.8
@@ -25,6 +31,8 @@ def markdown(document: dict) -> str:
     meta, rows = document["meta"], document["rows"]
     lines = ["# compress_norm_rope_store: Triton vs CuTe DSL", ""]
     lines += [f"Device: {meta.get('device')}; machine: {document['machine']}.", ""]
+    if not document.get("complete", True):
+        lines += ["**Incomplete run**: the sizes measured before it stopped.", ""]
     if not meta.get("timing_meaningful"):
         lines += [
             "**No GPU in this run.** The rows below come from a CPU: the torch reference and the Triton",
@@ -61,17 +69,40 @@ def _cell(value) -> str:
     return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
+def _write(out: Path, reports: list[BenchReport], complete: bool) -> dict:
+    """The document of every size so far (the last report's meta), and its Markdown."""
+    rows = tuple(row for report in reports for row in report.rows)
+    last = reports[-1] if reports else BenchReport(())
+    merged = BenchReport(rows, last.meta, last.driver, "; ".join(r.error for r in reports if r.error))
+    document = {**merged.to_json(), "machine": machine(), "complete": complete}
+    write_whole(out / "kernels.json", json.dumps(document, indent=2, sort_keys=True) + "\n")
+    write_whole(out / "kernels.md", markdown(document))
+    return document
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=HERE)
+    parser.add_argument("--rows", type=Path, help="JSON Lines file the rows are appended to (default: beside the JSON)")
+    parser.add_argument("--require-gpu", action="store_true", help="exit 3 when no real driver and GPU are here")
     args = parser.parse_args()
-    report = compare()
-    document = {**report.to_json(), "machine": machine()}
-    if report.error:
-        raise SystemExit(report.error)
-    (args.out / "kernels.json").write_text(json.dumps(document, indent=2, sort_keys=True) + "\n")
-    (args.out / "kernels.md").write_text(markdown(document))
+    on_gpu = resolve_driver("auto").info.kind == "real"
+    if args.require_gpu and not on_gpu:
+        raise SystemExit("kernels.py: no real CUDA driver here, and --require-gpu was given")
+    args.out.mkdir(parents=True, exist_ok=True)
+    rows_file = args.rows or args.out / "kernels.jsonl"
+    rows_file.write_text("", encoding="utf-8")  # this run's rows only
+    reports: list[BenchReport] = []
+    for size in GPU_SIZES if on_gpu else CPU_SIZES:  # one subkernel per size: a kill keeps the sizes before it
+        report = compare([size])
+        reports.append(report)
+        append_rows(rows_file, report.rows)
+        _write(args.out, reports, complete=False)
+    document = _write(args.out, reports, complete=True)
     print(markdown(document))
+    errors = [report.error for report in reports if report.error]
+    if errors:
+        raise SystemExit(errors[0])
 
 
 if __name__ == "__main__":

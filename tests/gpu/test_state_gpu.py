@@ -18,7 +18,7 @@ import pytest
 
 from diagtools.driver import real_driver_path
 
-from .children import run_check_child
+from .children import child_timeout, run_check_child
 
 pytestmark = [
     pytest.mark.gpu,
@@ -82,7 +82,9 @@ def _run(backend: str) -> dict[str, dict]:
     """Every case of one backend in one child (a faulting kernel cannot take the other backend's down)."""
     if backend not in _results:
         cases = [case for case in CASES if case.split(" ", 1)[0] == backend]
-        _results[backend] = run_check_child(CHECK, [json.dumps(cases)], lambda record: record["case"], timeout=140)
+        _results[backend] = run_check_child(
+            CHECK, [json.dumps(cases)], lambda record: record["case"], timeout=child_timeout(140)
+        )
     return _results[backend]
 
 
