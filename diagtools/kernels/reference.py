@@ -111,13 +111,21 @@ class Inputs:
     slot_mapping: torch.Tensor
     kv_cache: torch.Tensor
     ratio: int
+    eps: float = 1e-6  # the RMSNorm epsilon the kernel is given
 
     def args(self) -> tuple[torch.Tensor, ...]:
         return (self.kv, self.score, self.weight, self.cos_sin_cache, self.positions, self.slot_mapping, self.kv_cache)
 
     def expected(self, dtype: torch.dtype = torch.float64) -> torch.Tensor:
         return compressed_rows(
-            self.kv, self.score, self.weight, self.cos_sin_cache, self.positions, ratio=self.ratio, dtype=dtype
+            self.kv,
+            self.score,
+            self.weight,
+            self.cos_sin_cache,
+            self.positions,
+            ratio=self.ratio,
+            eps=self.eps,
+            dtype=dtype,
         )
 
     def min_bytes(self) -> int:

@@ -39,7 +39,7 @@ if not torch.cuda.is_available():
 for groups, head_dim, index_dtype in sizes:
     case = {"groups": groups, "head_dim": head_dim, "index": index_dtype}
     try:
-        inputs = make_inputs(groups, head_dim, device="cuda")
+        inputs = make_inputs(groups, head_dim, device="cuda", seed=groups + head_dim)
         args = list(inputs.args())
         if index_dtype == "int32":
             args[4], args[5] = args[4].int(), args[5].int()

@@ -56,10 +56,10 @@ for case_name in json.loads(sys.argv[1]):
     try:
         if name in BENCH_SIZES:
             ratio, requests = BENCH_SIZES[name]
-            inputs = make_state_inputs(ratio, requests, padding=0.0, device="cuda")
+            inputs = make_state_inputs(ratio, requests, padding=0.0, device="cuda", seed=ratio)
         else:
             ratio, requests = MIXED[name.split()[0]]
-            inputs = make_state_inputs(ratio, requests, padding=0.25, state_block=16, device="cuda")
+            inputs = make_state_inputs(ratio, requests, padding=0.25, state_block=16, device="cuda", seed=ratio + 1)
         with_edge_tiles(inputs)
         if name.endswith("int32"):
             args = [t.int() if t.dtype == torch.int64 else t for t in inputs.args()]

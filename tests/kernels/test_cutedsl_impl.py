@@ -119,7 +119,7 @@ def test_every_group_is_visited_exactly_once(groups, head_dim):
 
 @pytest.mark.parametrize(("groups", "head_dim", "ratio"), [(37, 128, 4), (300, 512, 4), (9, 512, 8)])
 def test_the_plan_is_computed_from_the_real_tensors(groups, head_dim, ratio):
-    inputs = make_inputs(groups, head_dim, ratio=ratio)
+    inputs = make_inputs(groups, head_dim, ratio=ratio, seed=groups + head_dim + ratio)
     inputs = type(inputs)(*(t.int() if t is inputs.positions else t for t in inputs.args()), ratio=ratio)
     launch = plan_launch(*inputs.args(), ratio, 1e-5, multiprocessors=H200_MULTIPROCESSORS)
     assert launch is not None
@@ -139,14 +139,14 @@ def test_the_plan_is_computed_from_the_real_tensors(groups, head_dim, ratio):
 
 
 def test_no_groups_means_no_launch():
-    inputs = make_inputs(0, 512)
+    inputs = make_inputs(0, 512, seed=1)
     assert plan_launch(*inputs.args(), 4, 1e-6, multiprocessors=H200_MULTIPROCESSORS) is None
 
 
 def test_the_driver_receives_the_real_sizes(monkeypatch):
     fake = FakeDriver(PARAM_TYPES)
     monkeypatch.setattr(cuda_launch, "cuda_driver", lambda: fake)
-    inputs = make_inputs(1000, 512, ratio=4)
+    inputs = make_inputs(1000, 512, ratio=4, seed=2)
     launch = plan_launch(*inputs.args(), 4, 1e-6, multiprocessors=H200_MULTIPROCESSORS, ctas_per_sm=3)
     launch_kernel(LoadedKernel(77, 3), launch, stream=1234)
     (call,) = fake.calls
@@ -173,7 +173,7 @@ def test_without_cutlass_the_shipped_ptx_is_used(monkeypatch):
 def test_cpu_tensors_are_refused_with_a_clear_error():
     from diagtools.kernels import compress_norm_rope_store
 
-    inputs = make_inputs(4, 512)
+    inputs = make_inputs(4, 512, seed=3)
     with pytest.raises(ValueError, match="runs on CUDA tensors only"):
         compress_norm_rope_store(*inputs.args(), backend="cutedsl")
 

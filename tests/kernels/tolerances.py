@@ -122,13 +122,7 @@ def assert_state_bytes_match_reference(inputs, error_bound: dict[str, float] = S
     data, scales = read_fp8_ds_mla_cache(inputs.kv_cache.cpu(), inputs.slot_mapping.cpu()[work])
     y = inputs.expected().cpu()  # float64 [N, 512]
     rows = y.shape[0]
-    # y = c / rms(c) * weight (then RoPE on pairs): an error in c of a small part of rms(c) moves y by
-    # that part of |weight|; a RoPE pair mixes its two weights
-    weight = inputs.weight.cpu().double().abs()
-    pairs = weight[448:].view(32, 2).amax(dim=1).repeat_interleave(2)
-    reach = torch.cat((weight[:448], pairs))
-    error = y.abs() * error_bound["relative"] + reach * error_bound["of_weight"]
-    low, high = y - error, y + error
+    low, high, error = _bracket(y, inputs.weight, error_bound)
     # the scale: from the tile maxima at the smallest and the largest magnitudes in the bracket
     small = y.sign() * (y.abs() - error).clamp_min(0)
     big = y.sign() * (y.abs() + error)
@@ -150,6 +144,46 @@ def assert_state_bytes_match_reference(inputs, error_bound: dict[str, float] = S
     assert not bad.any(), f"{int(bad.sum())} bf16 values outside the reference's, e.g. {_first(bad, tail, lo_tail)}"
     exact = int((lowest == highest).sum()) + int((lo == hi).sum()) + 2 * int((lo_tail == hi_tail).sum())
     return ByteCheck(scale_bytes=rows * 7, data_bytes=rows * 576, exact=exact)
+
+
+def _bracket(
+    y: torch.Tensor, weight: torch.Tensor, error_bound: dict[str, float]
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``y`` (float64 rows, RoPE on the last 64 in pairs) moved down and up by the kernels' own fp32 error.
+
+    y = c / rms(c) * weight (then RoPE on pairs): an error in c of a small part of rms(c) moves y by
+    that part of |weight|; a RoPE pair mixes its two weights.
+    """
+    weight = weight.cpu().double().abs()
+    head = weight.numel() - 64
+    pairs = weight[head:].view(32, 2).amax(dim=1).repeat_interleave(2)
+    reach = torch.cat((weight[:head], pairs))
+    error = y.abs() * error_bound["relative"] + reach * error_bound["of_weight"]
+    return y - error, y + error, error
+
+
+def _bf16_toward_zero(values: torch.Tensor) -> torch.Tensor:
+    bits = values.float().view(torch.int32) & -65536  # keep sign, exponent and the top 7 significand bits
+    return bits.view(torch.float32).double()
+
+
+def assert_bytes_match_reference(
+    inputs, error_bound: dict[str, float] = STORED_VALUE_ERROR, *, toward_zero: bool = False
+) -> float:
+    """The simplified kernel's stored bf16 values, kept rows only: each one the float64 reference rounded
+    once, for the reference moved by at most ``error_bound`` (the kernels' fp32 arithmetic); returns the
+    fraction of values whose bracket allowed two neighbours.  Rounded to nearest even, as torch and a GPU
+    round; ``toward_zero`` for the Triton interpreter, whose fp32-to-bf16 cast truncates."""
+    head_dim = inputs.kv.shape[1]
+    slots = inputs.slot_mapping.cpu()
+    keep = slots >= 0
+    got = inputs.kv_cache.view(-1, head_dim).cpu()[slots[keep].long()].double()
+    low, high, _ = _bracket(inputs.expected().cpu()[keep], inputs.weight, error_bound)
+    rounded = _bf16_toward_zero if toward_zero else (lambda v: v.to(torch.bfloat16).double())
+    lo, hi = rounded(low), rounded(high)
+    bad = (got < lo) | (got > hi) | got.isnan()
+    assert not bad.any(), f"{int(bad.sum())} bf16 values outside the reference's, e.g. {_first(bad, got, lo, hi)}"
+    return 1 - float((lo == hi).double().mean()) if got.numel() else 0.0
 
 
 def _first(bad: torch.Tensor, *tensors: torch.Tensor) -> tuple[float, ...]:
