@@ -7,17 +7,22 @@ also refuses what the hardware would fault on or leave undefined: a global acces
 tensor its address was derived from (each kernel parameter's pointer is followed through the
 address arithmetic), a misaligned vector access, a shared access outside the CTA's allocation,
 a shuffle whose member mask does not match the lanes that execute it or that reads an exited
-lane, and a data race on shared memory between two warps of a CTA (a byte written by one warp
-and read or written by another with no barrier between).
+lane, a data race on shared memory between two warps of a CTA (a byte written by one warp
+and read or written by another with no barrier between), and a race on global memory between
+two CTAs of the launch (a byte one CTA wrote that another reads or writes, or one CTA read that
+another writes: nothing orders CTAs within a launch).
 
 Scope: the instructions these kernels use (integer and fp32 arithmetic, compares and selects,
 conversions to bf16 and packed e4m3, ``ex2``/``rcp``/``rsqrt``, vector loads and stores, warp
 shuffles, one CTA barrier).  Every modifier is either modelled or refused with :class:`PtxError`:
-``.ftz`` flushes fp32 subnormal inputs and results to zero; ``cvt`` to bf16 rounds ``.rn`` or
-``.rz``; ``fma`` rounds once (exactly, by rounding to odd in fp64 first); ``mul.hi`` keeps the
-high half; ``shfl`` follows the PTX definition of its clamp and segment mask (``c``) and checks
-its member mask.  The approximate instructions (``ex2``, ``rcp``, ``rsqrt`` ``.approx``) are
-computed correctly rounded in fp32: the hardware's last bit or two are the GPU check's.
+``.ftz`` flushes fp32 subnormal inputs and results to zero (a ``setp.ftz`` compares them as
+zeros); ``cvt`` to bf16 rounds ``.rn`` or ``.rz``, and a conversion not modelled is refused when
+the PTX is parsed; ``fma`` rounds once (exactly, by rounding to odd in fp64 first); ``mul.hi``
+keeps the high half; ``shfl`` follows the PTX definition of its clamp and segment mask (``c``)
+and checks its member mask.  The approximate instructions (``ex2``, ``rcp``, ``rsqrt``
+``.approx``) are correctly rounded in fp32 by default, or off by the largest error the PTX ISA
+allows (``approximate="low"`` or ``"high"``: 2 ulp, 1 ulp and a relative 2**-22.9), so a check
+can show that the kernel's output holds wherever in that range a GPU lands.
 
 A warp runs in lockstep over numpy arrays of its 32 lanes; a lane that branches away waits, and
 the warp always steps the lanes with the lowest program counter, which reconverges structured
@@ -63,6 +68,12 @@ class Buffer:
     data: np.ndarray  # uint8 view of a tensor's storage
     read_bytes: int = 0
     written_bytes: int = 0
+    writer: np.ndarray | None = None  # per byte: the CTA that wrote it (-1: none)
+    reader: np.ndarray | None = None  # per byte: the CTA that read it (-1: none, -2: several)
+
+    def __post_init__(self) -> None:
+        self.writer = np.full(self.data.size, -1, dtype=np.int32)
+        self.reader = np.full(self.data.size, -1, dtype=np.int32)
 
 
 @dataclass
@@ -129,20 +140,30 @@ class Memory:
             offsets[mine] = (addresses[mine] - buffer.base).astype(np.int64)
         return offsets
 
-    def read(self, addresses: np.ndarray, origins: np.ndarray, size: int) -> np.ndarray:
-        """``[n, size]`` bytes."""
+    def read(self, addresses: np.ndarray, origins: np.ndarray, size: int, cta: int = 0) -> np.ndarray:
+        """``[n, size]`` bytes, read by CTA ``cta``: a byte another CTA of the launch wrote is a race (no
+        ordering between CTAs exists in a launch)."""
         offsets = self.locate(addresses, origins, size)
         out = np.empty((addresses.size, size), dtype=np.uint8)
         for i, (b, o) in enumerate(zip(origins, offsets, strict=True)):
-            out[i] = self.buffers[b].data[o : o + size]
-            self.buffers[b].read_bytes += size
+            buffer = self.buffers[b]
+            out[i] = buffer.data[o : o + size]
+            buffer.read_bytes += size
+            _check_cta_race(buffer, o, size, cta, "read")
+            readers = buffer.reader[o : o + size]
+            readers[:] = np.where((readers == -1) | (readers == cta), cta, -2)
         return out
 
-    def write(self, addresses: np.ndarray, origins: np.ndarray, rows: np.ndarray) -> None:
+    def write(self, addresses: np.ndarray, origins: np.ndarray, rows: np.ndarray, cta: int = 0) -> None:
+        """Store ``rows`` for CTA ``cta``: a byte another CTA wrote or read in this launch is a race."""
         offsets = self.locate(addresses, origins, rows.shape[1])
         for i, (b, o) in enumerate(zip(origins, offsets, strict=True)):
-            self.buffers[b].data[o : o + rows.shape[1]] = rows[i]
-            self.buffers[b].written_bytes += rows.shape[1]
+            buffer = self.buffers[b]
+            size = rows.shape[1]
+            _check_cta_race(buffer, o, size, cta, "write")
+            buffer.data[o : o + size] = rows[i]
+            buffer.written_bytes += size
+            buffer.writer[o : o + size] = cta
         self.written += rows.size
 
     def traffic(self, tensor: torch.Tensor) -> tuple[int, int]:
@@ -151,6 +172,50 @@ class Memory:
             if buffer.base == tensor.data_ptr():
                 return buffer.read_bytes, buffer.written_bytes
         raise KeyError("not a tensor of this memory")
+
+
+# The largest error the PTX ISA allows each approximate instruction (fp32): ex2.approx 2 ulp from the
+# correctly rounded result, rcp.approx 1 ulp, rsqrt.approx a relative error of 2**-22.9.
+APPROXIMATION_ERRORS = {"ex2": ("ulp", 2), "rcp": ("ulp", 1), "rsqrt": ("relative", 2**-22.9)}
+APPROXIMATIONS = ("exact", "low", "high")
+
+
+def _approximated(op: str, rounded: np.ndarray, approximate: str) -> np.ndarray:
+    """The correctly rounded fp32 ``rounded`` moved by the ISA's largest error toward zero (``low``) or away
+    from it (``high``); ``exact`` leaves it.  Infinities, zeros and NaNs stay (the ISA's special cases)."""
+    if approximate == "exact":
+        return rounded
+    kind, amount = APPROXIMATION_ERRORS[op]
+    finite = np.isfinite(rounded) & (rounded != 0)
+    magnitude = np.abs(rounded.astype(np.float32))
+    if kind == "ulp":
+        target = np.float32(0) if approximate == "low" else np.float32(np.inf)
+        for _ in range(amount):
+            magnitude = np.where(finite, np.nextafter(magnitude, target), magnitude)
+    else:  # the relative bound, then the fp32 value on the far side of it
+        factor = 1 - amount if approximate == "low" else 1 + amount
+        with np.errstate(over="ignore"):
+            moved = (magnitude.astype(np.float64) * factor).astype(np.float32)
+        magnitude = np.where(finite, moved, magnitude)
+    return np.copysign(magnitude, rounded).astype(np.float32)
+
+
+def _check_cta_race(buffer: Buffer, offset: int, size: int, cta: int, access: str) -> None:
+    """A global-memory race between CTAs of one launch: a byte written by one CTA and read or written by
+    another (a write after another CTA's read counts too: the order between CTAs is not defined)."""
+    writers = buffer.writer[offset : offset + size]
+    other_writer = (writers != -1) & (writers != cta)
+    if access == "write":
+        readers = buffer.reader[offset : offset + size]
+        other_reader = (readers == -2) | ((readers != -1) & (readers != cta))
+    else:
+        other_reader = np.zeros(size, dtype=bool)
+    if other_writer.any() or other_reader.any():
+        first = int(np.flatnonzero(other_writer | other_reader)[0])
+        who = f"CTA {int(writers[first])} wrote" if other_writer[first] else "another CTA read"
+        raise PtxError(
+            f"global-memory race between CTAs: CTA {cta} {access}s byte {offset + first} of a tensor that {who}"
+        )
 
 
 class Shared:
@@ -267,12 +332,31 @@ def _check_modifiers(number: int, opcode: str, operands: tuple[str, ...]) -> Non
         raise PtxError(f"line {number}: {opcode}: a barrier with a thread count is not modelled")
     if op == "shfl" and ("sync" not in parts or len(operands) != 5):
         raise PtxError(f"line {number}: {opcode}: only shfl.sync with a member mask is modelled")
+    if op == "cvt" and not _conversion_modelled(parts):
+        raise PtxError(f"line {number}: {opcode}: this conversion is not modelled")
+
+
+_INTEGERS = {"s64", "u64", "s32", "u32"}
+
+
+def _conversion_modelled(parts: list[str]) -> bool:
+    """The conversions :meth:`_Warp.convert` runs, checked when the PTX is parsed, not when one is reached."""
+    if len(parts) < 2:
+        return False
+    destination, source, modes = parts[-2], parts[-1], set(parts[:-2])
+    return (
+        (destination in ("bf16x2", "bf16") and source == "f32" and modes in ({"rn"}, {"rz"}))
+        or (destination == "e4m3x2" and source == "f32" and modes == {"rn", "satfinite"})
+        or (destination == "f32" and source == "bf16" and not modes)
+        or (destination in _INTEGERS and source in _INTEGERS and not modes)
+    )
 
 
 class Kernel:
     """One parsed ``.entry``: parameters, shared variables, instructions and labels."""
 
     def __init__(self, ptx: str) -> None:
+        self.approximate = "exact"  # how the approximate instructions answer in the run under way
         match = _ENTRY.search(ptx)
         if match is None:
             raise PtxError("no .entry in the PTX")
@@ -312,8 +396,16 @@ class Kernel:
         *,
         schedule: str = "in order",
         stats: LaunchStats | None = None,
+        approximate: str = "exact",
     ) -> LaunchStats:
-        """Execute the launch, the warps of each CTA interleaved by ``schedule``; return what it did."""
+        """Execute the launch, the warps of each CTA interleaved by ``schedule``; return what it did.
+
+        ``approximate``: the approximate instructions' results correctly rounded (``exact``), or off by the
+        largest error the PTX ISA allows, toward zero (``low``) or away from it (``high``), as a GPU may be.
+        """
+        if approximate not in APPROXIMATIONS:
+            raise ValueError(f"approximate must be one of {APPROXIMATIONS}")
+        self.approximate = approximate
         if grid[1:] != (1, 1) or block[1:] != (1, 1):
             raise PtxError("only 1-D launches are supported")
         if self.threads is not None and block[0] != self.threads:
@@ -454,7 +546,7 @@ def fma_f32(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
 class _Warp:
     def __init__(self, kernel: Kernel, params, memory, shared, stats, *, cta, ctas, threads, warp) -> None:
         self.kernel, self.params, self.memory, self.shared, self.stats = kernel, params, memory, shared, stats
-        self.warp = warp
+        self.warp, self.cta = warp, cta
         self.registers: dict[str, np.ndarray] = {}
         self.origins: dict[str, np.ndarray] = {}  # per register and lane: the buffer its pointer came from
         lanes = np.arange(LANES)
@@ -586,9 +678,15 @@ class _Warp:
             x = self.float_operand(o[1], parts).astype(np.float64)
             with np.errstate(all="ignore"):
                 result = {"ex2": np.exp2, "rcp": lambda v: 1.0 / v, "rsqrt": lambda v: 1.0 / np.sqrt(v)}[op](x)
-            self.write(o[0], _f32_bits(self.float_result(result, parts)), mask)
+            rounded = self.float_result(result, parts)
+            if "approx" in parts:
+                rounded = self.float_result(_approximated(op, rounded, self.kernel.approximate), parts)
+            self.write(o[0], _f32_bits(rounded), mask)
         elif op == "setp":
-            self.write(o[0], _compare(parts[1], kind, self.value(o[1]), self.value(o[2])).astype(np.uint64), mask)
+            a, b = self.value(o[1]), self.value(o[2])
+            if kind == "f32" and "ftz" in parts:  # subnormal operands compare as zeros of their sign
+                a, b = (_bits(self.float_operand(x, parts)).astype(np.uint64) for x in o[1:3])
+            self.write(o[0], _compare(parts[1], kind, a, b).astype(np.uint64), mask)
         elif op == "selp":
             chosen = np.where(self.value(o[3]).astype(bool), self.value(o[1]), self.value(o[2]))
             self.write(o[0], chosen & _mask_of(kind), mask, self.carried_origin(op, o))
@@ -767,7 +865,7 @@ class _Warp:
             raise PtxError(f"misaligned {size * vector}-byte {space} load")
         self.record(line, space, "ld", addresses, size * vector)
         if space == "global":
-            data = self.memory.read(addresses, origins, size * vector)
+            data = self.memory.read(addresses, origins, size * vector, self.cta)
         else:
             data = self.shared.read(self.warp, addresses, size * vector)
         for i, target in enumerate(targets):
@@ -792,7 +890,7 @@ class _Warp:
         self.record(line, space, "st", addresses, size * vector)
         self.stored = True
         if space == "global":
-            self.memory.write(addresses, origins, rows)
+            self.memory.write(addresses, origins, rows, self.cta)
         else:
             self.shared.write(self.warp, addresses, rows)
 
@@ -874,9 +972,14 @@ def _relation(relation: str, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return {"lt": a < b, "le": a <= b, "gt": a > b, "ge": a >= b, "eq": a == b, "ne": a != b}[relation]
 
 
-def run_launch(ptx: str, launch, *, schedule: str = "in order", stats: LaunchStats | None = None) -> Memory:
+def run_launch(
+    ptx: str, launch, *, schedule: str = "in order", stats: LaunchStats | None = None, approximate: str = "exact"
+) -> Memory:
     """Run a host-side launch plan (grid, block, packed arguments, the tensors it keeps alive) on
     the CPU through the PTX; return the memory, which counts the traffic per tensor."""
     memory = Memory(launch.keep_alive)
-    Kernel(ptx).run(launch.grid, launch.block, launch.arguments, memory, schedule=schedule, stats=stats)
+    kernel = Kernel(ptx)
+    kernel.run(
+        launch.grid, launch.block, launch.arguments, memory, schedule=schedule, stats=stats, approximate=approximate
+    )
     return memory

@@ -27,8 +27,17 @@ from diagtools.kernels.state import LAYOUTS  # noqa: E402
 from diagtools.kernels.state_cutedsl import StateLaunchConfig  # noqa: E402
 from diagtools.kernels.state_reference import StateInputs, make_state_inputs  # noqa: E402
 
-from .ptxvm import Kernel, LaunchStats, Memory, PtxError, bank_conflict, fma_f32, run_launch  # noqa: E402
+from .ptxvm import (  # noqa: E402
+    Kernel,
+    LaunchStats,
+    Memory,
+    PtxError,
+    bank_conflict,
+    fma_f32,
+    run_launch,
+)
 from .tolerances import (  # noqa: E402
+    GPU_STORED_VALUE_ERROR,
     assert_bytes_match_reference,
     assert_matches_reference,
     assert_state_bytes_match_reference,
@@ -278,6 +287,8 @@ def test_an_access_past_its_tensor_into_the_next_one_is_refused():
         "ex2.f32 %r2, %r1;",
         "ld.global.volatile.b32 %r2, [%rd3];",
         "tanh.approx.f32 %r2, %r1;",
+        "cvt.rz.satfinite.e4m3x2.f32 %rs1, %r1, %r1;",  # refused when parsed, not when reached
+        "cvt.rn.f32.s32 %r2, %r1;",
     ],
 )
 def test_unmodelled_instructions_and_modifiers_are_refused(line):
@@ -404,3 +415,75 @@ def _round_f32(value) -> float:
     if low != high:
         return float(below if low < high else above)
     return float(below if (below.view(np.uint32) & 1) == 0 else above)
+
+
+def test_a_compare_with_ftz_sees_a_subnormal_as_zero():
+    body = STORE_PER_THREAD.format(stride=8) + (
+        "\tmov.b32 %r2, 0f00400000;\n"  # 2**-127, a subnormal
+        "\tsetp.gt.f32 %p1, %r2, 0f00000000;\n"
+        "\tsetp.gt.ftz.f32 %p2, %r2, 0f00000000;\n"
+        "\tselp.b32 %r3, 1, 0, %p1;\n\tselp.b32 %r4, 1, 0, %p2;\n"
+        "\tst.global.v2.b32 [%rd3], {%r3, %r4};\n\tret;"
+    )
+    words = _words(_program(body), words=2)
+    assert (words[:, 0] == 1).all()  # a subnormal is above zero
+    assert (words[:, 1] == 0).all()  # flushed, it is zero
+
+
+def test_approximate_instructions_are_off_by_at_most_what_the_isa_allows():
+    """``low`` and ``high`` move each result by the PTX ISA's largest error, in ulps or relatively."""
+    body = STORE_PER_THREAD.format(stride=16) + (
+        f"\tex2.approx.f32 %r2, 0f{_hex(0.3)};\n"
+        f"\trcp.approx.f32 %r3, 0f{_hex(3.0)};\n"
+        f"\trsqrt.approx.f32 %r4, 0f{_hex(3.0)};\n"
+        f"\trcp.rn.f32 %r5, 0f{_hex(3.0)};\n"  # not approximate: correctly rounded always
+        "\tst.global.v4.b32 [%rd3], {%r2, %r3, %r4, %r5};\n\tret;"
+    )
+    results = {}
+    for mode in ("exact", "low", "high"):
+        out = torch.zeros(64 * 4, dtype=torch.int32)
+        _program(body).run((1, 1, 1), (64, 1, 1), [out.data_ptr()], Memory([out]), approximate=mode)
+        results[mode] = out.numpy().view(np.float32).reshape(64, 4)[0]
+    exact, low, high = results["exact"], results["low"], results["high"]
+    assert exact[0] == np.float32(2**0.3)
+    assert exact[1] == exact[3] == np.float32(1 / 3)
+    ulps = exact.view(np.int32).astype(np.int64)
+    assert list(low.view(np.int32) - ulps) == [-2, -1, low.view(np.int32)[2] - ulps[2], 0]
+    assert list(high.view(np.int32) - ulps) == [2, 1, high.view(np.int32)[2] - ulps[2], 0]
+    for bound in (low[2], high[2]):  # rsqrt: within a relative 2**-22.9, and moved
+        assert bound != exact[2]
+        assert abs(float(bound) / float(exact[2]) - 1) <= 2**-22.9 + 2**-24
+
+
+@pytest.mark.parametrize("approximate", ["low", "high"])
+@pytest.mark.parametrize("ratio", [4, 128])
+def test_the_stored_bytes_hold_wherever_the_approximations_land(ratio, approximate):
+    """ex2, rcp and rsqrt off by the largest error the ISA allows, all in one direction: every byte is
+    still one the reference quantizer gives within the GPU check's bracket."""
+    inputs = with_edge_tiles(_state_inputs(ratio, seed=41 + ratio, one_c128=True))
+    _run_state(inputs, approximate=approximate)
+    assert_state_store_matches_reference(inputs)
+    checked = assert_state_bytes_match_reference(inputs, GPU_STORED_VALUE_ERROR)
+    assert checked.ambiguous_fraction < 0.05, checked
+
+
+def test_a_race_between_ctas_on_global_memory_is_seen():
+    """Two CTAs store to the same words: nothing orders them, so the bytes depend on the GPU's schedule."""
+    same = _program(STORE_PER_THREAD.format(stride=4) + "\tst.global.b32 [%rd3], %r1;\n\tret;")
+    out = torch.zeros(64, dtype=torch.int32)
+    with pytest.raises(PtxError, match="global-memory race between CTAs: CTA 1 writes"):
+        same.run((2, 1, 1), (64, 1, 1), [out.data_ptr()], Memory([out]))
+    apart = _program(
+        STORE_PER_THREAD.format(stride=4)
+        + "\tmov.u32 %r2, %ctaid.x;\n\tmul.wide.u32 %rd4, %r2, 256;\n\tadd.s64 %rd5, %rd3, %rd4;\n"
+        "\tst.global.b32 [%rd5], %r1;\n\tret;"
+    )
+    wide = torch.zeros(128, dtype=torch.int32)
+    apart.run((2, 1, 1), (64, 1, 1), [wide.data_ptr()], Memory([wide]))  # each CTA its own words: no race
+    assert (wide.view(2, 64) == torch.arange(64)).all()
+    read_back = _program(
+        STORE_PER_THREAD.format(stride=4) + "\tld.global.b32 %r2, [%rd3];\n\tadd.s32 %r2, %r2, 1;\n"
+        "\tst.global.b32 [%rd3], %r2;\n\tret;"
+    )
+    with pytest.raises(PtxError, match="global-memory race between CTAs"):  # CTA 1 reads what CTA 0 wrote
+        read_back.run((2, 1, 1), (64, 1, 1), [out.data_ptr()], Memory([out]))
