@@ -38,9 +38,9 @@ MACHINE_S=20 # the machine section: nvidia-smi, versions, the compiler check
 # name budget-in-seconds title
 PLAN=(
   "state-bench 110 faithful variant: CuTe DSL vs Triton at the seed shapes"
-  "state-tests 100 faithful variant tests (every stored byte)"
-  "simple-bench 90 simplified kernel: CuTe DSL vs Triton, every size"
-  "simple-tests 90 simplified kernel tests"
+  "state-tests 120 faithful variant tests (every stored byte, a CUDA graph replay)"
+  "simple-bench 80 simplified kernel: CuTe DSL vs Triton, every size"
+  "simple-tests 80 simplified kernel tests"
   "real-driver 45 real-driver path (scan, replay)"
   "memcheck 45 memcheck of the CuTe DSL kernels"
 )

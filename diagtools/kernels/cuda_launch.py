@@ -115,6 +115,9 @@ class KernelLaunch:
     block: tuple[int, int, int]
     arguments: tuple[int | float, ...]
     keep_alive: tuple[Any, ...]  # the tensors the pointers point into, converted copies included
+    # device work to run before each launch (and to capture with it in a CUDA graph): refreshing the copies
+    # the kernel reads from the caller's tensors; None when the plan read everything once, on the host
+    prepare: Callable[[], object] | None = None
 
     def packed(self) -> tuple[Any, Any]:
         """The ``void**`` the driver reads, and the ctypes values it points to."""
@@ -169,7 +172,10 @@ def cuda_device_of(tensor: Any) -> int:
 
 
 def launch_kernel(kernel: LoadedKernel, launch: KernelLaunch, stream: int) -> None:
-    """Launch on ``stream`` (a raw ``cudaStream_t``); a launch error raises ``RuntimeError``."""
+    """Launch on ``stream`` (a raw ``cudaStream_t``), after the plan's device-side preparation; a launch
+    error raises ``RuntimeError``."""
+    if launch.prepare is not None:
+        launch.prepare()
     array, _values = launch.packed()  # _values keeps the pointed-to scalars alive through the call
     cuda_driver().launch(kernel.function, launch.grid, launch.block, stream, ctypes.addressof(array))
 

@@ -1,10 +1,14 @@
 """compress_state_store in the CuTe DSL (nvidia-cutlass-dsl), launched through the CUDA driver API.
 
-Which tokens are launched.  Only working tokens (on a boundary, with a slot): the host compacts
-their indices once per batch (:func:`plan_launch`, one ``nonzero`` on the device, whose count sets
-the grid), so no CTA is launched for the tokens in between; a real C128 prefill has one working
-token in 128.  The plan can be built once and launched many times (every layer of a step, or a
-CUDA graph's replays): :func:`launch_planned`.
+Which tokens are launched.  Only working tokens (on a boundary, with a slot): their indices are
+compacted (:func:`plan_launch`), so no CTA is launched for the tokens in between; a real C128
+prefill has one working token in 128.  By default the host compacts them once per batch (one
+``nonzero`` on the device, whose count sets the grid, so the host waits for it once).  A
+graph-safe plan (``max_working``, say :func:`working_bound` from the batch's shapes) sets the grid
+from that bound and compacts on the device before each launch, into buffers of fixed address, so
+a CUDA graph that captures :func:`launch_planned` replays it across decode steps as vLLM does; the
+CTAs past the working tokens find an inert token and stop.  Either plan can be launched many
+times (every layer of a step): :func:`launch_planned`.
 
 Layout of the work.  Each lane owns 16 of the 512 features as four 4-feature quarters,
 ``128 k + 4 lane + j`` (``k, j`` in 0..3), so each warp-wide 128-bit load of a state-row part (kv
@@ -40,7 +44,8 @@ boundaries: an even ``block_size`` (vLLM's is 64).
 
 import functools
 import math
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -71,8 +76,10 @@ __all__ = [
     "compress_state_store_cutedsl",
     "kernel_ptx",
     "launch_planned",
+    "overflowed",
     "plan_launch",
     "prebuilt_path",
+    "working_bound",
 ]
 
 ELEMENTS = 16  # features per lane: 512 / 32
@@ -469,6 +476,12 @@ def working_tokens(positions, slot_mapping, ratio: int):
     return torch.nonzero(boundary_tokens(positions, ratio) & (slot_mapping >= 0)).flatten().int()
 
 
+def working_bound(tokens: int, ratio: int, requests: int) -> int:
+    """The most tokens of a batch that can work, from its shapes alone, when each request's tokens sit at
+    consecutive positions (as vLLM schedules them): one boundary in ``ratio`` positions, plus one a request."""
+    return max(1, min(tokens, tokens // ratio + requests))
+
+
 def plan_launch(
     state_cache,
     block_table,
@@ -480,10 +493,19 @@ def plan_launch(
     kv_cache,
     ratio: int,
     eps: float,
+    *,
+    max_working: int | None = None,
 ) -> KernelLaunch | None:
-    """Validate and convert the inputs, compact the working tokens, and compute the grid and
-    arguments (``None``: no token works).  Valid for as long as the index tensors and the
-    slots stay as they are: launch it again with :func:`launch_planned`."""
+    """Validate and convert the inputs, and compute the grid and arguments (``None``: nothing to launch).
+
+    By default the working tokens are compacted once (one ``nonzero``, whose count the host waits for), and
+    the plan holds for as long as the index tensors and the slots stay as they are.  With ``max_working``
+    (say :func:`working_bound`) the plan is graph-safe: its grid comes from that bound, and the compaction
+    runs on the device before each launch (``prepare``: the caller's token tables copied into static
+    buffers, then a fixed-size ``nonzero_static`` whose unused entries name an inert token with no slot),
+    so a CUDA graph that captures :func:`launch_planned` replays it with whatever the tensors hold then.
+    A batch with more working tokens than the bound is flagged on the device (``overflow`` in
+    :func:`plan_launch`'s ``keep_alive``; :func:`overflowed` reads it), never silently cut."""
     arguments = (state_cache, block_table, request_indices, positions, slot_mapping, weight, cos_sin_cache, kv_cache)
     tokens, _layout, block_size = check_state_inputs(*arguments, ratio)
     if block_size % 2:
@@ -493,11 +515,17 @@ def plan_launch(
     require_aligned(state_cache=state_cache, kv_cache=kv_cache)
     if tokens == 0:
         return None
-    work = working_tokens(positions, slot_mapping, ratio)
-    working = work.numel()
-    if working == 0:
-        return None
-    config = StateLaunchConfig(ratio)
+    if max_working is None:
+        work = working_tokens(positions, slot_mapping, ratio)
+        if work.numel() == 0:
+            return None
+        tensors = _converted(*arguments, work=work)
+        return _launch(tensors, tokens, work.numel(), ratio, eps, block_size)
+    return _graph_safe_launch(arguments, tokens, max(1, max_working), ratio, eps, block_size)
+
+
+def _converted(state_cache, block_table, request_indices, positions, slot_mapping, weight, cos_sin_cache, kv_cache, *,
+               work) -> dict[str, torch.Tensor]:  # fmt: skip
     tensors = {
         "state_cache": state_cache,
         "block_table": block_table.int().contiguous(),
@@ -509,9 +537,61 @@ def plan_launch(
         "kv_cache": kv_cache,
         "work": work,
     }
-    tensors = aligned(tensors, in_place=("state_cache", "kv_cache"))
+    return aligned(tensors, in_place=("state_cache", "kv_cache"))
+
+
+def _graph_safe_launch(arguments, tokens: int, bound: int, ratio: int, eps: float, block_size: int) -> KernelLaunch:
+    """The plan whose every buffer has a fixed address and whose every value is computed on the device."""
+    state_cache, block_table, request_indices, positions, slot_mapping, weight, cos_sin_cache, kv_cache = arguments
+    device = positions.device
+    refreshes: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def static(source: torch.Tensor, dtype: torch.dtype, inert: int | None = None) -> torch.Tensor:
+        """A buffer the kernel reads, refreshed from ``source`` before each launch (a token table gets one
+        inert token appended, ``inert`` in it)."""
+        extra = 0 if inert is None else 1
+        buffer = torch.full((source.shape[0] + extra, *source.shape[1:]), inert or 0, dtype=dtype, device=device)
+        refreshes.append((buffer[: source.shape[0]], source))
+        return buffer
+
+    tensors = {
+        "state_cache": state_cache,
+        "block_table": static(block_table, torch.int32),
+        "request_indices": static(request_indices, torch.int64, inert=0),
+        "positions": static(positions, torch.int64, inert=0),
+        "slot_mapping": static(slot_mapping, torch.int64, inert=-1),
+        "weight": static(weight, torch.float32),
+        "cos_sin_cache": static(cos_sin_cache, torch.float32),
+        "kv_cache": kv_cache,
+        "work": torch.full((bound,), tokens, dtype=torch.int32, device=device),
+    }
+    require_aligned(**tensors)  # fresh allocations: aligned; in place: checked above
+    overflow = torch.zeros((), dtype=torch.bool, device=device)
+    work = tensors["work"]
+
+    def prepare() -> None:
+        for buffer, source in refreshes:
+            buffer.copy_(source)
+        working = boundary_tokens(positions, ratio) & (slot_mapping >= 0)
+        work.copy_(torch.nonzero_static(working, size=bound, fill_value=tokens).flatten())
+        overflow.copy_(working.sum() > bound)
+
+    prepare()
+    launch = _launch(tensors, tokens + 1, bound, ratio, eps, block_size, prepare=prepare)
+    return replace(launch, keep_alive=(*launch.keep_alive, overflow))
+
+
+def overflowed(launch: KernelLaunch) -> bool:
+    """Whether the last prepared batch of a graph-safe plan had more working tokens than its bound (their
+    rows were not written): reading it waits for the device."""
+    return launch.prepare is not None and bool(launch.keep_alive[-1])
+
+
+def _launch(tensors: dict[str, torch.Tensor], tokens: int, working: int, ratio: int, eps: float, block_size: int,
+            prepare: Callable[[], object] | None = None) -> KernelLaunch:  # fmt: skip
+    config = StateLaunchConfig(ratio)
     pointers = tuple(t.data_ptr() for t in tensors.values())
-    table = tensors["block_table"]
+    state_cache, table, kv_cache = tensors["state_cache"], tensors["block_table"], tensors["kv_cache"]
     sizes = (
         tokens,
         working,
@@ -519,7 +599,7 @@ def plan_launch(
         table.numel(),
         table.stride(0),
         state_cache.shape[1],
-        cos_sin_cache.shape[0],
+        tensors["cos_sin_cache"].shape[0],
         kv_cache.numel(),
         block_size,
     )
@@ -530,6 +610,7 @@ def plan_launch(
         block=(config.threads, 1, 1),
         arguments=(*pointers, *sizes, float(eps)),
         keep_alive=tuple(tensors.values()),
+        prepare=prepare,
     )
 
 

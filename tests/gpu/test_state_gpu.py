@@ -94,3 +94,56 @@ def test_state_kernel_matches_the_reference_on_the_gpu(case):
     record = results.get(case)
     assert record is not None, f"the child ended before this case: {results['_child']}"
     assert record["ok"], record.get("error")
+
+
+# A CUDA graph of the CuTe DSL launch, as vLLM captures a decode step: planned with a bound (the
+# compaction on the device), captured once, replayed after the inputs changed in place; each replay's
+# bytes against the reference.
+GRAPH = """
+import json, sys, traceback
+sys.path.insert(0, "tests")
+import torch
+from diagtools.kernels import state_cutedsl
+from diagtools.kernels.state_reference import make_state_inputs
+from kernels.tolerances import (
+    GPU_STORED_VALUE_ERROR, assert_state_bytes_match_reference, assert_state_store_matches_reference
+)
+if not torch.cuda.is_available():
+    print(json.dumps({"no_gpu": True})); sys.exit(0)
+for ratio, requests in ((4, tuple((64 * k, 1 + k % 5) for k in range(64))), (128, ((0, 256), (284, 100)))):
+    case = {"case": f"C{ratio}"}
+    try:
+        inputs = make_state_inputs(ratio, requests, padding=0.4, device="cuda", seed=60 + ratio)
+        bound = state_cutedsl.working_bound(inputs.positions.numel(), ratio, len(requests))
+        launch = state_cutedsl.plan_launch(*inputs.args(), ratio, 1e-6, max_working=bound)
+        device = torch.cuda.current_device()
+        state_cutedsl.launch_planned(launch, device, torch.cuda.current_stream().cuda_stream)  # load, warm up
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            state_cutedsl.launch_planned(launch, device, torch.cuda.current_stream().cuda_stream)
+        for seed in (61, 62, 63):
+            fresh = make_state_inputs(ratio, requests, padding=0.4, device="cuda", seed=seed + ratio)
+            for mine, theirs in zip(inputs.args(), fresh.args()):
+                mine.copy_(theirs)
+            graph.replay()
+            torch.cuda.synchronize()
+            assert not state_cutedsl.overflowed(launch)
+            assert_state_store_matches_reference(inputs)
+            assert_state_bytes_match_reference(inputs, GPU_STORED_VALUE_ERROR)
+        case["ok"] = True
+    except Exception as exc:
+        case["ok"] = False
+        case["error"] = "".join(traceback.format_exception_only(exc)).strip()[-2000:]
+    print(json.dumps(case), flush=True)
+"""
+
+
+@pytest.mark.parametrize("case", ["C4", "C128"])
+def test_the_cutedsl_launch_replays_in_a_cuda_graph_with_changing_inputs(case):
+    if "graph" not in _results:
+        _results["graph"] = run_check_child(GRAPH, [], lambda record: record["case"], timeout=child_timeout(140))
+    results = _results["graph"]
+    record = results.get(case)
+    assert record is not None, f"the child ended before this case: {results['_child']}"
+    assert record["ok"], record.get("error")

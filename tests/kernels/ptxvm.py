@@ -976,7 +976,10 @@ def run_launch(
     ptx: str, launch, *, schedule: str = "in order", stats: LaunchStats | None = None, approximate: str = "exact"
 ) -> Memory:
     """Run a host-side launch plan (grid, block, packed arguments, the tensors it keeps alive) on
-    the CPU through the PTX; return the memory, which counts the traffic per tensor."""
+    the CPU through the PTX, after its device-side preparation (as a launch, or a CUDA graph's replay,
+    runs it); return the memory, which counts the traffic per tensor."""
+    if launch.prepare is not None:
+        launch.prepare()
     memory = Memory(launch.keep_alive)
     kernel = Kernel(ptx)
     kernel.run(

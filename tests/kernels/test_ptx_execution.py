@@ -487,3 +487,44 @@ def test_a_race_between_ctas_on_global_memory_is_seen():
     )
     with pytest.raises(PtxError, match="global-memory race between CTAs"):  # CTA 1 reads what CTA 0 wrote
         read_back.run((2, 1, 1), (64, 1, 1), [out.data_ptr()], Memory([out]))
+
+
+@pytest.mark.parametrize("ratio", [4, 128])
+def test_a_graph_safe_plan_replays_with_changed_inputs(ratio):
+    """Planned once with a bound (as a CUDA graph captures the launch), then replayed after every input
+    changed in place: new positions, slots, state rows, weight and RoPE table.  Each replay runs the plan's
+    device-side compaction and the same kernel with the same pointers and grid, and stores the new
+    batch's bytes, poison elsewhere; the CTAs beyond the working tokens do nothing."""
+    requests = C4_REQUESTS if ratio == 4 else ((0, 256), (284, 100))
+    first = make_state_inputs(ratio, requests, padding=0.4, seed=51)
+    tokens, batch = first.positions.numel(), len(requests)
+    launch = state_cutedsl.plan_launch(
+        *first.args(), ratio, 1e-6, max_working=state_cutedsl.working_bound(tokens, ratio, batch)
+    )
+    stats = LaunchStats()
+    memory = run_launch(state_cutedsl.prebuilt_path(ratio).read_text(), launch, stats=stats)
+    assert_state_store_matches_reference(first)
+    assert_state_bytes_match_reference(first)
+    assert not state_cutedsl.overflowed(launch)
+    working = int(first.working().sum())
+    assert stats.working_ctas == -(-working // StateLaunchConfig(ratio).tokens_per_cta) < stats.ctas
+    assert memory.traffic(first.state_cache)[0] == working * LAYOUTS[ratio].window * 2 * 512 * 4
+    before = first.working().clone()
+    second = make_state_inputs(ratio, requests, padding=0.4, seed=52)  # other slots: other working tokens
+    for mine, theirs in zip(first.args(), second.args(), strict=True):
+        assert mine.shape == theirs.shape  # a replay keeps every shape
+        mine.copy_(theirs)
+    assert not torch.equal(first.working(), before)
+    run_launch(state_cutedsl.prebuilt_path(ratio).read_text(), launch)
+    assert_state_store_matches_reference(first)  # the new batch's rows, poison everywhere else
+    assert_state_bytes_match_reference(first)
+
+
+def test_a_batch_over_its_bound_is_flagged_not_cut_silently():
+    inputs = make_state_inputs(4, C4_REQUESTS, padding=0.0, seed=53)
+    working = int(inputs.working().sum())
+    launch = state_cutedsl.plan_launch(*inputs.args(), 4, 1e-6, max_working=working - 1)
+    run_launch(state_cutedsl.prebuilt_path(4).read_text(), launch)
+    assert state_cutedsl.overflowed(launch)
+    with pytest.raises(AssertionError, match="not written"):
+        assert_state_store_matches_reference(inputs)

@@ -286,6 +286,31 @@ def test_a_plan_is_launched_again_without_host_work(monkeypatch):
     assert first["grid"] == (4, 1, 1)  # 16 working tokens, four a CTA
 
 
+def test_a_graph_safe_plan_launches_the_same_and_compacts_on_the_device(monkeypatch):
+    """The grid comes from the bound, never from the batch; each launch first refreshes the token tables and
+    the compacted list from the tensors as they are then (as a captured graph replays it), with no host read."""
+    fake = FakeDriver(PARAM_TYPES)
+    monkeypatch.setattr(cuda_launch, "cuda_driver", lambda: fake)
+    monkeypatch.setattr(state_cutedsl, "_load", lambda device, ratio: LoadedKernel(5, 1))
+    inputs = make_state_inputs(4, ((0, 64),), padding=0.0, seed=210)
+    bound = state_cutedsl.working_bound(64, 4, 1)
+    assert bound == 17  # 16 boundaries in 64 consecutive positions, plus one
+    launch = plan_launch(*inputs.args(), 4, 1e-6, max_working=bound)
+    work = launch.keep_alive[8]
+    assert work.tolist() == [*range(3, 64, 4), 64]  # the working tokens, then the inert one (index 64)
+    assert launch.keep_alive[4][64] == -1  # the inert token has no slot
+    state_cutedsl.launch_planned(launch, 0, stream=7)
+    inputs.positions.add_(1)  # every boundary moves one token earlier
+    inputs.slot_mapping[2] = -1  # and the first of them has no slot
+    state_cutedsl.launch_planned(launch, 0, stream=7)
+    first, second = fake.calls
+    assert first == second  # the same grid and arguments: nothing read back on the host
+    assert first["grid"] == (5, 1, 1)  # 17 tokens, four a CTA
+    assert work.tolist() == [*range(6, 64, 4), 64, 64]
+    assert torch.equal(launch.keep_alive[3][:64], inputs.positions.long())  # the tables follow the inputs
+    assert not state_cutedsl.overflowed(launch)
+
+
 def test_no_working_token_means_no_launch():
     inputs = make_state_inputs(128, ((0, 100),), seed=207)  # no position reaches 127
     assert plan_launch(*inputs.args(), 128, 1e-6) is None
