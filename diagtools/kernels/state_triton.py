@@ -102,7 +102,9 @@ def _pool_window(state_ptr, table_row, position, state_block, D, WIDTH, RATIO, W
         exists = q >= 0  # C4's first group has no previous group
         q = tl.where(exists, q, 0)
         block = tl.load(table_row + q // state_block, mask=exists, other=0).to(tl.int64)
-        first = tl.where(step >= WINDOW - RATIO, WIDTH - D, 0)  # C4: the previous group's rows read [0, D)
+        # C4: the previous group's rows read [0, D), the current group's [WIDTH - D, WIDTH); a product, not a
+        # select, so the compiler sees every row start a multiple of D and issues 128-bit loads
+        first = (step >= WINDOW - RATIO).to(tl.int64) * (WIDTH - D)
         column = ((block * state_block + q % state_block) * (2 * WIDTH) + first)[:, None] + feature[None, :]
         kv = tl.load(state_ptr + column, mask=exists[:, None], other=0.0).to(tl.float32)
         score = tl.load(state_ptr + column + WIDTH, mask=exists[:, None], other=float("-inf")).to(tl.float32)
@@ -250,8 +252,16 @@ _SIGNATURE = {
 }
 
 
-def compile_ptx(ratio: int, capability: int = 90) -> str:
-    """The kernel's PTX for ``sm_<capability>``, compiled here without a GPU (not under the interpreter)."""
+# What a real launch tells the compiler about the arguments (Triton specializes on them): every tensor
+# starts on a 16-byte boundary, and these sizes are multiples of 16 in vLLM's caches.
+ALIGNED_ARGUMENTS = ("state_block", "block_size")
+
+
+def compile_ptx(ratio: int, capability: int = 90, *, aligned: bool = True) -> str:
+    """The kernel's PTX for ``sm_<capability>``, compiled here without a GPU (not under the interpreter).
+
+    ``aligned``: with the divisibility a real launch on vLLM's tensors gets (16 for every pointer and for
+    :data:`ALIGNED_ARGUMENTS`), so the PTX has the vector widths the GPU will run."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
@@ -273,10 +283,12 @@ def compile_ptx(ratio: int, capability: int = 90) -> str:
         "SCALES": SCALE_BYTES,
     }
     signature = {**_SIGNATURE, **dict.fromkeys(constants, "constexpr")}
+    hinted = [n for n, kind in signature.items() if kind.startswith("*") or n in ALIGNED_ARGUMENTS] if aligned else []
     source = ASTSource(
         fn=kernel,
         signature=signature,
         constexprs={(kernel.arg_names.index(name),): value for name, value in constants.items()},
+        attrs={(kernel.arg_names.index(name),): [["tt.divisibility", 16]] for name in hinted},
     )
     compiled = triton.compile(source, target=GPUTarget("cuda", capability, 32), options={"num_warps": config.num_warps})
     return compiled.asm["ptx"]

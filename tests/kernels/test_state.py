@@ -6,9 +6,11 @@ torch quantizer byte for byte, the sm_90 compile, and the bytes floor of the ben
 
 from __future__ import annotations
 
+import collections
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 
@@ -323,6 +325,12 @@ def test_triton_kernel_compiles_for_sm90_without_local_memory():
     for ratio, ptx in json.loads(done.stdout.strip().splitlines()[-1]).items():
         assert ".target sm_90" in ptx, ratio
         assert ".local" not in ptx, f"C{ratio} spills to local memory"
+        # compiled with the alignment a real launch gets: the window rows' kv and score parts (and the
+        # weight) move as 128-bit loads, the FP8 data as whole words, one byte store (the scale record)
+        mix = collections.Counter(re.findall(r"\b((?:ld|st)\.global(?:\.\w+)*)", ptx))
+        assert mix["ld.global.v4.b32"] >= 16, (ratio, mix)
+        assert mix["ld.global.b32"] <= 12, (ratio, mix)
+        assert mix["st.global.b8"] <= 1, (ratio, mix)
 
 
 def test_bench_sizes_are_realistic_batches():
