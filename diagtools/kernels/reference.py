@@ -117,16 +117,8 @@ class Inputs:
         return (self.kv, self.score, self.weight, self.cos_sin_cache, self.positions, self.slot_mapping, self.kv_cache)
 
     def expected(self, dtype: torch.dtype = torch.float64) -> torch.Tensor:
-        return compressed_rows(
-            self.kv,
-            self.score,
-            self.weight,
-            self.cos_sin_cache,
-            self.positions,
-            ratio=self.ratio,
-            eps=self.eps,
-            dtype=dtype,
-        )
+        kv, score, weight, cos_sin_cache, positions = self.args()[:5]
+        return compressed_rows(kv, score, weight, cos_sin_cache, positions, ratio=self.ratio, eps=self.eps, dtype=dtype)
 
     def min_bytes(self) -> int:
         """Fewest bytes the operation must move: what a kernel that skips padded groups reads and writes.

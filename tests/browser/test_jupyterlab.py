@@ -195,6 +195,20 @@ OVERFLOW_JS = """el => {
   return {right: r.right, width: window.innerWidth, scroll: el.scrollWidth - el.clientWidth,
           text: (el.textContent || '').slice(0, 120)};
 }"""
+# Wrapped inline code whose next line's box (and background) reaches up into the line above, where it would
+# paint over that line's descenders (underscores): the fragments of each code span, top to bottom.
+OVERLAP_JS = """el => {
+  const found = [];
+  for (const code of el.querySelectorAll('code')) {
+    const rects = [...code.getClientRects()].filter(r => r.width > 0 && r.height > 0);
+    for (let i = 1; i < rects.length; i++) {
+      const above = rects[i - 1], below = rects[i];
+      if (below.top > above.top + 1 && below.top < above.bottom - 0.5)
+        found.push({text: code.textContent.slice(0, 80), above: above.bottom, below: below.top});
+    }
+  }
+  return found;
+}"""
 # The graph view's scale, its smallest text at that scale, and whether the whole SVG lies inside the view.
 GRAPH_JS = """box => {
   const view = box.querySelector('.dtg-view'), svg = view.querySelector('svg');
@@ -261,10 +275,11 @@ def assert_no_errors(page, name: str) -> None:
 
 
 def assert_nothing_cut(page, name: str) -> None:
-    """No output wider than its cell or past the window: tables and graphs wrap, scroll in their own box or fit."""
+    """No output wider than its cell or past the window: tables and graphs wrap, scroll in their own box or fit;
+    and no wrapped code span's next line paints over the line above it (computed boxes, not pixels)."""
     areas = outputs(page)
     boxes = page.locator(f"{PANEL} .jp-OutputArea-output .widget-box")
-    wide = []
+    wide, overlaps = [], []
     for locator in (areas, boxes):
         for index in range(locator.count()):
             element = locator.nth(index)
@@ -272,7 +287,9 @@ def assert_nothing_cut(page, name: str) -> None:
             geometry = element.evaluate(OVERFLOW_JS)
             if geometry["scroll"] > 1 or geometry["right"] > geometry["width"] + 1:
                 wide.append(geometry)
+            overlaps += element.evaluate(OVERLAP_JS)
     assert wide == [], (name, wide)
+    assert overlaps == [], (name, overlaps[:5])
 
 
 def check_graphs(page, name: str) -> None:

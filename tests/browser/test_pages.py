@@ -86,3 +86,18 @@ def test_a_tall_graph_opens_whole_in_its_view_at_1024_by_768(tab):
     )
     assert all(geometry[side] for side in ("top", "bottom", "left", "right")), geometry
     assert geometry["cue"] == (geometry["scale"] < geometry["min"] - 1e-3), geometry
+
+
+def test_the_notebook_check_for_overlapping_code_lines_finds_one(tab):
+    """The check the notebook test runs on every output (``OVERLAP_JS``) sees the overlap a bad style makes,
+    and none in the reports' style."""
+    from tests.browser.test_jupyterlab import OVERLAP_JS
+
+    code = f"<p><code>{NAME}</code></p>"
+    tab.set_content(
+        f'<html><head>{_STYLE}</head><body><div id="out" class="dt" style="width:260px">{code}</div></body></html>'
+    )
+    assert tab.eval_on_selector("#out", OVERLAP_JS) == []
+    bad = "<style>code{line-height:1;padding:6px 3px;background:#eee}</style>"
+    tab.set_content(f'<html><head>{bad}</head><body><div id="out" style="width:260px">{code}</div></body></html>')
+    assert tab.eval_on_selector("#out", OVERLAP_JS), "a padded code span on tight lines overlaps"
