@@ -180,6 +180,7 @@ def _run_sweep(args: argparse.Namespace) -> int:
         check_journal(args.json)
     check_writable(args.summary, "--summary")
     check_writable(args.html, "--html")
+    check_writable(args.junit, "--junit")
     known = read_baseline(args.baseline) if args.baseline else None
     try:
         result = _sweep_for(args)
@@ -209,14 +210,19 @@ def _sweep_for(args: argparse.Namespace) -> Any:
 
 
 def _write_sweep_files(result: Any, args: argparse.Namespace) -> None:
-    """``--summary`` and ``--html``: written after the report is printed, so a failure loses nothing."""
+    """``--summary``, ``--html`` and ``--junit``: written after the report is printed, so a failure loses nothing."""
+    from diagtools.render.paths import write_report
+
     if args.summary:
         write_json(result.to_json(), args.summary)
     if args.html:
         from diagtools.render.html import sweep_html
-        from diagtools.render.paths import write_report
 
         write_report(args.html, sweep_html(result))
+    if args.junit:
+        from diagtools.render.junit import sweep_junit
+
+        write_report(args.junit, sweep_junit(result))
 
 
 def _run_bisect(args: argparse.Namespace) -> int:

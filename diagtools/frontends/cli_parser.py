@@ -209,6 +209,7 @@ _SWEEP_FILES = (
     ("--baseline", "an earlier sweep's journal or --summary: exit 1 only for root causes it does not list"),
     ("--summary", "write the sweep's answer (root causes, rows) as JSON"),
     ("--html", "write the root-cause summary as an HTML page"),
+    ("--junit", "write JUnit XML: a test case per module (failure: initializes CUDA; error: not imported)"),
 )
 
 

@@ -27,6 +27,7 @@ __all__ = [
     "display_path",
     "import_roots",
     "readable",
+    "roots_of",
     "shareable",
     "short_path",
     "shorten_paths",
@@ -54,15 +55,20 @@ def _library_roots() -> list[tuple[str, str]]:
 
 def import_roots(result: ScanResult) -> tuple[str, ...]:
     """The ``sys.path`` entries the scan's modules came from, deduced from each module's name and file."""
+    return roots_of((node.name, node.file) for node in result.modules)
+
+
+def roots_of(modules: Iterable[tuple[str, str | None]]) -> tuple[str, ...]:
+    """The ``sys.path`` entries that ``(module name, file)`` pairs came from, longest first."""
     roots: set[str] = set()
-    for node in result.modules:
-        if not node.file:
+    for name, file in modules:
+        if not file:
             continue
-        parts = node.name.split(".")
+        parts = name.split(".")
         for tail in ([*parts[:-1], parts[-1] + ".py"], [*parts, "__init__.py"]):
             suffix = os.sep + os.sep.join(tail)
-            if node.file.endswith(suffix):
-                roots.add(node.file[: -len(suffix)])
+            if file.endswith(suffix):
+                roots.add(file[: -len(suffix)])
     return tuple(sorted(roots, key=len, reverse=True))
 
 

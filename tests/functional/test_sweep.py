@@ -104,3 +104,49 @@ def test_cli_sweep_table_and_fail_on_cuda(big_package):
     bad = cli("sweep", "big", "--jobs", "0")
     assert bad.returncode == 2
     assert bad.stderr.strip() == "diagtools: error: --jobs must be at least 1, got 0"
+
+
+def junit_cases(path) -> dict[str, str]:
+    """Each test case's outcome by module, after checking the rules a JUnit reader relies on: one suite in
+    ``testsuites``, its counts equal to its cases' outcomes, every case named, at most one outcome element
+    each, every outcome with a message."""
+    import xml.etree.ElementTree as ET
+
+    root = ET.parse(path).getroot()
+    assert root.tag == "testsuites"
+    (suite,) = root.findall("testsuite")
+    outcomes = {}
+    for case in suite.findall("testcase"):
+        assert case.get("classname")
+        assert float(case.get("time")) >= 0
+        children = [child for child in case if child.tag in ("failure", "error", "skipped")]
+        assert len(children) <= 1, ET.tostring(case)
+        assert all(child.get("message") for child in children)
+        outcomes[case.get("name")] = children[0].tag if children else "passed"
+    counted = {"failures": "failure", "errors": "error", "skipped": "skipped"}
+    for attribute, tag in counted.items():
+        assert int(suite.get(attribute)) == int(root.get(attribute)) == list(outcomes.values()).count(tag)
+    assert int(suite.get("tests")) == len(outcomes)
+    return outcomes
+
+
+def test_cli_sweep_writes_junit_a_test_case_per_module(big_package, tmp_path):
+    (big_package / "big" / "sub4" / "broken.py").write_text("raise RuntimeError('broken at import')\n")
+    report = tmp_path / "sweep.xml"
+    done = cli(
+        "sweep", "big", "--path", str(big_package), "--jobs", "2", "--driver", "simulated", "--junit", str(report)
+    )
+    assert done.returncode == 0, done.stderr
+    outcomes = junit_cases(report)
+    assert {name for name, outcome in outcomes.items() if outcome == "failure"} == CULPRITS
+    assert outcomes["big.sub4.broken"] == "error"
+    assert outcomes["big"] == "skipped"  # preloaded by the zygote: not judged on its own
+    assert outcomes["big.sub0.m1"] == "passed"
+    text = report.read_text()
+    assert "initializes CUDA through big.sub3.gpu_a" in text
+    assert "big/sub3/gpu_a.py:2" in text
+    assert str(big_package) not in text  # paths as the reports write them
+    assert "RuntimeError" in text
+    bad = cli("sweep", "big", "--path", str(big_package), "--junit", str(tmp_path / "no" / "such" / "dir.xml"))
+    assert bad.returncode == 2
+    assert "--junit" in bad.stderr
