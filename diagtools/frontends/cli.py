@@ -39,9 +39,15 @@ def _shared(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _run_scan(args: argparse.Namespace) -> int:
+    from diagtools.usecases.options import targets_and_files
     from diagtools.usecases.scan import scan
 
     check_writable(args.json, "--json")
+    args.targets, roots = targets_and_files(args.targets)
+    args.path = [*(args.path or []), *roots]
+    if not args.targets:  # files only, none of them a package's module (a hook handed scripts or tests)
+        print("diagtools scan: no module among the files given: nothing to import", file=sys.stderr)
+        return ExitCode.OK
     from diagtools.frontends.progress import named_runs, phase_line
 
     titled: list[bool] = []

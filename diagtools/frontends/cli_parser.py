@@ -99,7 +99,12 @@ def _add_debug(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_scan(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("targets", nargs="+", metavar="TARGET", help="module to import, e.g. pkg.ops")
+    parser.add_argument(
+        "targets",
+        nargs="+",
+        metavar="TARGET",
+        help="module to import, e.g. pkg.ops, or a file of a package (pkg/ops.py: its folder's root goes on --path)",
+    )
     parser.add_argument(
         "--settle",
         type=float,

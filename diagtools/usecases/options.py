@@ -13,6 +13,7 @@ import re
 import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
+from pathlib import Path
 
 from diagtools.errors import UsageError
 from diagtools.model.options import DEFAULT_TIMEOUT_S, DRIVER_CHOICES, timeout_problem
@@ -75,6 +76,46 @@ def validate_targets(targets: str | Iterable[str]) -> tuple[str, ...]:
         if not isinstance(name, str) or not all(part.isidentifier() for part in name.split(".")):
             raise UsageError(f"{name!r} is not a module name (expected dotted identifiers such as pkg.sub)")
     return names
+
+
+def modules_of_files(files: Iterable[str | os.PathLike[str]]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The module each Python file of a package is, and the import roots they need: ``(modules, roots)``.
+
+    A file counts when its folder is a package (holds ``__init__.py``): a module, not a script, whose import
+    runs no more than a library's would; ``__main__.py`` and files outside any package are left out (so a
+    pre-commit hook handed every changed file imports only library code).  The root is the folder above the
+    outermost package folder.
+    """
+    modules: list[str] = []
+    roots: list[str] = []
+    for file in files:
+        path = Path(file).resolve()
+        if path.suffix != ".py" or path.name == "__main__.py" or not (path.parent / "__init__.py").is_file():
+            continue
+        parts = [] if path.name == "__init__.py" else [path.stem]
+        folder = path.parent
+        while (folder / "__init__.py").is_file() and folder.name.isidentifier():
+            parts.insert(0, folder.name)
+            folder = folder.parent
+        if not parts or not all(part.isidentifier() for part in parts):
+            continue
+        name = ".".join(parts)
+        if name not in modules:
+            modules.append(name)
+        if str(folder) not in roots:
+            roots.append(str(folder))
+    return tuple(modules), tuple(roots)
+
+
+def targets_and_files(targets: Iterable[str]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """Targets given as module names or as files of a package (``pkg/ops/__init__.py``): the module names,
+    and the import roots the files need (:func:`modules_of_files`; files that are not package modules are
+    left out)."""
+    items = tuple(targets)
+    files = [t for t in items if t.endswith(".py") or os.sep in t or os.path.isfile(t)]
+    modules, roots = modules_of_files(files)
+    names = [t for t in items if t not in files]
+    return (*names, *(m for m in modules if m not in names)), roots
 
 
 def validate_timeout(timeout: object) -> float:

@@ -88,3 +88,19 @@ def test_own_refuses_what_is_no_dotted_name(pattern):
 
     with pytest.raises(UsageError, match="not a package name or a glob"):
         validate_own(pattern)
+
+
+def test_files_of_a_package_are_its_modules_and_scripts_are_left_out(tmp_path):
+    from diagtools.usecases.options import targets_and_files
+    from tests.conftest import write_tree
+
+    root = write_tree(
+        tmp_path / "src",
+        {"pkg/__init__.py": "", "pkg/sub/__init__.py": "", "pkg/sub/mod.py": "", "pkg/__main__.py": "", "run.py": ""},
+    )
+    (tmp_path / "notes.md").write_text("")
+    files = [str(root / p) for p in ("pkg/sub/mod.py", "pkg/sub/__init__.py", "pkg/__main__.py", "run.py")]
+    names, roots = targets_and_files(["other.mod", *files, str(tmp_path / "notes.md")])
+    assert names == ("other.mod", "pkg.sub.mod", "pkg.sub")
+    assert roots == (str(root.resolve()),)
+    assert targets_and_files([str(root / "run.py")]) == ((), ())
