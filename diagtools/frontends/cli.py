@@ -56,10 +56,9 @@ def _run_scan(args: argparse.Namespace) -> int:
         """The report's first line as the first subkernel starts (the input checked, the driver chosen), so a
         long scan says at once what it scans, on a terminal or a pipe."""
         if not titled and args.json != "-":
-            from diagtools import protocol
             from diagtools.render.text import scan_title
 
-            _print(scan_title(request.settings[protocol.SCAN_TARGETS].split()))
+            _print(scan_title(args.targets))
             titled.append(True)
         return _run_probe(request)
 

@@ -129,7 +129,6 @@ class _Panel:
         self.stopwatch = Stopwatch()
         self.view = _StaticView()
         self.worker: threading.Thread | None = None
-        self.ran = ""  # what the last run did, in neutral words, for the status line
 
     def _tick(self) -> None:
         self.busy.value = f'{_BUSY_STYLE}<span class="dt-busy"><i></i>{escape(self.stopwatch.line())}</span>'
@@ -139,7 +138,7 @@ class _Panel:
             self._tick()
             time.sleep(0.25)
 
-    def _run(self, work: Callable[[], None], message: str, phase: str) -> None:
+    def _run(self, work: Callable[[], str], message: str, phase: str) -> None:
         self.status.value = message
         self.view.show(_RUNNING)
         self.stopwatch.start(phase)
@@ -148,8 +147,8 @@ class _Panel:
 
         def guarded() -> None:
             try:
-                work()
-                self.status.value = done_status(self.ran, self.stopwatch.stop())
+                ran = work()  # what ran, in neutral words
+                self.status.value = done_status(ran, self.stopwatch.stop())
             except DiagtoolsError as exc:
                 self.status.value = stopped_status(exc, self.stopwatch.stop())
                 self.view.show(_problem_html(f"{type(exc).__name__}: {exc}"))
@@ -241,7 +240,7 @@ class ScanPanel(_Panel):
         """Find the nearest verified cut, write it as a patch checked on a copy, and show it with its guard."""
         self._call(self.fixer, self.show_fix, "looking for the fix of {}&hellip;")
 
-    def _call(self, call: Callable[..., Any], show: Callable[[Any], None], message: str) -> None:
+    def _call(self, call: Callable[..., Any], show: Callable[[Any], str], message: str) -> None:
         """``show(call(target, path=..., driver=..., runner=...))`` off the kernel's thread, each run named by
         what it is for (:func:`~diagtools.frontends.progress.scan_phase`)."""
         target, paths, driver = self.target.value.strip(), _split_paths(self.path.value), self.driver.value
@@ -252,22 +251,24 @@ class ScanPanel(_Panel):
             SCAN_PHASES[0],
         )
 
-    def show_fix(self, result: FixResult) -> None:
+    def show_fix(self, result: FixResult) -> str:
+        """Show the fix; return what ran, for the status line."""
         self.fix_result = result
         self.view.show(fix_html(result))
-        self.ran = (
+        return (
             f"searched a verified cut for {_targets(result.scan)} and checked its patch on a copy"
             f" (driver {escape(result.scan.driver.kind)})"
         )
 
-    def show(self, result: ScanResult) -> None:
+    def show(self, result: ScanResult) -> str:
+        """Show the scan with its graph; return what ran, for the status line."""
         self.result = result
         self.stopwatch.phase("drawing the graph")
         self._fill_picker()
         if self.module_picker.options and self.module_picker.value is None:
             self.module_picker.value = self.module_picker.options[0]  # the culprit, when there is one
         self._render()
-        self.ran = f"imported {_targets(result)} in a fresh subkernel (driver {escape(result.driver.kind)})"
+        return f"imported {_targets(result)} in a fresh subkernel (driver {escape(result.driver.kind)})"
 
     def _fill_picker(self) -> None:
         if self.result is not None:
@@ -334,7 +335,7 @@ class ReplayPanel(_Panel):
     def run_compare(self) -> None:
         runner = self.stopwatch.phased(run_subkernel, REPLAY_PHASES)
 
-        def work() -> None:
+        def work() -> str:
             self.comparison = compare_replays(
                 self.target.value.strip(),
                 before=self.before.value,
@@ -344,7 +345,7 @@ class ReplayPanel(_Panel):
                 runner=runner,
             )
             self.view.show(comparison_html(self.comparison))
-            self.ran = f"{len(self.comparison.runs)} replays in fresh subkernels"
+            return f"{len(self.comparison.runs)} replays in fresh subkernels"
 
         self._run(work, "replaying before/after under fork and spawn&hellip;", REPLAY_PHASES[0])
 

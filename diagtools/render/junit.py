@@ -10,14 +10,12 @@ characters XML 1.0 cannot hold are written as ``\\xNN``.
 from __future__ import annotations
 
 import re
-from dataclasses import replace
 from xml.sax.saxutils import escape, quoteattr
 
-from diagtools.model.cuts import NOT_SEARCHED, Edge, Headline, headline
-from diagtools.model.scan import Site
+from diagtools.model.cuts import NOT_SEARCHED, headline
 from diagtools.model.sweep import RootCause, SweepResult, SweepRow, cause_key
 from diagtools.render.lines import culprit_details
-from diagtools.render.paths import display_path, roots_of
+from diagtools.render.paths import roots_of, shown_headline, shown_site
 
 __all__ = ["outcome", "sweep_junit"]
 
@@ -97,8 +95,8 @@ def _case(package: str, row: SweepRow, kind: str, cause: RootCause | None, roots
 
 def _failure(row: SweepRow, cause: RootCause | None, roots: tuple[str, ...]) -> tuple[str, str]:
     """The failure's one-line message (what, and where to change) and its details, as the text report says them."""
-    chosen = _shown_headline(cause.headline if cause is not None else headline(None), roots)
-    culprit = row.culprit.with_sites(lambda site: _shown(site, roots)) if row.culprit else None
+    chosen = shown_headline(cause.headline if cause is not None else headline(None), roots)
+    culprit = row.culprit.with_sites(lambda site: shown_site(site, roots)) if row.culprit else None
     where = (
         f"line to change {chosen.line.file}:{chosen.line.line}"
         if chosen.line is not None
@@ -107,17 +105,3 @@ def _failure(row: SweepRow, cause: RootCause | None, roots: tuple[str, ...]) -> 
     message = f"initializes CUDA through {culprit.module if culprit else '?'}; {where}"
     details = culprit_details(culprit, indent="", headline=chosen) if culprit is not None else []
     return message, "\n".join(details)
-
-
-def _shown(site: Site, roots: tuple[str, ...]) -> Site:
-    return replace(site, file=display_path(site.file, roots))
-
-
-def _shown_headline(chosen: Headline, roots: tuple[str, ...]) -> Headline:
-    """The headline with its line and edges' paths written by the one rule."""
-
-    def edge(e: Edge | None) -> Edge | None:
-        return None if e is None else replace(e, site=_shown(e.site, roots))
-
-    line = _shown(chosen.line, roots) if chosen.line is not None else None
-    return replace(chosen, line=line, edge=edge(chosen.edge), deepest=edge(chosen.deepest))

@@ -19,7 +19,7 @@ from collections.abc import Iterable
 from dataclasses import replace
 from pathlib import Path
 
-from diagtools.model.cuts import Cut, CutSearch, Edge
+from diagtools.model.cuts import Cut, CutSearch, Edge, Headline
 from diagtools.model.scan import ScanResult, Site
 
 __all__ = [
@@ -31,6 +31,8 @@ __all__ = [
     "shareable",
     "short_path",
     "shorten_paths",
+    "shown_headline",
+    "shown_site",
     "write_report",
 ]
 
@@ -106,8 +108,23 @@ def display_path(path: str | None, roots: Iterable[str] = ()) -> str:
     return path
 
 
+def shown_site(site: Site, roots: Iterable[str] = ()) -> Site:
+    """``site`` with its file written by the one rule (:func:`display_path`)."""
+    return replace(site, file=display_path(site.file, roots))
+
+
+def shown_headline(chosen: Headline, roots: tuple[str, ...] = ()) -> Headline:
+    """A line to change with its line's and edges' files written by the one rule."""
+    return replace(
+        chosen,
+        line=_site(chosen.line, roots),
+        edge=None if chosen.edge is None else _edge(chosen.edge, roots),
+        deepest=None if chosen.deepest is None else _edge(chosen.deepest, roots),
+    )
+
+
 def _site(site: Site | None, roots: tuple[str, ...]) -> Site | None:
-    return None if site is None else replace(site, file=display_path(site.file, roots))
+    return None if site is None else shown_site(site, roots)
 
 
 def _edge(edge: Edge, roots: tuple[str, ...]) -> Edge:

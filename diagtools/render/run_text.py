@@ -19,7 +19,7 @@ from diagtools.model.run import Finding, RunResult
 from diagtools.model.scan import Culprit, Site
 from diagtools.render.escape import one_line, terminal_safe
 from diagtools.render.lines import culprit_details, site_lines, wrapped
-from diagtools.render.paths import display_path, shorten_paths
+from diagtools.render.paths import display_path, shorten_paths, shown_site
 from diagtools.render.style import verdict_toned
 
 __all__ = [
@@ -127,7 +127,7 @@ def _finding_lines(number: int, group: FindingGroup) -> list[str]:
     lines = [f"  finding {number}: {head} after initializing CUDA", *_culprit_lines(finding.cuinit)]
     fork_site = user_site(finding.fork_stack)
     if fork_site is not None:
-        lines += site_lines("forked at:", _shown_site(fork_site))
+        lines += site_lines("forked at:", shown_site(fork_site))
     if finding.context:
         lines.append(f"    while: {one_line(finding.context)}")
     if finding.child_saw is not None:
@@ -137,23 +137,19 @@ def _finding_lines(number: int, group: FindingGroup) -> list[str]:
     return lines
 
 
-def _shown_site(site: Site) -> Site:
-    return replace(site, file=display_path(site.file))
-
-
 def _shown(finding: Finding) -> Finding:
     """``finding`` with the paths its lines show written by the one rule, so a line is wrapped by the width it is
     shown at; the fork stack stays as recorded (:func:`user_site` reads whose code each frame is)."""
     saw = finding.child_saw
     if saw is not None:
         refused = tuple(
-            replace(r, site=_shown_site(r.site) if r.site else None, stack=tuple(map(_shown_site, r.stack)))
+            replace(r, site=shown_site(r.site) if r.site else None, stack=tuple(map(shown_site, r.stack)))
             for r in saw.refused
         )
         saw = replace(saw, refused=refused)
     return replace(
         finding,
-        cuinit=finding.cuinit.with_sites(_shown_site) if finding.cuinit else None,
+        cuinit=finding.cuinit.with_sites(shown_site) if finding.cuinit else None,
         child_saw=saw,
     )
 

@@ -20,7 +20,8 @@ from .tolerances import with_edge_tiles
 
 SIMPLIFIED_EDGES = ("random", "eps", "logits", "slots")
 STATE_EDGES = ("random", "eps", "logits", "slots", "tiles-0", "tiles-2", "tiles-4", "tiles-6")
-C4_REQUESTS = ((0, 13), (5, 6), (30, 2), (6, 1), (10, 1))
+C4_REQUESTS = ((0, 13), (5, 6), (30, 2), (6, 1), (10, 1))  # a first group, windows across blocks, decodes
+C128_EDGE_REQUESTS = ((0, 256), (284, 100))  # C128 boundaries at 127, 255 and 383
 EDGE_EPS = 1e-3  # with rows scaled so their mean square is about this
 
 
@@ -46,7 +47,7 @@ def simplified_edge(kind: str, *, head_dim: int = 128, seed: int = 0) -> Inputs:
 
 def state_edge(kind: str, *, ratio: int = 4, seed: int = 0) -> StateInputs:
     """Faithful-variant inputs (C4 requests, or one C128 boundary) that reach the path ``kind`` names."""
-    requests = C4_REQUESTS if ratio == 4 else ((0, 256), (284, 100))  # C128: boundaries at 127, 255, 383
+    requests = C4_REQUESTS if ratio == 4 else C128_EDGE_REQUESTS
     if kind == "slots":
         requests = ((0, 8),) if ratio == 4 else ((0, 256),)
     inputs = make_state_inputs(ratio, requests, padding=0.0, state_block=4 if ratio == 4 else 16, seed=seed)

@@ -27,6 +27,7 @@ from diagtools.kernels.state import LAYOUTS  # noqa: E402
 from diagtools.kernels.state_cutedsl import StateLaunchConfig  # noqa: E402
 from diagtools.kernels.state_reference import StateInputs, make_state_inputs  # noqa: E402
 
+from .edges import C4_REQUESTS, C128_EDGE_REQUESTS  # noqa: E402
 from .ptxvm import (  # noqa: E402
     Kernel,
     LaunchStats,
@@ -45,7 +46,6 @@ from .tolerances import (  # noqa: E402
     with_edge_tiles,
 )
 
-C4_REQUESTS = ((0, 13), (5, 6), (30, 2), (6, 1), (10, 1))  # a first group, windows across blocks, decodes
 C128_REQUESTS = ((0, 128), (129, 127), (255, 1), (300, 1))  # three boundaries, idle tokens around them
 ONE_C128_TOKEN = ((100, 28),)  # one boundary (position 127) among 28 tokens: one CTA, for the slower checks
 
@@ -495,7 +495,7 @@ def test_a_graph_safe_plan_replays_with_changed_inputs(ratio):
     changed in place: new positions, slots, state rows, weight and RoPE table.  Each replay runs the plan's
     device-side compaction and the same kernel with the same pointers and grid, and stores the new
     batch's bytes, poison elsewhere; the CTAs beyond the working tokens do nothing."""
-    requests = C4_REQUESTS if ratio == 4 else ((0, 256), (284, 100))
+    requests = C4_REQUESTS if ratio == 4 else C128_EDGE_REQUESTS
     first = make_state_inputs(ratio, requests, padding=0.4, seed=51)
     tokens, batch = first.positions.numel(), len(requests)
     launch = state_cutedsl.plan_launch(

@@ -36,6 +36,7 @@ from diagtools.kernels.state_reference import (  # noqa: E402
     request_tokens,
 )
 
+from .edges import C4_REQUESTS  # noqa: E402
 from .test_fp8_ds_mla import fp8_ds_mla_cases  # noqa: E402
 from .tolerances import (  # noqa: E402
     assert_state_bytes_match_reference,
@@ -74,7 +75,6 @@ except ImportError:
 # The grid.  C4: a prefill from position 0 (its first group has no previous group), a prefill
 # continuing a context, and decode tokens on and off boundaries.  C128: a prefill crossing two
 # boundaries and two decode tokens, one on a boundary.  Small state blocks, so windows span blocks.
-C4_REQUESTS = ((0, 13), (5, 6), (30, 2), (6, 1), (10, 1))
 C128_REQUESTS = ((0, 260), (255, 1), (300, 1))
 CASES = [(4, C4_REQUESTS, 16), (4, C4_REQUESTS, 4), (128, C128_REQUESTS, 32)]
 
