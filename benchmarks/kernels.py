@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import time
 from pathlib import Path
 
 from rows import append_rows, write_whole
@@ -30,6 +31,7 @@ TARGET_FRACTION = 0.8
 def markdown(document: dict) -> str:
     meta, rows = document["meta"], document["rows"]
     lines = ["# compress_norm_rope_store: Triton vs CuTe DSL", ""]
+    lines += [f"Measured {document.get('measured', 'on an unrecorded date')}.", ""]
     lines += [f"Device: {meta.get('device')}; machine: {document['machine']}.", ""]
     if not document.get("complete", True):
         lines += ["**Incomplete run**: the sizes measured before it stopped.", ""]
@@ -74,7 +76,8 @@ def _write(out: Path, reports: list[BenchReport], complete: bool) -> dict:
     rows = tuple(row for report in reports for row in report.rows)
     last = reports[-1] if reports else BenchReport(())
     merged = BenchReport(rows, last.meta, last.driver, "; ".join(r.error for r in reports if r.error))
-    document = {**merged.to_json(), "machine": machine(), "complete": complete}
+    measured = time.strftime("%Y-%m-%d", time.gmtime())
+    document = {**merged.to_json(), "machine": machine(), "measured": measured, "complete": complete}
     write_whole(out / "kernels.json", json.dumps(document, indent=2, sort_keys=True) + "\n")
     write_whole(out / "kernels.md", markdown(document))
     return document

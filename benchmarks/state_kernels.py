@@ -215,7 +215,8 @@ def markdown(document: dict) -> str:
         "max_rel_error",
         "note",
     ]
-    lines = ["# compress_state_store: the faithful variant", "", f"Device: {document['device']}.", ""]
+    lines = ["# compress_state_store: the faithful variant", ""]
+    lines += [f"Measured {document.get('measured', 'on an unrecorded date')}; device: {document['device']}.", ""]
     lines += [f"Versions: {document.get('versions')}.", ""]
     lines += [
         "`end_to_end_ms`: the call as vLLM makes it (host work included: for CuTe DSL the plan, its host-side "
@@ -307,7 +308,8 @@ def main() -> None:
         raise SystemExit("state_kernels.py: torch sees no GPU here, and --require-gpu was given")
     device = torch.cuda.get_device_name() if ON_GPU else "cpu"
     copy_gbps = copy_bandwidth()
-    head = {"device": device, "versions": versions(), "timing_meaningful": ON_GPU, "copy_gbps": copy_gbps}
+    head = {"device": device, "versions": versions(), "timing_meaningful": ON_GPU, "copy_gbps": copy_gbps,
+            "measured": time.strftime("%Y-%m-%d", time.gmtime())}  # fmt: skip
     rows = Rows(args.save_path, rows_file, head)
     rows_file.write_text("", encoding="utf-8")  # this run's rows only
     rows.write(complete=False)

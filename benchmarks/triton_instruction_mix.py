@@ -15,6 +15,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from rows import write_whole
@@ -40,7 +41,10 @@ def markdown(document: dict) -> str:
     opcodes = sorted({op for mix in document["kernels"].values() for op in mix})
     lines = ["# The faithful Triton kernel's global loads and stores (static counts, sm_90 PTX)", ""]
     where = ", ".join(f"{key} {value}" for key, value in document["machine"].items())
-    lines += [f"Compiled with Triton {document['triton']} on a CPU machine ({where}); no GPU.", ""]
+    lines += [
+        f"Compiled {document['measured']} with Triton {document['triton']} on a CPU machine ({where}); no GPU.",
+        "",
+    ]
     lines += ["`aligned`: the divisibility a real launch on vLLM's tensors gets; `no hints`: none.", ""]
     lines += ["| kernel | " + " | ".join(f"`{op}`" for op in opcodes) + " |", "|" + " --- |" * (len(opcodes) + 1)]
     for name, mix in document["kernels"].items():
@@ -56,6 +60,7 @@ def main() -> None:
 
     document = {
         "machine": machine(),
+        "measured": time.strftime("%Y-%m-%d", time.gmtime()),
         "triton": triton.__version__,
         "kernels": {name: instruction_mix(text) for name, text in ptx.items()},
     }
