@@ -24,6 +24,7 @@ from diagtools.driver.build import (
 )
 from diagtools.driver.detect import find_real_driver, preloaded, without_simulated_paths
 from diagtools.driver.world import (
+    LOAD_REDIRECT,
     SIMULATED_LIBRARIES,
     SimulatedWorld,
     input_stamp,
@@ -126,11 +127,14 @@ def _simulated_setup(requested: str) -> DriverSetup:
     already-loaded library whose SONAME matches, so the simulated runtime is
     preloaded (``LD_PRELOAD``) into every process of the subkernel: the agents,
     a spawned child, a worker the target starts.  It does nothing until called.
+    A load by path (torch 2.14 loads its wheels' ``libcudart.so.13`` so) gets
+    the world's copy through the load redirect preloaded before it (``simloads.c``).
     """
     world = build_simulated_world()
     directory = loader_safe(world.directory)
     current = without_simulated_paths(dict(os.environ))
     runtimes = [str(directory / name) for name in world.libraries if name.startswith("libcudart.")]
+    redirect = [str(directory / LOAD_REDIRECT)] if (world.directory / LOAD_REDIRECT).exists() else []
     env = {
         "LD_LIBRARY_PATH": ":".join(p for p in (str(directory), current.get("LD_LIBRARY_PATH", "")) if p),
         "TRITON_LIBCUDA_PATH": str(directory),
@@ -138,7 +142,7 @@ def _simulated_setup(requested: str) -> DriverSetup:
         protocol.SIMULATED_WORLD: os.path.realpath(world.directory),
     }
     # set even when empty: a preload of an older simulated world must not be inherited
-    env["LD_PRELOAD"] = ":".join(p for p in (*runtimes, current.get("LD_PRELOAD", "")) if p)
+    env["LD_PRELOAD"] = ":".join(p for p in (*redirect, *runtimes, current.get("LD_PRELOAD", "")) if p)
     info = DriverInfo("simulated", requested, str(world.directory / "libcuda.so.1"), world.libraries)
     return DriverSetup(info, env, libraries=world.libraries, notes=world.notes)
 

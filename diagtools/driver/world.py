@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from diagtools.driver._generate import GeneratedRuntime
 
 __all__ = [
+    "LOAD_REDIRECT",
     "SIMULATED_LIBRARIES",
     "SimulatedWorld",
     "input_stamp",
@@ -45,6 +46,9 @@ __all__ = [
 # The simulated libraries, by soname, and the other names that resolve to each.
 SIMULATED_LIBRARIES = ("libcuda.so.1", "libnvidia-ml.so.1")
 _ALIASES = {"libcuda.so": "libcuda.so.1", "libnvidia-ml.so": "libnvidia-ml.so.1"}
+# Preloaded first: a load by path of a library the world holds gets the world's copy (see simloads.c).
+LOAD_REDIRECT = "libdiagtools-simloads.so"
+_SOURCE_NAMES = ("simcuda.c", "simnvml.c", "simcudart.c", "simworld.h", "simloads.c")
 
 
 @dataclass(frozen=True)
@@ -58,13 +62,13 @@ class SimulatedWorld:
 
 def input_stamp() -> tuple[object, ...]:
     """Cheap identity of everything the simulated world's build reads."""
-    sources = (_SOURCES / name for name in ("simcuda.c", "simnvml.c", "simcudart.c", "simworld.h"))
+    sources = (_SOURCES / name for name in _SOURCE_NAMES)
     return _stamp((*sources, *input_files()))
 
 
 def usable(world: SimulatedWorld) -> bool:
     """Whether every library and alias of ``world`` is still there."""
-    return all((world.directory / name).exists() for name in (*world.libraries, *_ALIASES))
+    return all((world.directory / name).exists() for name in (*world.libraries, *_ALIASES, LOAD_REDIRECT))
 
 
 def make_world() -> SimulatedWorld:
@@ -79,15 +83,24 @@ def make_world() -> SimulatedWorld:
     simnvml = (_SOURCES / "simnvml.c").read_text()
     simcudart = (_SOURCES / "simcudart.c").read_text()
     world_header = (_SOURCES / "simworld.h").read_text()
+    simloads = (_SOURCES / "simloads.c").read_text()
     driver_stubs = _generate.driver_stubs(simcuda)
     nvml_stubs = _generate.nvml_stubs(simnvml)
     runtimes, runtime_notes = _generate.runtime_stubs(simcudart)
     runtime_parts = [part for r in runtimes for part in (r.stubs, r.version_script, str(r.include))]
     key = _build_key(
-        simcuda, simnvml, simcudart, world_header, driver_stubs.text, nvml_stubs.text, *runtime_parts, *_compiler()
+        simcuda,
+        simnvml,
+        simcudart,
+        world_header,
+        simloads,
+        driver_stubs.text,
+        nvml_stubs.text,
+        *runtime_parts,
+        *_compiler(),
     )
     directory = cache_dir() / "simdriver" / key
-    settled = [*SIMULATED_LIBRARIES, *(r.soname for r in runtimes)]
+    settled = [*SIMULATED_LIBRARIES, LOAD_REDIRECT, *(r.soname for r in runtimes)]
     if not all((directory / name).exists() or (directory / f"{name}.failed").exists() for name in settled):
         with _cache_writes("the simulated CUDA driver", directory):
             directory.mkdir(parents=True, exist_ok=True)
@@ -99,6 +112,8 @@ def make_world() -> SimulatedWorld:
             generated = _write_if_changed(directory / name, stubs.text)
             extra = [include, f"-Wl,-soname,{soname}", "-Wl,-z,nodelete", "-ldl"]
             _compile(what, [_SOURCES / source, generated], directory / soname, extra)
+        what = "the simulated world's load redirect"
+        _compile(what, _SOURCES / "simloads.c", directory / LOAD_REDIRECT, ["-ldl"])
         for runtime in runtimes:
             _build_runtime(directory, runtime)
     for alias, target in _ALIASES.items():

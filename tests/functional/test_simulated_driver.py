@@ -213,8 +213,9 @@ def test_resolve_driver_reports_the_simulated_libraries_and_puts_them_first(tmp_
     assert set(setup.libraries[2:]) <= {"libcudart.so.13", "libcudart.so.12"}  # the runtimes installed here
     assert setup.notes
     preload = setup.env.get("LD_PRELOAD", "").split(":")
-    # the simulated runtimes first, then what the caller preloaded; nothing when none is built
-    assert preload[:-1] == [str(Path(setup.info.library).parent / name) for name in setup.libraries[2:]]
+    # the load redirect, the simulated runtimes (none when none is built), then what the caller preloaded
+    world = Path(setup.info.library).parent
+    assert preload[:-1] == [str(world / name) for name in ("libdiagtools-simloads.so", *setup.libraries[2:])]
     assert preload[-1] == str(tmp_path / "libother.so")
     first, *rest = setup.env["LD_LIBRARY_PATH"].split(":")
     assert rest == [str(tmp_path)]

@@ -4,8 +4,8 @@ The real runtime the tests compare against is the one ``make test`` installs
 (nvidia-cuda-runtime, the ``dev`` extra); without it no simulated runtime is built
 and these tests skip with the reason.  What the repository's venv cannot show:
 
-- torch: its CPU build has no libtorch_cuda.so, so nothing in it binds to a runtime;
-  the CUDA build is exercised by ``benchmarks/vllm_runtime.sh`` (not in CI: GBs).
+- torch: only its CUDA build binds to a runtime (``make setup`` installs that build on
+  these machines; a CPU build is said so, and the vLLM pins run in ``benchmarks/``).
 - cupy and cuda-python's runtime bindings (``cuda.bindings.runtime``) link the runtime
   statically and export none of it, so no shared runtime can stand in for theirs: they
   reach the simulated driver's export-table door, which ``test_simulated_libraries``
@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 from textwrap import dedent
 
@@ -257,14 +258,85 @@ def test_without_runtime_headers_no_runtime_is_built_and_a_note_says_why(monkeyp
     assert any("no CUDA" in note and "headers" in note for note in notes), notes
 
 
-def test_the_repository_venv_torch_cannot_use_it():
-    """A CPU torch has no CUDA runtime to bind; said here so the gap is explicit, not silent."""
+def test_the_repository_venv_torch_binds_to_the_simulated_runtime(sim_scan):
+    """A CUDA torch (what ``make setup`` installs) sees the simulated GPU, and importing it stays clean.
+
+    torch 2.14 also loads each nvidia wheel's library by its path; the real runtime must
+    not be mapped beside the simulated one, or every scan that imports torch would be
+    ``unknown``.  A CPU torch has no runtime to bind: said so, not skipped silently.
+    """
     needs("torch")
-    lines = run_simulated("import torch; print(torch.version.cuda, torch.cuda.is_available())")
+    lines = run_simulated(
+        """
+        import torch
+        print(torch.version.cuda, torch.cuda.is_available())
+        print(any("libcudart" in line and "simdriver" not in line for line in open("/proc/self/maps")))
+        """
+    )
     if lines[0].split()[0] == "None":
-        assert lines == ["None False"]
-    else:  # a CUDA torch binds to the simulated runtime (benchmarks/vllm_runtime.py)
-        assert lines[0].endswith("True")
+        assert lines[0] == "None False"
+        return
+    assert lines[0].endswith("True")
+    assert lines[1] == "False"
+    result = sim_scan("torch")
+    assert (result.status, result.verdict) == ("ok", "clean"), result.blind_spots
+
+
+def test_a_runtime_loaded_by_its_path_is_the_simulated_one(tmp_path):
+    """``ctypes.CDLL("/.../nvidia/cu13/lib/libcudart.so.13")`` gets the world's copy; without the load
+    redirect the real file is mapped beside it (so this test can fail)."""
+    _, real = built_runtime()
+    wheel_copy = tmp_path / "nvidia" / "cu13" / "lib" / real.name
+    wheel_copy.parent.mkdir(parents=True)
+    shutil.copy(real, wheel_copy)
+    code = f"""
+        import ctypes
+        handle = ctypes.CDLL({str(wheel_copy)!r})
+        print(hasattr(handle, "diagtools_simcudart_refusals"))
+        print(any({str(wheel_copy)!r} in line for line in open("/proc/self/maps")))
+    """
+    assert run_simulated(code) == ["True", "False"]
+    env = resolve_driver("simulated").env
+    without = ":".join(p for p in env["LD_PRELOAD"].split(":") if "simloads" not in p)
+    done = subprocess.run(
+        [sys.executable, "-c", dedent(code)],
+        env={**os.environ, **env, "LD_PRELOAD": without},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    assert done.stdout.split() == ["False", "True"]
+
+
+def test_a_scan_that_loads_the_runtime_by_its_path_keeps_its_verdict(sim_scan, make_tree, tmp_path):
+    """Loading the real runtime's file by path and calling it is seen: the world's copy answered."""
+    _, real = built_runtime()
+    wheel_copy = tmp_path / "wheel" / real.name
+    wheel_copy.parent.mkdir()
+    shutil.copy(real, wheel_copy)
+    root = make_tree(
+        {
+            "bypath.py": f"""
+                import ctypes
+
+                RT = ctypes.CDLL({str(wheel_copy)!r})
+            """,
+            "bypathcall.py": f"""
+                import ctypes
+
+                RT = ctypes.CDLL({str(wheel_copy)!r})
+                COUNT = ctypes.c_int()
+                RT.cudaGetDeviceCount(ctypes.byref(COUNT))  {MARK}
+            """,
+        }
+    )
+    loaded = sim_scan("bypath", path=[root])
+    assert (loaded.status, loaded.verdict) == ("ok", "clean"), loaded.blind_spots
+    called = sim_scan("bypathcall", path=[root])
+    assert called.verdict == "initializes-cuda"
+    assert called.culprit.evidence == "driver-hook"
+    assert any(frame.line == marked_line(root / "bypathcall.py") for frame in called.culprit.stack)
 
 
 def test_unmodelled_functions_answer_not_supported_and_modelled_ones_are_not_stubbed():
@@ -313,7 +385,8 @@ def test_a_runtime_that_does_not_compile_leaves_the_driver_standing_with_a_note(
     assert world.libraries == ("libcuda.so.1", "libnvidia-ml.so.1")
     assert any("did not build" in note and "cannot build" in note for note in world.notes), world.notes
     setup = resolve_driver("simulated")
-    assert setup.env["LD_PRELOAD"] == os.environ.get("LD_PRELOAD", "")
+    preloads = [p for p in setup.env["LD_PRELOAD"].split(":") if p]
+    assert [Path(p).name for p in preloads] == ["libdiagtools-simloads.so"]  # the load redirect, no runtime
 
 
 def test_bad_pointers_and_handles_are_errors_as_in_the_real_runtime_never_a_crash():
