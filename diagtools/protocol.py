@@ -58,6 +58,7 @@ SWEEP_JOBS = "DIAGTOOLS_SWEEP_JOBS"
 SWEEP_WORKDIR = "DIAGTOOLS_SWEEP_WORKDIR"
 SWEEP_PROBE = "DIAGTOOLS_SWEEP_PROBE"
 SWEEP_FAILED_ALONE = "DIAGTOOLS_SWEEP_FAILED_ALONE"  # modules whose rows so far failed to import
+SWEEP_NAMES_IMPORTED = "DIAGTOOLS_SWEEP_NAMES_IMPORTED"  # top-level names the swept sources import by name
 RUN_DIR = "DIAGTOOLS_RUN_DIR"  # diagtools run: where each watched process writes its record file
 RUN_STARTS = "starts"  # in RUN_DIR: a line per Python program started, "PID PPID HEX(argv)" (driver/starts.c)
 RUN_CUPROBE = "DIAGTOOLS_RUN_CUPROBE"  # the driver-state extension, for the interpreter named next

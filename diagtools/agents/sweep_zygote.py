@@ -149,10 +149,14 @@ def _preload(items, modules):
 
     An item ``NAME<TAB>INDEX`` is a candidate the host chose from what most
     children imported (``INDEX`` is its row's, or ``-`` when that row is
-    done).  Its import is first
-    tried in a throwaway child (:func:`_trial_import`): one that fails, or
-    that changes what other modules would see (``sys.path``, the import
-    hooks, the environment), is passed over; otherwise every module still to
+    done); ``NAME<TAB>-<TAB>library`` is a module outside the package most
+    children imported.  A candidate's import is first
+    tried in a throwaway child (:func:`_trial_import`): one that fails, that
+    initializes CUDA or starts a thread, or (a module of the package) that
+    changes what other modules would see (``sys.path``, the import
+    hooks, the environment, a module registered under a name the package's
+    sources import), is passed over; a library's own such changes are
+    accepted, as for the libraries the host preloads itself (torch).  Then every module still to
     scan that it would load, itself included, is scanned by a child forked
     before the zygote imports it, so no row is a preloaded one and every row
     is what a fresh subkernel would give.  In such a child this returns
@@ -165,8 +169,9 @@ def _preload(items, modules):
     due_at = {name: index for index, name in enumerate(modules)}
     for item in items:
         name, _, index = item.partition("\t")
+        index, _, kind = index.partition("\t")
         if index and name not in sys.modules:
-            loaded, reason = _trial_import(name)
+            loaded, reason = _trial_import(name, library=kind == "library")
             if reason:
                 _channel.emit("passed-over", n=name, reason=reason)
                 continue
@@ -205,6 +210,30 @@ def _import_hooks():
     return list(sys.path), list(sys.meta_path), list(sys.path_hooks), environ
 
 
+_names_imported = set(_lines(protocol.SWEEP_NAMES_IMPORTED))
+
+
+def _registered_alias(name):
+    """Whether ``name`` is a module registered under a name not its own that an import in the package (or a
+    module of that name on the search path, which a fresh subkernel would import instead) could reach."""
+    try:
+        module = vars(sys.modules[name])
+    except (KeyError, TypeError):
+        return False
+    own = module.get("__name__")
+    spec = module.get("__spec__")
+    if own == name or getattr(spec, "name", None) == name:
+        return False  # imported under its own name (a C module may call itself otherwise: _decimal)
+    top = name.partition(".")[0]
+    if top in _names_imported:
+        return True
+    machinery = sys.modules.get("importlib.machinery")
+    try:
+        return machinery is not None and machinery.PathFinder.find_spec(top) is not None
+    except Exception:
+        return True
+
+
 def _side_effect(before, after, added):
     """What an import changed that every later import would see, in words, or ``""``."""
     path, meta_path, path_hooks, environ = before
@@ -218,17 +247,16 @@ def _side_effect(before, after, added):
     if changed:
         return f"it sets the environment variable {changed[0]}"
     for name in added:
-        try:
-            own = vars(sys.modules[name]).get("__name__")
-        except (KeyError, TypeError):
-            continue
-        if own != name:  # vLLM registers its vendored triton_kernels so: `import triton_kernels` then works
-            return f"it registers {own} as {name}"
+        if _registered_alias(name):  # vLLM registers its vendored triton_kernels so: `import triton_kernels` works
+            return f"it registers {vars(sys.modules[name]).get('__name__')} as {name}"
     return ""
 
 
-def _trial_import(name):
-    """Import ``name`` in a throwaway child: ``(modules it loaded, "")``, or ``((), why to pass it over)``."""
+def _trial_import(name, library=False):
+    """Import ``name`` in a throwaway child: ``(modules it loaded, "")``, or ``((), why to pass it over)``.
+
+    A ``library`` (a module outside the package) may change what later imports see; it may not initialize
+    CUDA or start a thread, which would make the zygote refuse it."""
     path = _own_path("trial", "loaded")
     _serving._flush_stdio()
     pid = posix.fork()
@@ -240,7 +268,7 @@ def _trial_import(name):
             _write_file(path, f"its import fails here: {protocol.describe(exc)}")
             posix._exit(_TRIAL_FAILED)
         added = [module for module in sys.modules if module not in before]
-        change = _side_effect(hooks, _import_hooks(), added)
+        change = _problem_after("its import") if library else _side_effect(hooks, _import_hooks(), added)
         _write_file(path, change or "\n".join(added))
         _serving._flush_stdio()
         posix._exit(_TRIAL_CHANGED if change else 0)
@@ -249,6 +277,8 @@ def _trial_import(name):
     found = _lines_of(path)
     if code == _TRIAL_FAILED:
         return (), found[0] if found else "its import fails here"
+    if code == _TRIAL_CHANGED and library:
+        return (), found[0] if found else "its import would make the zygote refuse it"
     if code == _TRIAL_CHANGED:
         return (), f"{found[0] if found else 'it changes what later imports find'}, which every later import would see"
     if code:

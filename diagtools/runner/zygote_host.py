@@ -258,6 +258,8 @@ def run_zygote(
     on_child: ChildDone,
     scan_first: Sequence[str] = (),
     failed_alone: Sequence[str] = (),
+    libraries: Sequence[str] = (),
+    names_imported: Sequence[str] = (),
 ) -> ZygoteOutcome:
     """Preload in one subkernel, then scan each of ``modules`` in a child forked from it.
 
@@ -271,10 +273,13 @@ def run_zygote(
     module that fails to import on its own (``failed_alone``: rows already
     scanned; the rows it scans first count too): importing that module first,
     as a fresh subkernel would, gives another result than preloading it.
+    ``libraries`` are learned candidates outside the package: their own changes to what later imports
+    find are accepted, as for an explicit preload.  ``names_imported``: the top-level names the
+    package's sources import, which a module registered under another name must not shadow.
     """
-    candidates = set(scan_first)
+    candidates, outside = set(scan_first), set(libraries)
     first = {name: index for index, name in enumerate(modules) if name in candidates}
-    items = [f"{name}\t{first.get(name, '-')}" if name in candidates else name for name in preload]
+    items = [_item(name, first, candidates, outside) for name in preload]
     workdir = Path(tempfile.mkdtemp(prefix="diagtools-zygote-"))
     try:
         (workdir / "modules").write_text("\n".join(modules) + "\n", encoding="utf-8")
@@ -286,10 +291,18 @@ def run_zygote(
             protocol.SWEEP_WORKDIR: str(workdir),
             protocol.SWEEP_PROBE: str(probe),
             protocol.SWEEP_FAILED_ALONE: "\n".join(failed_alone),
+            protocol.SWEEP_NAMES_IMPORTED: "\n".join(names_imported),
         }
         return _run(request.with_settings(settings), workdir, len(modules), timeout, on_child)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _item(name: str, first: dict[str, int], candidates: set[str], libraries: set[str]) -> str:
+    """One line of the zygote's preload: a name, or a candidate with its row's index (and ``library``)."""
+    if name in libraries:
+        return f"{name}\t{first.get(name, '-')}\tlibrary"
+    return f"{name}\t{first.get(name, '-')}" if name in candidates else name
 
 
 def _run(request: SubkernelRequest, workdir: Path, count: int, timeout: float, on_child: ChildDone) -> ZygoteOutcome:

@@ -12,11 +12,9 @@ did not change.
 
 from __future__ import annotations
 
-import contextlib
 import importlib.machinery
 import math
 import os
-import re
 import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -33,7 +31,7 @@ from diagtools.model.verdict import ScanStatus
 from diagtools.runner.kept import abort_all
 from diagtools.usecases.options import ScanOptions, validate_targets
 from diagtools.usecases.scan import scan_with
-from diagtools.usecases.sweep_discover import SweptTree, discover_modules, locate_tree
+from diagtools.usecases.sweep_discover import SweptTree, discover_modules, locate_tree, names_imported
 from diagtools.usecases.sweep_forked import ZygotePass, in_package_deps, zygote_pass
 from diagtools.usecases.sweep_journal import Fingerprints, Journal
 
@@ -44,24 +42,12 @@ _CHUNKS_PER_WORKER = 4  # executor tasks per worker in zygote mode: each task pr
 _MIN_CHUNK = 16
 
 
-_IMPORTS_TORCH = re.compile(rb"^[ \t]*(?:import|from)[ \t]+torch\b", re.MULTILINE)
-
-
-def _imports_torch(tree: SweptTree) -> bool:
-    for file in tree.files.values():
-        if file is not None and file.suffix == ".py":
-            with contextlib.suppress(OSError):
-                if _IMPORTS_TORCH.search(file.read_bytes()):
-                    return True
-    return False
-
-
 def default_preload(tree: SweptTree, roots: Iterable[str] = ()) -> tuple[str, ...]:
     """``torch`` when the package's sources import it and it can be found (not imported here), then
     the package and its parents."""
     parts = tree.package.split(".")
     parents = tuple(".".join(parts[:n]) for n in range(1, len(parts) + 1))
-    if not _imports_torch(tree):
+    if "torch" not in names_imported(tree):
         return parents
     found = importlib.machinery.PathFinder.find_spec("torch", [*roots, *[p for p in sys.path if p]])
     return (*(("torch",) if found is not None else ()), *parents)

@@ -9,9 +9,11 @@ files is not.  Modules are ``.py`` files and compiled extensions (any of
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import importlib.machinery
 import os
+import re
 import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -20,7 +22,7 @@ from pathlib import Path
 from diagtools.errors import UsageError
 from diagtools.usecases.options import validate_paths, validate_targets
 
-__all__ = ["SweptTree", "discover_modules", "locate_tree"]
+__all__ = ["SweptTree", "discover_modules", "locate_tree", "names_imported"]
 
 _SUFFIXES = tuple(sorted([*importlib.machinery.EXTENSION_SUFFIXES, ".py"], key=len, reverse=True))
 
@@ -47,6 +49,35 @@ class SweptTree:
             return None
         top = self.package.split(".")
         return relative.as_posix() if list(relative.parts[: len(top)]) in (top, [*top[:-1], f"{top[-1]}.py"]) else None
+
+
+_IMPORT_LINE = re.compile(rb"^[ \t]*(?:from[ \t]+([A-Za-z_]\w*)|import[ \t]+([^\n#;]+))", re.MULTILINE)
+_IMPORT_CALL = re.compile(rb"(?:import_module|__import__)\(\s*[\"']([A-Za-z_]\w*)")
+
+
+def names_imported(tree: SweptTree) -> frozenset[str]:
+    """The top-level module names the package's sources import by name (import statements, ``import_module``
+    and ``__import__`` with a literal): read from the files, never imported."""
+    found: set[bytes] = set()
+    for file in tree.files.values():
+        if file is None or file.suffix != ".py":
+            continue
+        with contextlib.suppress(OSError):
+            text = file.read_bytes()
+            for origin, listed in _IMPORT_LINE.findall(text):
+                found.update([origin] if origin else _listed_tops(listed))
+            found.update(_IMPORT_CALL.findall(text))
+    return frozenset(name.decode() for name in found if name)
+
+
+def _listed_tops(listed: bytes) -> list[bytes]:
+    """``a.b as c, d`` -> ``[a, d]``; a parenthesised or continued list gives its first names only."""
+    tops = []
+    for part in listed.replace(b"(", b" ").split(b","):
+        words = part.split()
+        if words and re.fullmatch(rb"[A-Za-z_][\w.]*", words[0]):
+            tops.append(words[0].split(b".")[0])
+    return tops
 
 
 def _package_dir(package: str, roots: tuple[str, ...]) -> tuple[Path, Path]:

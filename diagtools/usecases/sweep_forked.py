@@ -26,7 +26,7 @@ from diagtools.runner.zygote_host import ZygoteOutcome, run_zygote
 from diagtools.usecases.assemble import assemble
 from diagtools.usecases.options import ScanOptions
 from diagtools.usecases.scan import DEFAULT_SETTLE_S, SCAN_PROBE, probe_request
-from diagtools.usecases.sweep_discover import SweptTree
+from diagtools.usecases.sweep_discover import SweptTree, names_imported
 
 __all__ = ["ADAPT_MIN_MODULES", "SWEEP_ZYGOTE", "ZygotePass", "in_package_deps", "package_notes", "zygote_pass"]
 
@@ -88,6 +88,8 @@ class _Learner:
         self.decided = False
         self.counts: dict[str, int] = {}  # first-import order: a package before its modules
         self.importers: dict[str, str | None] = {}  # who imported each module, the first time it was seen
+        self.outside: dict[str, int] = {}  # the same for modules outside the package (libraries)
+        self.outside_s: dict[str, float] = {}  # and the seconds the children spent importing each
         self.children = 0
         self.unsafe: set[str] = set()
 
@@ -98,24 +100,43 @@ class _Learner:
         for culprit in result.culprits:
             self.unsafe.update(culprit.chain)
         for node in result.modules:
+            if node.name == module or not node.complete or node.phase != "import":
+                continue
             inside = node.name == self.package or node.name.startswith(self.package + ".")
-            if inside and node.name != module and node.complete and node.phase == "import":
-                self.counts[node.name] = self.counts.get(node.name, 0) + 1
-                self.importers.setdefault(node.name, node.parent)
+            counts = self.counts if inside else self.outside
+            counts[node.name] = counts.get(node.name, 0) + 1
+            self.importers.setdefault(node.name, node.parent)
+            if not inside:
+                self.outside_s[node.name] = self.outside_s.get(node.name, 0.0) + node.cumulative_s
 
     def decide(self) -> None:
         """Once ``sample`` children were seen: raise :class:`_Learned` when there is something to preload."""
         if self.decided or self.children < self.sample:
             return
         self.decided = True
-        if self.candidates(self.share, self.exclude):
+        if self.candidates(self.share, self.exclude) or self.libraries(self.share, self.exclude):
             raise _Learned
+
+    def worth(self, names: Sequence[str]) -> float:
+        """Seconds an average child spent importing ``names`` (and what they import)."""
+        return sum(self.outside_s.get(name, 0.0) for name in names) / max(1, self.children)
 
     def candidates(self, share: float, exclude: Sequence[str]) -> list[tuple[str, int]]:
         """Modules most children imported (at least ``share`` of them), clean in every child, in import order."""
+        return self._common(self.counts, share, exclude)
+
+    def libraries(self, share: float, exclude: Sequence[str]) -> list[tuple[str, int]]:
+        """The modules outside the package most children imported, each the first of its subtree to be
+        imported (a library's own modules follow it), in import order."""
+        common = self._common(self.outside, share, exclude)
+        names = {name for name, _ in common}
+        roots = [(name, count) for name, count in common if self.importers.get(name) not in names]
+        return roots if self.worth([name for name, _ in roots]) >= ADAPT_LIBRARY_MIN_S else []
+
+    def _common(self, counts: dict[str, int], share: float, exclude: Sequence[str]) -> list[tuple[str, int]]:
         floor = max(2, share * self.children)
         skip = set(exclude) | self.unsafe
-        return [(name, count) for name, count in self.counts.items() if count >= floor and name not in skip]
+        return [(name, count) for name, count in counts.items() if count >= floor and name not in skip]
 
 
 def _with_deps(row: SweepRow, deps: tuple[str, ...]) -> SweepRow:
@@ -180,6 +201,7 @@ class _Sweep:
     request: SubkernelRequest
     jobs: int
     on_row: Callable[[SweepRow], None]
+    names_imported: tuple[str, ...] = ()  # top-level names the package's sources import (learned candidates)
 
 
 def zygote_pass(
@@ -207,6 +229,7 @@ def zygote_pass(
 ADAPT_MIN_MODULES = 100  # below this, learning costs more zygote starts than it saves
 ADAPT_SAMPLE = 24  # children observed before choosing what else to preload
 ADAPT_SHARE = 0.5  # a module at least this share of them imported is preloaded
+ADAPT_LIBRARY_MIN_S = 0.1  # libraries are learned when an average child spends this long importing them
 
 
 def _spread(modules: Sequence[str], count: int) -> list[str]:
@@ -251,11 +274,33 @@ def _adaptive_pass(sweep: _Sweep, modules: Sequence[str], preload: list[str]) ->
     else:  # nothing worth preloading: the one zygote scanned everything
         return replace(first, notes=(*_adapt_notes(learner, [], first.preload, len(sample)), *first.notes))
     chosen = learner.candidates(ADAPT_SHARE, preload)
+    libraries = [name for name, _ in learner.libraries(ADAPT_SHARE, preload)]
     rest = [m for m in ordered if m not in recorded]
-    grown = [*preload, *(name for name, _ in chosen)]
-    second = _pass(sweep, rest, grown, scan_first=[name for name, _ in chosen], failed_alone=sorted(failed))
+    learned = [*libraries, *(name for name, _ in chosen)]
+    second = _pass(
+        replace(sweep, names_imported=tuple(sorted(names_imported(sweep.tree)))),
+        rest,
+        [*preload, *learned],
+        scan_first=learned,
+        failed_alone=sorted(failed),
+        libraries=libraries,
+    )
     notes = _adapt_notes(learner, chosen, second.preload, len(sample), second.passed_over)
-    return replace(second, notes=(*notes, *second.notes))
+    return replace(second, notes=(*_library_notes(libraries, second), *notes, *second.notes))
+
+
+def _library_notes(libraries: Sequence[str], done: ZygotePass) -> tuple[str, ...]:
+    """The libraries learned and preloaded first (their own import-time changes accepted, as torch's are)."""
+    if not libraries:
+        return ()
+    kept = [name for name in libraries if name in done.preload]
+    shown = ", ".join(kept[:8]) + (f" and {len(kept) - 8} more" if len(kept) > 8 else "")
+    notes = [
+        f"{len(kept)} librar{'y' if len(kept) == 1 else 'ies'} most sampled children import, preloaded first: "
+        f"{shown or 'none'}"
+    ]
+    notes += [f"{name} (not preloaded: {done.passed_over[name]})" for name in libraries if name in done.passed_over]
+    return tuple(notes)
 
 
 def _adapt_notes(
@@ -293,6 +338,7 @@ def _pass(
     *,
     scan_first: Sequence[str] = (),
     failed_alone: Sequence[str] = (),
+    libraries: Sequence[str] = (),
 ) -> ZygotePass:
     """One zygote over ``modules``, retried with a shorter preload while the zygote refuses one."""
     attempt, notes = list(preload), []
@@ -311,6 +357,8 @@ def _pass(
             on_child=collector,
             scan_first=scan_first,
             failed_alone=failed_alone,
+            libraries=libraries,
+            names_imported=sweep.names_imported,
         )
         if outcome.ready:
             break
