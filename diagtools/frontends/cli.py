@@ -208,7 +208,13 @@ def _sweep_for(args: argparse.Namespace) -> Any:
     try:
         chosen = {name: getattr(args, name) for name in ("jobs", "preload", "fresh", "exclude", "adapt", "cuts")}
         return sweep(
-            args.package, **_shared(args), **chosen, json_path=args.json, progress=live.update, phase=live.phase
+            args.package,
+            **_shared(args),
+            **chosen,
+            json_path=args.json,
+            progress=live.update,
+            phase=live.phase,
+            stage=live.stage,
         )
     finally:
         live.close()

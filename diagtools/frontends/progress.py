@@ -27,7 +27,8 @@ __all__ = [
 
 class SweepProgress:
     """A sweep on a terminal: the live phase line (finding modules, the preload) until its first row, then the
-    bar; a phase after the last row (the cut searches) gets a phase line again.  Cleared by :meth:`close`."""
+    bar, which names the stage the rows come from (learning, checking candidates, scanning); a phase after the
+    last row (the cut searches) gets a phase line again.  Cleared by :meth:`close`."""
 
     def __init__(self, description: str, stream: Any = None) -> None:
         self.stream = stream if stream is not None else sys.stderr
@@ -36,10 +37,15 @@ class SweepProgress:
         self._rows = terminal_progress(description)
 
     def phase(self, text: str) -> None:
+        """What the sweep does before its first row or after its last, on a live line."""
         if self._live is None:
             self._line = contextlib.ExitStack()
             self._live = self._line.enter_context(phase_line(self.stream))
         self._live.phase(text)
+
+    def stage(self, text: str) -> None:
+        """Which stage of the sweep the next rows come from, named on the bar."""
+        self._rows.stage(text)
 
     def update(self, done: int, total: int, row: Any) -> None:
         self._end_line()
@@ -54,44 +60,75 @@ class SweepProgress:
         self._line, self._live = None, None
 
 
-def terminal_progress(description: str = "sweep") -> Callable[[int, int, Any], None]:
-    """A tqdm bar on stderr; plain counter lines where tqdm is not installed."""
-    try:
-        from tqdm import tqdm
-    except ImportError:
-        return lambda done, total, row: print(f"[{done}/{total}] {row.module}", file=sys.stderr)
-    bar: dict[str, Any] = {}
+class _RowBar:
+    """A sweep's rows as a tqdm bar on stderr (counter lines without tqdm), labelled with their stage.
 
-    def update(done: int, total: int, row: Any) -> None:
-        if "bar" not in bar:
-            bar["bar"] = tqdm(total=total, initial=done - 1, desc=description, unit="module", file=sys.stderr)
-        bar["bar"].set_postfix_str(row.module[-40:], refresh=False)
-        bar["bar"].update(1)
+    A new stage starts a new bar from the rows done so far, so its time left is measured on that stage's
+    rows only: the slow first rows of learning never stretch the scanning's estimate.
+    """
+
+    def __init__(self, description: str) -> None:
+        self.description = description
+        self.label = description
+        self.bar: Any = None
+        try:
+            from tqdm import tqdm
+        except ImportError:
+            self.tqdm = None
+        else:
+            self.tqdm = tqdm
+
+    def stage(self, text: str) -> None:
+        self.label = f"{self.description} ({text})"
+        if self.bar is not None:
+            self.bar.close()  # its line stays: the stage before, with its own rate
+            self.bar = None
+
+    def __call__(self, done: int, total: int, row: Any) -> None:
+        if self.tqdm is None:
+            print(f"[{done}/{total}] {self.label}: {row.module}", file=sys.stderr)
+            return
+        if self.bar is None:
+            self.bar = self.tqdm(total=total, initial=done - 1, desc=self.label, unit="module", file=sys.stderr)
+        self.bar.set_postfix_str(row.module[-40:], refresh=False)
+        self.bar.update(1)
         if done >= total:
-            bar["bar"].close()
-
-    return update
+            self.bar.close()
 
 
-def notebook_progress(description: str = "sweep") -> Callable[[int, int, Any], None]:
-    """An ipywidgets progress bar, displayed on the first update."""
-    try:
-        import ipywidgets
-        from IPython.display import display
-    except ImportError:
-        raise MissingExtraError("ipywidgets", "notebook") from None
-    bar = ipywidgets.IntProgress(value=0, min=0, max=1, description=description)
-    label = ipywidgets.Label()
-    shown: list[bool] = []
+def terminal_progress(description: str = "sweep") -> _RowBar:
+    """A tqdm bar on stderr, called as ``progress(done, total, row)``; ``.stage(text)`` names the rows' stage."""
+    return _RowBar(description)
 
-    def update(done: int, total: int, row: Any) -> None:
-        if not shown:
-            display(ipywidgets.HBox([bar, label]))
-            shown.append(True)
-        bar.max, bar.value = total, done
-        label.value = f"{done}/{total} {row.module}"
 
-    return update
+class _NotebookBar:
+    """An ipywidgets progress bar and a label with the stage, the count and the last module."""
+
+    def __init__(self, description: str) -> None:
+        try:
+            import ipywidgets
+            from IPython.display import display
+        except ImportError:
+            raise MissingExtraError("ipywidgets", "notebook") from None
+        self.bar = ipywidgets.IntProgress(value=0, min=0, max=1, description=description)
+        self.label = ipywidgets.Label()
+        self.box, self.display, self.shown, self.current = ipywidgets.HBox([self.bar, self.label]), display, False, ""
+
+    def stage(self, text: str) -> None:
+        self.current = text
+
+    def __call__(self, done: int, total: int, row: Any) -> None:
+        if not self.shown:
+            self.display(self.box)
+            self.shown = True
+        self.bar.max, self.bar.value = total, done
+        self.label.value = f"{self.current + ': ' if self.current else ''}{done}/{total} {row.module}"
+
+
+def notebook_progress(description: str = "sweep") -> _NotebookBar:
+    """An ipywidgets progress bar, displayed on the first update: pass it as a sweep's ``progress`` and its
+    ``.stage`` as the sweep's ``stage``."""
+    return _NotebookBar(description)
 
 
 class Stopwatch:

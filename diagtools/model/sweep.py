@@ -260,6 +260,7 @@ class SweepResult(Serial):
     preload_notes: tuple[str, ...] = ()
     cuts: dict[str, CutSearch] = field(default_factory=dict)  # cause key -> its cut search (sweep --cuts)
     driver: DriverInfo | None = None  # the driver the subkernels saw (None: a summary written before it was kept)
+    rescanned: dict[str, str] = field(default_factory=dict)  # module -> why its journal row was not reused
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "seconds", round(self.seconds, 3))

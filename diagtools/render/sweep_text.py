@@ -169,7 +169,21 @@ def _sweep_run(result: SweepResult) -> str:
         lines += wrapped(f"preload: {_one_line(note)}")
     if result.fallback:
         lines += wrapped(f"fallback: {result.fallback}")
+    if result.rescanned or result.resumed:
+        lines += wrapped(f"journal: {_rescan_words(result)}")
     return "\n".join(lines)
+
+
+def _rescan_words(result: SweepResult) -> str:
+    """How many rows the journal gave, and why the others were scanned again, the commonest reason first."""
+    reasons: dict[str, int] = {}
+    for why in result.rescanned.values():
+        reasons[why] = reasons.get(why, 0) + 1
+    ranked = sorted(reasons.items(), key=lambda item: -item[1])
+    shown = "; ".join(f"{count} because {_one_line(why)}" for count, why in ((c, w) for w, c in ranked[:4]))
+    more = f"; {sum(c for _, c in ranked[4:])} for other reasons" if len(ranked) > 4 else ""
+    rescanned = f", rescanned {len(result.rescanned)}: {shown}{more}" if result.rescanned else ""
+    return f"reused {result.resumed} row(s){rescanned}"
 
 
 @_safe

@@ -32,8 +32,9 @@ from diagtools.runner.kept import abort_all
 from diagtools.usecases.options import ScanOptions, validate_targets
 from diagtools.usecases.scan import scan_with
 from diagtools.usecases.sweep_discover import SweptTree, discover_modules, locate_tree, names_imported
+from diagtools.usecases.sweep_environment import environment_of
 from diagtools.usecases.sweep_forked import ZygotePass, in_package_deps, zygote_pass
-from diagtools.usecases.sweep_journal import Fingerprints, Journal
+from diagtools.usecases.sweep_journal import Fingerprints, Journal, Learned, Reused
 
 __all__ = ["default_preload", "discover_modules", "sweep"]
 
@@ -72,6 +73,7 @@ class _Plan:
     jobs: int
     preload: tuple[str, ...] | None  # None: fresh subkernels only
     adapt: bool = True  # grow the preload from what the first children import
+    learned: Learned | None = None  # what the journal's last adaptive run learned to preload
 
     @property
     def tree(self) -> SweptTree:
@@ -151,8 +153,11 @@ def _row_of(module: str, future: Future[dict[str, Any]]) -> SweepRow:
         return SweepRow(module, ScanStatus.ERROR, False, None, 0.0, error=f"{type(exc).__name__}: {exc}")
 
 
-def _run_zygote_here(plan: _Plan, pending: Sequence[str], run: _Run, tree: SweptTree) -> ZygotePass:
+def _run_zygote_here(
+    plan: _Plan, pending: Sequence[str], run: _Run, tree: SweptTree, stage: Callable[[str], object] | None
+) -> ZygotePass:
     assert plan.preload is not None
+    remembered = plan.learned if plan.adapt and plan.learned is not None else None
     done = zygote_pass(
         pending,
         tree=tree,
@@ -162,6 +167,9 @@ def _run_zygote_here(plan: _Plan, pending: Sequence[str], run: _Run, tree: Swept
         jobs=plan.jobs,
         on_row=run.record,
         adapt=plan.adapt,
+        stage=stage,
+        learned=(remembered.learned, remembered.libraries) if remembered else None,
+        failed_alone=[m for m, row in run.rows.items() if row.status != "ok"],
     )
     if done.leftover:
         _run_fresh(plan, done.leftover, run, None)
@@ -209,6 +217,7 @@ def sweep(
     adapt: bool = True,
     cuts: bool = False,
     phase: Callable[[str], object] | None = None,
+    stage: Callable[[str], object] | None = None,
 ) -> SweepResult:
     """Scan every submodule of ``package`` alone, ``jobs`` at a time (or on ``executor``).
 
@@ -249,6 +258,9 @@ def sweep(
     phase
         ``phase(text)`` hears what starts before the first row and after the last: finding the modules, the
         preload and the scanning, the cut searches.
+    stage
+        ``stage(text)`` hears which stage of an adaptive sweep the next rows come from: learning what to
+        preload, checking the learned preloads, scanning.
     """
     say = phase or (lambda text: None)
     if jobs is not None and jobs < 1:
@@ -269,21 +281,35 @@ def sweep(
     fingerprints = Fingerprints(tree)
     started = time.perf_counter()
     with journal:
-        rows = {m: r for m, r in journal.valid_rows(fingerprints).items() if m in tree.files}
+        reused = _reuse(journal, fingerprints, options, tree)
+        rows = {m: r for m, r in reused.rows.items() if m in tree.files}
         resumed = len(rows)
         run = _Run(tree.modules, rows, journal, fingerprints, progress)
         pending = [m for m in tree.modules if m not in rows]
+        rescanned = {m: reused.stale.get(m, "it was not in the journal") for m in pending} if reused.journaled else {}
+        if plan.preload is not None and preload in (None, "auto") and pending:
+            plan = replace(plan, learned=reused.learned)
         say(_start_words(plan, len(pending), resumed))
         try:
-            done = _dispatch(plan, pending, run, executor, tree)
+            done = _dispatch(plan, pending, run, executor, tree, stage=stage)
         except KeyboardInterrupt as exc:
             stopped = ZygotePass(plan.preload or (), "", ())
             partial = replace(_result(tree, run, resumed, started, plan=plan, done=stopped), driver=seen_driver)
             raise SweepInterrupted(partial, getattr(exc, "signum", None)) from exc
-    result = replace(_result(tree, run, resumed, started, plan=plan, done=done), driver=seen_driver)
+        journal.remember(Learned(done.learned, done.libraries))
+    result = _result(tree, run, resumed, started, plan=plan, done=done)
+    result = replace(result, driver=seen_driver, rescanned=rescanned)
     if cuts and result.causes:
         say(f"searching the cuts of {len(result.causes)} root cause(s)")
     return _with_cuts(result, plan) if cuts else result
+
+
+def _reuse(journal: Journal, fingerprints: Fingerprints, options: ScanOptions, tree: SweptTree) -> Reused:
+    """What the journal (when there is one) gives this run, its rows checked against this run's environment."""
+    if journal.path is None:
+        return Reused()
+    environment = environment_of(options.python, options.roots, resolve_driver(options.driver), tree.package)
+    return journal.reuse(fingerprints, environment)
 
 
 def _start_words(plan: _Plan, pending: int, resumed: int) -> str:
@@ -327,7 +353,15 @@ def _result(tree: SweptTree, run: _Run, resumed: int, started: float, *, plan: _
     )
 
 
-def _dispatch(plan: _Plan, pending: Sequence[str], run: _Run, executor: Executor | None, tree: SweptTree) -> ZygotePass:
+def _dispatch(
+    plan: _Plan,
+    pending: Sequence[str],
+    run: _Run,
+    executor: Executor | None,
+    tree: SweptTree,
+    *,
+    stage: Callable[[str], object] | None = None,
+) -> ZygotePass:
     if not pending:
         return ZygotePass(plan.preload or (), "", ())
     if plan.preload is None:
@@ -335,4 +369,4 @@ def _dispatch(plan: _Plan, pending: Sequence[str], run: _Run, executor: Executor
         return ZygotePass((), "", (), used=False)
     if executor is not None:
         return _run_zygote_chunks(plan, pending, run, executor)
-    return _run_zygote_here(plan, pending, run, tree)
+    return _run_zygote_here(plan, pending, run, tree, stage)

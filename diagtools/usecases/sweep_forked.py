@@ -47,6 +47,8 @@ class ZygotePass:
     used: bool = True  # False: the zygote was refused and every module went to fresh subkernels
     notes: tuple[str, ...] = ()  # what was preloaded beyond the list given, and why
     passed_over: Mapping[str, str] = field(default_factory=dict)  # candidates not preloaded, and why
+    learned: tuple[str, ...] = ()  # what learning added to the preload and kept (libraries among them)
+    libraries: tuple[str, ...] = ()
 
 
 def in_package_deps(tree: SweptTree, files: Sequence[str | None]) -> tuple[str, ...]:
@@ -127,10 +129,13 @@ class _Learner:
 
     def libraries(self, share: float, exclude: Sequence[str]) -> list[tuple[str, int]]:
         """The modules outside the package most children imported, each the first of its subtree to be
-        imported (a library's own modules follow it), in import order."""
+        imported (a library's own modules follow it), in import order: only those worth preloading (each
+        :data:`ADAPT_LIBRARY_EACH_S`, together :data:`ADAPT_LIBRARY_MIN_S`), since every library preloaded
+        is one whose own import-time changes the rows are scanned after."""
         common = self._common(self.outside, share, exclude)
         names = {name for name, _ in common}
         roots = [(name, count) for name, count in common if self.importers.get(name) not in names]
+        roots = [(name, count) for name, count in roots if self.worth([name]) >= ADAPT_LIBRARY_EACH_S]
         return roots if self.worth([name for name, _ in roots]) >= ADAPT_LIBRARY_MIN_S else []
 
     def _common(self, counts: dict[str, int], share: float, exclude: Sequence[str]) -> list[tuple[str, int]]:
@@ -202,6 +207,7 @@ class _Sweep:
     jobs: int
     on_row: Callable[[SweepRow], None]
     names_imported: tuple[str, ...] = ()  # top-level names the package's sources import (learned candidates)
+    stage: Callable[[str], object] = lambda text: None  # hears which stage the next rows come from
 
 
 def zygote_pass(
@@ -214,13 +220,25 @@ def zygote_pass(
     jobs: int,
     on_row: Callable[[SweepRow], None],
     adapt: bool = False,
+    stage: Callable[[str], object] | None = None,
+    learned: tuple[Sequence[str], Sequence[str]] | None = None,
+    failed_alone: Sequence[str] = (),
 ) -> ZygotePass:
     """Scan ``modules`` in children of a zygote that preloaded ``preload``; ``on_row`` gets each row.
 
     With ``adapt`` (and at least :data:`ADAPT_MIN_MODULES` modules), the
-    preload grows: see :func:`_adaptive_pass`.
+    preload grows: see :func:`_adaptive_pass`; ``stage`` hears which of its
+    stages (learning, checking the candidates, scanning) the next rows come from.
+    With ``learned`` (what an earlier run learned: its modules and, among them,
+    its libraries), those are preloaded at once, checked as learned ones are,
+    whatever the number of modules; ``failed_alone`` names modules known to
+    fail to import on their own.
     """
     sweep = _Sweep(tree, setup, options, _request(setup, options), jobs, on_row)
+    if stage is not None:
+        sweep = replace(sweep, stage=stage)
+    if adapt and learned is not None and learned[0]:
+        return _remembered_pass(sweep, modules, list(preload), learned, failed_alone)
     if adapt and len(modules) >= ADAPT_MIN_MODULES:
         return _adaptive_pass(sweep, modules, list(preload))
     return _pass(sweep, modules, list(preload))
@@ -230,6 +248,7 @@ ADAPT_MIN_MODULES = 100  # below this, learning costs more zygote starts than it
 ADAPT_SAMPLE = 24  # children observed before choosing what else to preload
 ADAPT_SHARE = 0.5  # a module at least this share of them imported is preloaded
 ADAPT_LIBRARY_MIN_S = 0.1  # libraries are learned when an average child spends this long importing them
+ADAPT_LIBRARY_EACH_S = 0.005  # and each of them only when it costs an average child this long
 
 
 def _spread(modules: Sequence[str], count: int) -> list[str]:
@@ -267,8 +286,17 @@ def _adaptive_pass(sweep: _Sweep, modules: Sequence[str], preload: list[str]) ->
             failed.add(row.module)
         sweep.on_row(row)
 
-    try:
-        first = _pass(replace(sweep, on_row=record), ordered, preload, learner)
+    sweep.stage(f"learning what to preload from {len(sample)} sampled modules")
+    try:  # when nothing is worth preloading, the same zygote goes on scanning past the sample
+        first = _pass(
+            replace(
+                sweep,
+                on_row=_announcing(record, set(sample), lambda: sweep.stage("scanning"), lambda: learner.decided),
+            ),
+            ordered,
+            preload,
+            learner,
+        )
     except _Learned:
         pass
     else:  # nothing worth preloading: the one zygote scanned everything
@@ -277,8 +305,13 @@ def _adaptive_pass(sweep: _Sweep, modules: Sequence[str], preload: list[str]) ->
     libraries = [name for name, _ in learner.libraries(ADAPT_SHARE, preload)]
     rest = [m for m in ordered if m not in recorded]
     learned = [*libraries, *(name for name, _ in chosen)]
+    sweep.stage(f"checking {len(learned)} learned preload(s)")
     second = _pass(
-        replace(sweep, names_imported=tuple(sorted(names_imported(sweep.tree)))),
+        replace(
+            sweep,
+            names_imported=tuple(sorted(names_imported(sweep.tree))),
+            on_row=_announcing(sweep.on_row, set(learned), lambda: sweep.stage("scanning")),
+        ),
         rest,
         [*preload, *learned],
         scan_first=learned,
@@ -286,7 +319,66 @@ def _adaptive_pass(sweep: _Sweep, modules: Sequence[str], preload: list[str]) ->
         libraries=libraries,
     )
     notes = _adapt_notes(learner, chosen, second.preload, len(sample), second.passed_over)
-    return replace(second, notes=(*_library_notes(libraries, second), *notes, *second.notes))
+    return replace(
+        second,
+        notes=(*_library_notes(libraries, second), *notes, *second.notes),
+        learned=tuple(name for name in learned if name in second.preload),
+        libraries=tuple(name for name in libraries if name in second.preload),
+    )
+
+
+def _remembered_pass(
+    sweep: _Sweep,
+    modules: Sequence[str],
+    preload: list[str],
+    learned: tuple[Sequence[str], Sequence[str]],
+    failed_alone: Sequence[str],
+) -> ZygotePass:
+    """Preload what an earlier run learned, checked as a learned preload is (a candidate whose row is to do
+    is scanned first; one that now does harm is passed over), then scan ``modules``: no sample to learn from,
+    so a rerun of a few rows pays no learning."""
+    names, libraries = [n for n in learned[0] if n not in preload], [n for n in learned[1] if n in learned[0]]
+    todo = set(modules)
+    sweep.stage(f"checking {len(names)} preload(s) the last run learned")
+    done = _pass(
+        replace(
+            sweep,
+            names_imported=tuple(sorted(names_imported(sweep.tree))),
+            on_row=_announcing(sweep.on_row, set(names), lambda: sweep.stage("scanning")),
+        ),
+        modules,
+        [*preload, *names],
+        scan_first=[name for name in names if name in todo],
+        failed_alone=sorted(failed_alone),
+        libraries=libraries,
+    )
+    kept = tuple(name for name in names if name in done.preload)
+    note = f"preloaded {len(kept)} of the {len(names)} module(s) the journal's last run learned to preload"
+    refused = [f"{name} (not preloaded: {done.passed_over[name]})" for name in names if name in done.passed_over]
+    return replace(
+        done,
+        notes=(note, *refused, *done.notes),
+        learned=kept,
+        libraries=tuple(name for name in libraries if name in kept),
+    )
+
+
+def _announcing(
+    on_row: Callable[[SweepRow], None],
+    first: set[str],
+    then: Callable[[], object],
+    ready: Callable[[], bool] = lambda: True,
+) -> Callable[[SweepRow], None]:
+    """``on_row`` that calls ``then`` once, at the first row of a module outside ``first`` once ``ready()``."""
+    told: list[bool] = []
+
+    def record(row: SweepRow) -> None:
+        if not told and row.module not in first and ready():
+            told.append(True)
+            then()
+        on_row(row)
+
+    return record
 
 
 def _library_notes(libraries: Sequence[str], done: ZygotePass) -> tuple[str, ...]:

@@ -5,12 +5,13 @@ from __future__ import annotations
 import itertools
 import json
 import re
+from pathlib import Path
 
 import pytest
 
 from diagtools.errors import UsageError
 from diagtools.usecases.sweep import discover_modules, sweep
-from tests.conftest import cli
+from tests.conftest import cli, require
 
 CULPRITS = {"big.sub3.gpu_a", "big.sub5.nested.gpu_b"}
 
@@ -60,8 +61,9 @@ def test_sweep_finds_exactly_the_two_culprits_in_parallel_and_resumes(big_packag
 
     lines = journal.read_text().splitlines()
     assert json.loads(lines[0]) == {"schema": "diagtools.sweep/1", "package": "big", "paths": [str(big_package)]}
-    assert len(lines) == len(result.rows) + 1
-    journal.write_text("\n".join(lines[:21]) + '\n{"module": "big.sub0.m1", "sta')  # an interrupted run
+    assert [next(iter(json.loads(line))) for line in lines[1:3]] == ["environment", "files"]
+    assert len(lines) == len(result.rows) + 3
+    journal.write_text("\n".join(lines[:23]) + '\n{"module": "big.sub0.m1", "sta')  # an interrupted run
     seen.clear()
     resumed = sweep(
         "big",
@@ -74,9 +76,9 @@ def test_sweep_finds_exactly_the_two_culprits_in_parallel_and_resumes(big_packag
     assert resumed.resumed == 20
     assert len(seen) == len(result.rows) - 20
     assert {row.module for row in resumed.culprits} == CULPRITS
-    assert len(
-        {json.loads(line)["module"] for line in journal.read_text().splitlines()[1:] if line.endswith("}")}
-    ) == len(result.rows)
+    records = [json.loads(line) for line in journal.read_text().splitlines()[1:] if line.endswith("}")]
+    assert len({record["module"] for record in records if "module" in record}) == len(result.rows)
+    assert set(resumed.rescanned.values()) == {"it was not in the journal"}  # the rows the interrupt lost
 
 
 def test_sweep_accepts_any_executor(big_package):
@@ -106,12 +108,21 @@ def test_cli_sweep_table_and_fail_on_cuda(big_package):
     assert bad.stderr.strip() == "diagtools: error: --jobs must be at least 1, got 0"
 
 
+JUNIT_XSD = Path(__file__).with_name("junit.xsd")
+
+
+def junit_schema():
+    xmlschema = require("xmlschema", "dev", "the JUnit report is validated against the JUnit XML schema")
+    return xmlschema.XMLSchema(JUNIT_XSD)
+
+
 def junit_cases(path) -> dict[str, str]:
-    """Each test case's outcome by module, after checking the rules a JUnit reader relies on: one suite in
-    ``testsuites``, its counts equal to its cases' outcomes, every case named, at most one outcome element
-    each, every outcome with a message."""
+    """Each test case's outcome by module, after validating the report against the JUnit XML schema and
+    checking the rules a JUnit reader relies on beyond it: one suite in ``testsuites``, its counts equal to
+    its cases' outcomes, every outcome with a message."""
     import xml.etree.ElementTree as ET
 
+    junit_schema().validate(str(path))
     root = ET.parse(path).getroot()
     assert root.tag == "testsuites"
     (suite,) = root.findall("testsuite")
@@ -150,3 +161,20 @@ def test_cli_sweep_writes_junit_a_test_case_per_module(big_package, tmp_path):
     bad = cli("sweep", "big", "--path", str(big_package), "--junit", str(tmp_path / "no" / "such" / "dir.xml"))
     assert bad.returncode == 2
     assert "--junit" in bad.stderr
+
+
+@pytest.mark.parametrize(
+    ("broken", "why"),
+    [
+        ('<testcase classname="c" time="0.1"/>', "name"),  # a case with no name
+        ('<testcase name="m" classname="c" time="-1"/>', "time"),
+        ('<testcase name="m" classname="c"><failure/><error/></testcase>', "error"),  # two outcomes
+        ('<testcase name="m" classname="c"><passed/></testcase>', "passed"),
+    ],
+)
+def test_the_junit_schema_refuses_what_a_reader_would(broken, why):
+    """The schema the reports are validated against is not a formality: each of these reports is refused."""
+    xmlschema = require("xmlschema", "dev")
+    text = f'<testsuites><testsuite name="s" tests="1">{broken}</testsuite></testsuites>'
+    with pytest.raises(xmlschema.XMLSchemaValidationError, match=why):
+        junit_schema().validate(text)

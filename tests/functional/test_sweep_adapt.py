@@ -78,7 +78,9 @@ def test_nothing_to_learn_costs_no_second_zygote(make_tree, monkeypatch):
     started = []
     real = sweep_forked.run_zygote
     monkeypatch.setattr(sweep_forked, "run_zygote", lambda *a, **k: started.append(1) or real(*a, **k))
-    result = sweep("pl", path=[root], driver="simulated", jobs=2, timeout=30)
+    stages = []
+    result = sweep("pl", path=[root], driver="simulated", jobs=2, timeout=30, stage=stages.append)
+    assert stages == ["learning what to preload from 24 sampled modules", "scanning"]
     assert len(started) == 1
     assert result.preload == ("pl",)
     assert result.preload_notes == ("learned from 24 of 24 sampled children: no module most of them import",)
@@ -92,7 +94,13 @@ def test_learning_stops_the_first_zygote_and_every_module_gets_one_row(shared_pa
     started = []
     real = sweep_forked.run_zygote
     monkeypatch.setattr(sweep_forked, "run_zygote", lambda *a, **k: started.append(k["preload"]) or real(*a, **k))
-    result = sweep("ad", path=[shared_package], driver="simulated", jobs=2, timeout=30)
+    stages = []
+    result = sweep("ad", path=[shared_package], driver="simulated", jobs=2, timeout=30, stage=stages.append)
+    assert stages == [
+        "learning what to preload from 24 sampled modules",
+        f"checking {len(started[1]) - len(started[0])} learned preload(s)",
+        "scanning",
+    ]
     assert len(started) == 2
     assert "ad.config" in started[1]
     assert len(result.rows) == LEAVES + 8
@@ -160,3 +168,54 @@ def test_a_candidate_is_preloaded_only_after_the_rows_its_import_would_change(si
     assert not any(row.preloaded for row in result.rows if row.module in ("fx.a", "fx.b"))
     fresh_deps = {row.module: set(row.deps) for row in fresh.rows}
     assert all(fresh_deps[row.module] <= set(row.deps) for row in result.rows)  # the preload's files count too
+
+
+@pytest.fixture
+def slow_library(make_tree):
+    """A package whose modules all import a slow library outside it that changes what later imports see,
+    as transformers adds a finder to ``sys.meta_path`` and torch's compiler sets an environment variable;
+    ``lb.config``, a candidate, imports it too.  ``quicklib`` is imported by every module as well but costs
+    nothing, so it is not worth a preload."""
+    files = {
+        "slowlib/__init__.py": "import os, sys, time\ntime.sleep(0.3)\n"
+        "class Finder:\n    def find_spec(self, *args):\n        return None\n\n"
+        "sys.meta_path.append(Finder())\nos.environ['SLOWLIB_CACHE'] = '/tmp/slowlib'\n",
+        "quicklib/__init__.py": "VALUE = 1\n",
+        "lb/__init__.py": "",
+        "lb/config.py": "import slowlib\nimport quicklib\nSETTINGS = {n: n for n in range(100)}\n",
+        "lb/gpu.py": "import lb.config\n" + CUINIT,
+        "lb/leaves/__init__.py": "",
+    }
+    files.update({f"lb/leaves/m{n:03}.py": f"import lb.config\nVALUE = {n}\n" for n in range(LEAVES)})
+    return make_tree(files)
+
+
+def test_a_slow_library_most_children_import_is_preloaded_first(slow_library):
+    """The library's own changes (a finder, an environment variable) are accepted, as torch's are, so the
+    candidate that imports it is preloaded instead of passed over; the rows stay a fresh subkernel's."""
+    result = sweep("lb", path=[slow_library], driver="simulated", jobs=2, timeout=30)
+    assert result.mode == "zygote", result.fallback
+    assert result.preload[:2] == ("lb", "slowlib"), result.preload_notes
+    assert "lb.config" in result.preload, result.preload_notes
+    assert "quicklib" not in result.preload  # imported by every child, but in no time
+    assert "1 library most sampled children import, preloaded first: slowlib" in result.preload_notes
+    assert not any("not preloaded" in note for note in result.preload_notes), result.preload_notes
+    for module in ("lb.config", "lb.gpu", "lb.leaves.m000", f"lb.leaves.m{LEAVES - 1:03}"):
+        fresh = scan(module, path=[slow_library], driver="simulated", timeout=30)
+        assert verdict(result.row(module)) == verdict(SweepRow.from_scan(module, fresh, 0.0, 0.0)), module
+    assert result.row("lb.gpu").cuda_initialized
+    assert len(result.rows) == LEAVES + 4
+
+
+def test_a_library_that_initializes_cuda_is_never_preloaded(make_tree):
+    """A library on every chain to a cuInit stays out of the zygote: each row finds it itself."""
+    files = {
+        "gpulib/__init__.py": "import time\ntime.sleep(0.2)\n" + CUINIT,
+        "lc/__init__.py": "",
+        **{f"lc/m{n:03}.py": "import gpulib\n" for n in range(LEAVES)},
+    }
+    root = make_tree(files)
+    result = sweep("lc", path=[root], driver="simulated", jobs=2, timeout=30)
+    assert "gpulib" not in result.preload, result.preload_notes
+    assert all(row.cuda_initialized for row in result.rows if row.module != "lc"), result.preload_notes
+    assert {row.culprit.chain[-1] for row in result.rows if row.culprit} == {"gpulib"}
