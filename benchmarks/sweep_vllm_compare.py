@@ -72,10 +72,15 @@ def main() -> None:
     parser.add_argument("--save-path", type=Path)
     args = parser.parse_args()
     report = {"new": str(args.new), "old": str(args.old), **compare(load_rows(args.new), load_rows(args.old))}
+    emit(report, args.save_path)
+
+
+def emit(report: dict[str, Any], save_path: Path | None) -> None:
+    """Print the report as JSON, and write it to ``save_path`` when one is given."""
     text = json.dumps(report, indent=2)
     print(text)
-    if args.save_path is not None:
-        args.save_path.write_text(text + "\n", encoding="utf-8")
+    if save_path is not None:
+        save_path.write_text(text + "\n", encoding="utf-8")
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from diagtools import agents
@@ -306,24 +306,39 @@ def _adaptive_pass(sweep: _Sweep, modules: Sequence[str], preload: list[str]) ->
     rest = [m for m in ordered if m not in recorded]
     learned = [*libraries, *(name for name, _ in chosen)]
     sweep.stage(f"checking {len(learned)} learned preload(s)")
-    second = _pass(
-        replace(
-            sweep,
-            names_imported=tuple(sorted(names_imported(sweep.tree))),
-            on_row=_announcing(sweep.on_row, set(learned), lambda: sweep.stage("scanning")),
-        ),
-        rest,
-        [*preload, *learned],
-        scan_first=learned,
-        failed_alone=sorted(failed),
-        libraries=libraries,
-    )
+    second = _checked_pass(sweep, rest, preload, learned, libraries=libraries, failed_alone=failed)
     notes = _adapt_notes(learner, chosen, second.preload, len(sample), second.passed_over)
     return replace(
         second,
         notes=(*_library_notes(libraries, second), *notes, *second.notes),
         learned=tuple(name for name in learned if name in second.preload),
         libraries=tuple(name for name in libraries if name in second.preload),
+    )
+
+
+def _checked_pass(
+    sweep: _Sweep,
+    modules: Sequence[str],
+    preload: list[str],
+    learned: Sequence[str],
+    *,
+    libraries: Sequence[str],
+    failed_alone: Iterable[str],
+) -> ZygotePass:
+    """A zygote that also preloads ``learned``, each a candidate the zygote tries in a throwaway child first
+    (the rows still to do that its import would load, its own included, scanned before it is preloaded;
+    passed over when it does harm), then scans the rest of ``modules``."""
+    return _pass(
+        replace(
+            sweep,
+            names_imported=tuple(sorted(names_imported(sweep.tree))),
+            on_row=_announcing(sweep.on_row, set(learned), lambda: sweep.stage("scanning")),
+        ),
+        modules,
+        [*preload, *learned],
+        scan_first=learned,
+        failed_alone=sorted(failed_alone),
+        libraries=libraries,
     )
 
 
@@ -338,20 +353,8 @@ def _remembered_pass(
     is scanned first; one that now does harm is passed over), then scan ``modules``: no sample to learn from,
     so a rerun of a few rows pays no learning."""
     names, libraries = [n for n in learned[0] if n not in preload], [n for n in learned[1] if n in learned[0]]
-    todo = set(modules)
     sweep.stage(f"checking {len(names)} preload(s) the last run learned")
-    done = _pass(
-        replace(
-            sweep,
-            names_imported=tuple(sorted(names_imported(sweep.tree))),
-            on_row=_announcing(sweep.on_row, set(names), lambda: sweep.stage("scanning")),
-        ),
-        modules,
-        [*preload, *names],
-        scan_first=[name for name in names if name in todo],
-        failed_alone=sorted(failed_alone),
-        libraries=libraries,
-    )
+    done = _checked_pass(sweep, modules, preload, names, libraries=libraries, failed_alone=failed_alone)
     kept = tuple(name for name in names if name in done.preload)
     note = f"preloaded {len(kept)} of the {len(names)} module(s) the journal's last run learned to preload"
     refused = [f"{name} (not preloaded: {done.passed_over[name]})" for name in names if name in done.passed_over]

@@ -102,7 +102,7 @@ class Learned:
         if not isinstance(data, dict):
             return None
         learned, libraries = _names(data.get("learned")), _names(data.get("libraries", []))
-        return cls(learned, libraries) if learned is not None and libraries is not None else None
+        return cls(learned, libraries) if learned and libraries is not None else None
 
 
 def _names(value: object) -> tuple[str, ...] | None:

@@ -10,22 +10,10 @@ import pytest
 from diagtools.frontends.cli import main as cli_main
 from diagtools.usecases.sweep import sweep
 from diagtools.usecases.sweep_forked import ADAPT_MIN_MODULES
+from tests.conftest import sweep_verdicts as verdicts
 
 CUINIT = "import ctypes\nctypes.CDLL('libcuda.so.1').cuInit(0)\n"
 LEAVES = ADAPT_MIN_MODULES + 4  # enough for the first run to learn its preload
-
-
-def verdicts(result):
-    return {
-        row.module: (
-            row.status,
-            row.cuda_initialized,
-            row.cuda_source,
-            row.culprit.chain if row.culprit else None,
-            row.culprit.own_line.line if row.culprit and row.culprit.own_line else None,
-        )
-        for row in result.rows
-    }
 
 
 @pytest.fixture
@@ -107,3 +95,29 @@ def test_the_cli_reruns_on_a_copy_of_mains_journal_and_fails_only_on_a_new_cause
     assert cli_main([*args, "--json", str(copy), "--baseline", str(summary)]) == 1
     out = capsys.readouterr().out
     assert "rescanned 1: 1 because inc/models/m0.py changed" in out
+
+
+def test_a_remembered_preload_is_tried_again_even_when_its_row_is_kept(make_tree, tmp_path):
+    """``inc.config`` was learned clean; since then a library it imports (outside the package, so its row is
+    kept) puts a folder on ``sys.path``.  The rerun tries it again before preloading it, passes it over, and
+    the rescanned row that would only import with that folder on the path fails, as a fresh subkernel's."""
+    files = {
+        "extlib/__init__.py": "VALUE = 1\n",
+        "vendored/hidden.py": "VALUE = 1\n",
+        "inc/__init__.py": "",
+        "inc/config.py": "import extlib\nSETTINGS = {}\n",
+        "inc/late.py": "VALUE = 0\n",
+        "inc/leaves/__init__.py": "",
+        **{f"inc/leaves/x{n:03}.py": "import inc.config\n" for n in range(LEAVES)},
+    }
+    root = make_tree(files)
+    journal = tmp_path / "sweep.jsonl"
+    first = run(root, journal)
+    assert "inc.config" in first.preload, first.preload_notes
+    (root / "extlib" / "__init__.py").write_text(f"import sys\nsys.path.insert(0, {str(root / 'vendored')!r})\n")
+    (root / "inc" / "late.py").write_text("import hidden\n")
+    again = run(root, journal)
+    assert again.rescanned == {"inc.late": "inc/late.py changed"}
+    assert "inc.config" not in again.preload, again.preload_notes
+    assert any(note.startswith("inc.config (not preloaded: it puts") for note in again.preload_notes)
+    assert again.row("inc.late").status == "import-error"

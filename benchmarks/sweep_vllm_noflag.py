@@ -1,0 +1,72 @@
+"""Summarize sweep_vllm_noflag.sh's runs: times, loads, the learned preload, the incremental rerun's rows.
+
+Reads OUT/results.txt (one line per run), the no-flag runs' summaries (``--summary``) and their journals,
+and writes one JSON document: each run's wall time, exit code and load average; what the no-flag sweep
+learned to preload; how many rows the incremental rerun reused and why it rescanned the others; and two
+row-by-row comparisons (``sweep_vllm_compare.compare``): the incremental rerun against the full sweep of
+the edited tree, and the no-flag sweep against the tuned one.
+
+Run: ``python benchmarks/sweep_vllm_noflag.py OUT --save-path benchmarks/sweep_vllm_noflag.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from sweep_vllm_compare import compare, emit, load_rows
+
+
+def runs(out: Path) -> dict[str, dict[str, str]]:
+    """Each run's line of results.txt, as its fields (the last line of a name wins)."""
+    found = {}
+    for line in (out / "results.txt").read_text().splitlines():
+        name, *fields = line.split()
+        if fields:
+            found[name] = dict(field.split("=", 1) for field in fields if "=" in field)
+    return found
+
+
+def summary(path: Path) -> dict[str, Any]:
+    data = json.loads(path.read_text())
+    reasons = Counter(data.get("rescanned", {}).values())
+    return {
+        "modules": len(data["rows"]),
+        "reused_from_journal": data.get("resumed", 0),
+        "rescanned": len(data.get("rescanned", {})),
+        "rescanned_because": dict(reasons.most_common()),
+        "seconds_in_sweep": data["seconds"],
+        "mode": data["mode"],
+        "preload": data["preload"],
+        "preload_notes": data["preload_notes"],
+        "fallback": data["fallback"],
+        "root_causes": len(data["causes"]),
+        "initialize_cuda": sum(1 for row in data["rows"] if row.get("cuda_initialized")),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--save-path", type=Path)
+    args = parser.parse_args()
+    out = args.out
+    report = {
+        "machine": {"python": platform.python_version(), "cpus": os.cpu_count()},
+        "runs": runs(out),
+        "no_flag": summary(out / "f0.json"),
+        "incremental": summary(out / "inc.json"),
+        "full_after_edit": summary(out / "f1.json"),
+        "incremental_against_full_after_edit": compare(load_rows(out / "inc.jsonl"), load_rows(out / "f1.jsonl")),
+        "no_flag_against_tuned": compare(load_rows(out / "f0.jsonl"), load_rows(out / "tuned.jsonl")),
+    }
+    emit(report, args.save_path)
+
+
+if __name__ == "__main__":
+    main()
