@@ -15,6 +15,7 @@ import argparse
 import json
 import os
 import platform
+import re
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,28 @@ def runs(out: Path) -> dict[str, dict[str, str]]:
         if fields:
             found[name] = dict(field.split("=", 1) for field in fields if "=" in field)
     return found
+
+
+_BAR = re.compile(r"^vllm \((?P<stage>[^)]+)\):\s+\d+%\|[^|]*\| (?P<done>\d+)/(?P<total>\d+) \[(?P<elapsed>[\d:]+)")
+
+
+def stages(err: Path) -> list[dict[str, Any]]:
+    """Each stage's bar as it last stood (tqdm's lines on stderr): rows done by its end, and its seconds."""
+    last: dict[str, dict[str, Any]] = {}
+    for line in re.split(r"[\r\n]", err.read_text(errors="replace")):
+        match = _BAR.match(line.strip())
+        if match:
+            *minutes, secs = (int(part) for part in match["elapsed"].split(":"))
+            seconds = secs + 60 * (minutes[-1] if minutes else 0) + 3600 * (minutes[-2] if len(minutes) > 1 else 0)
+            last[match["stage"]] = {"stage": match["stage"], "rows_done_at_end": int(match["done"]), "bar_s": seconds}
+    return list(last.values())
+
+
+def rows_written(journal: Path) -> dict[str, int]:
+    """How many row lines the journal holds, and for how many modules: a row scanned twice shows as more lines."""
+    modules = [json.loads(line).get("module") for line in journal.read_text().splitlines()[1:]]
+    named = [m for m in modules if m]
+    return {"row_lines": len(named), "modules": len(set(named))}
 
 
 def summary(path: Path) -> dict[str, Any]:
@@ -60,6 +83,8 @@ def main() -> None:
         "machine": {"python": platform.python_version(), "cpus": os.cpu_count()},
         "runs": runs(out),
         "no_flag": summary(out / "f0.json"),
+        "no_flag_stages": stages(out / "f0.err"),
+        "no_flag_rows_written": rows_written(out / "f0.jsonl"),
         "incremental": summary(out / "inc.json"),
         "full_after_edit": summary(out / "f1.json"),
         "incremental_against_full_after_edit": compare(load_rows(out / "inc.jsonl"), load_rows(out / "f1.jsonl")),

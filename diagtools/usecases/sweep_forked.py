@@ -91,7 +91,7 @@ class _Learner:
         self.counts: dict[str, int] = {}  # first-import order: a package before its modules
         self.importers: dict[str, str | None] = {}  # who imported each module, the first time it was seen
         self.outside: dict[str, int] = {}  # the same for modules outside the package (libraries)
-        self.outside_s: dict[str, float] = {}  # and the seconds the children spent importing each
+        self.seconds: dict[str, float] = {}  # the seconds the children spent importing each module (either kind)
         self.children = 0
         self.unsafe: set[str] = set()
 
@@ -108,8 +108,7 @@ class _Learner:
             counts = self.counts if inside else self.outside
             counts[node.name] = counts.get(node.name, 0) + 1
             self.importers.setdefault(node.name, node.parent)
-            if not inside:
-                self.outside_s[node.name] = self.outside_s.get(node.name, 0.0) + node.cumulative_s
+            self.seconds[node.name] = self.seconds.get(node.name, 0.0) + node.cumulative_s
 
     def decide(self) -> None:
         """Once ``sample`` children were seen: raise :class:`_Learned` when there is something to preload."""
@@ -121,7 +120,7 @@ class _Learner:
 
     def worth(self, names: Sequence[str]) -> float:
         """Seconds an average child spent importing ``names`` (and what they import)."""
-        return sum(self.outside_s.get(name, 0.0) for name in names) / max(1, self.children)
+        return sum(self.seconds.get(name, 0.0) for name in names) / max(1, self.children)
 
     def candidates(self, share: float, exclude: Sequence[str]) -> list[tuple[str, int]]:
         """Modules most children imported (at least ``share`` of them), clean in every child, in import order."""
@@ -139,9 +138,16 @@ class _Learner:
         return roots if self.worth([name for name, _ in roots]) >= ADAPT_LIBRARY_MIN_S else []
 
     def _common(self, counts: dict[str, int], share: float, exclude: Sequence[str]) -> list[tuple[str, int]]:
-        floor = max(2, share * self.children)
+        """The modules at least ``share`` of the children imported, and those a smaller share imported
+        (:data:`ADAPT_COSTLY_SHARE`) that cost an average child :data:`ADAPT_COSTLY_S`: preloading a slow
+        module a third of the rows import saves more than a quick one they all import."""
+        common, costly = max(2, share * self.children), max(2, ADAPT_COSTLY_SHARE * self.children)
         skip = set(exclude) | self.unsafe
-        return [(name, count) for name, count in counts.items() if count >= floor and name not in skip]
+        return [
+            (name, count)
+            for name, count in counts.items()
+            if name not in skip and (count >= common or (count >= costly and self.worth([name]) >= ADAPT_COSTLY_S))
+        ]
 
 
 def _with_deps(row: SweepRow, deps: tuple[str, ...]) -> SweepRow:
@@ -247,6 +253,8 @@ def zygote_pass(
 ADAPT_MIN_MODULES = 100  # below this, learning costs more zygote starts than it saves
 ADAPT_SAMPLE = 24  # children observed before choosing what else to preload
 ADAPT_SHARE = 0.5  # a module at least this share of them imported is preloaded
+ADAPT_COSTLY_SHARE = 0.25  # and one this share imported, when importing it costs an average child
+ADAPT_COSTLY_S = 0.05  # this long (its share of the children times its own import time)
 ADAPT_LIBRARY_MIN_S = 0.1  # libraries are learned when an average child spends this long importing them
 ADAPT_LIBRARY_EACH_S = 0.005  # and each of them only when it costs an average child this long
 

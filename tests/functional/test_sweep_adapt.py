@@ -219,3 +219,22 @@ def test_a_library_that_initializes_cuda_is_never_preloaded(make_tree):
     assert "gpulib" not in result.preload, result.preload_notes
     assert all(row.cuda_initialized for row in result.rows if row.module != "lc"), result.preload_notes
     assert {row.culprit.chain[-1] for row in result.rows if row.culprit} == {"gpulib"}
+
+
+def test_a_slow_module_a_third_of_the_children_import_is_preloaded_a_quick_one_not(make_tree):
+    """What a preload saves is the share of rows that import a module times its import time: a slow module
+    a third of the rows import is worth it (as vLLM's ``layers.linear``), a quick one they import is not."""
+    files = {
+        "co/__init__.py": "",
+        "co/slow.py": "import time\ntime.sleep(0.4)\n",
+        "co/quick.py": "VALUE = 1\n",
+        "co/leaves/__init__.py": "",
+    }
+    kinds = ("import co.slow\n", "import co.quick\n", "VALUE = 0\n")
+    files.update({f"co/leaves/m{n:03}.py": kinds[n % 3] for n in range(LEAVES)})
+    root = make_tree(files)
+    result = sweep("co", path=[root], driver="simulated", jobs=2, timeout=30)
+    assert "co.slow" in result.preload, result.preload_notes
+    assert "co.quick" not in result.preload, result.preload_notes
+    assert not result.row("co.slow").preloaded  # its own row was scanned before it was preloaded
+    assert {row.status for row in result.rows} == {"ok"}
