@@ -33,7 +33,7 @@ def runs(out: Path) -> dict[str, dict[str, str]]:
     return found
 
 
-_BAR = re.compile(r"^vllm \((?P<stage>[^)]+)\):\s+\d+%\|[^|]*\| (?P<done>\d+)/(?P<total>\d+) \[(?P<elapsed>[\d:]+)")
+_BAR = re.compile(r"^vllm \((?P<stage>.+?)\):\s+\d+%\|[^|]*\| (?P<done>\d+)/(?P<total>\d+) \[(?P<elapsed>[\d:]+)")
 
 
 def stages(err: Path) -> list[dict[str, Any]]:

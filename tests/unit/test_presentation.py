@@ -541,3 +541,29 @@ def test_a_table_shows_a_verdict_in_its_tone_and_long_text_under_its_row():
     assert "<th>source</th>" not in page  # not a narrow column: under the row, across the table
     assert '<tr class="dt-under"><td colspan="2"><span class="dt-label">source:</span>' in page
     assert page.count('class="dt-under"') == 1  # an empty one adds no row
+
+
+def test_the_sweep_bar_names_each_stage_and_starts_its_rate_afresh(capsys):
+    """Each stage of an adaptive sweep gets a bar of its own, named after it, starting from the rows done."""
+    from types import SimpleNamespace
+
+    from diagtools.frontends.progress import SweepProgress
+
+    require("tqdm", "notebook")
+    live = SweepProgress("pkg")
+    live.phase("finding the modules of pkg")
+    live.stage("learning what to preload from 24 sampled modules")
+    for done in (1, 2):
+        live.update(done, 4, SimpleNamespace(module=f"pkg.m{done}"))
+    live.stage("scanning")
+    for done in (3, 4):
+        live.update(done, 4, SimpleNamespace(module=f"pkg.m{done}"))
+    live.close()
+    lines = [line.strip() for line in capsys.readouterr().err.replace("\r", "\n").splitlines() if line.strip()]
+    learning = [line for line in lines if line.startswith("pkg (learning what to preload from 24 sampled modules):")]
+    scanning = [line for line in lines if line.startswith("pkg (scanning):")]
+    assert learning
+    assert scanning
+    assert "2/4" in learning[-1]
+    assert "4/4" in scanning[-1]
+    assert "2/4" in scanning[0]  # the new bar starts where the last one ended
