@@ -29,19 +29,17 @@ from diagtools.model.sweep import SweepRow
 from diagtools.usecases.scan import scan
 from diagtools.usecases.sweep_discover import locate_tree
 from diagtools.usecases.sweep_forked import in_package_deps
+from diagtools.usecases.sweep_journal import read_sweep_rows
 
 
 def read_rows(journal: Path) -> dict[str, SweepRow]:
-    rows: dict[str, SweepRow] = {}
-    for line in journal.read_text(encoding="utf-8").splitlines()[1:]:
-        record = json.loads(line)
-        rows[record["module"]] = SweepRow.from_json(record)
-    return rows
+    """The journal's rows by module, the last of each winning (its environment and file records skipped)."""
+    return {row.module: row for row in read_sweep_rows(journal)}
 
 
 def what_a_row_says(row: SweepRow) -> dict:
     culprit = row.culprit
-    change = culprit.line_to_change if culprit else None
+    change = culprit.own_line if culprit else None
     return {
         "status": row.status,
         "verdict": str(row.verdict),

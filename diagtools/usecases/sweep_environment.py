@@ -14,8 +14,8 @@ records no digests of its sources: a change there is not seen.
 
 from __future__ import annotations
 
+import ast
 import hashlib
-import json
 import os
 import subprocess
 from collections.abc import Iterable, Mapping
@@ -24,10 +24,11 @@ from pathlib import Path
 from typing import Any
 
 from diagtools.driver import DriverSetup
+from diagtools.model.serial import json_line
 
 __all__ = ["Environment", "environment_of"]
 
-_PATH_QUERY = "import json, sys; print(json.dumps(sys.path))"
+_PATH_QUERY = "import sys; print(repr(sys.path))"
 _SHOWN = 3  # distributions named in a change before "and N more"
 
 
@@ -41,7 +42,7 @@ class Environment:
 
     @property
     def digest(self) -> str:
-        text = json.dumps([self.python, self.driver, sorted(self.distributions.items())])
+        text = json_line([self.python, self.driver, sorted(self.distributions.items())])
         return hashlib.sha256(text.encode()).hexdigest()[:32]
 
     def to_json(self) -> dict[str, Any]:
@@ -95,10 +96,10 @@ def _sys_path(python: str) -> list[str]:
         done = subprocess.run(
             [python, "-c", _PATH_QUERY], capture_output=True, text=True, timeout=60, check=True, cwd="/"
         )
-        found = json.loads(done.stdout)
-    except (OSError, subprocess.SubprocessError, ValueError):
+        found = ast.literal_eval(done.stdout.strip())
+    except (OSError, subprocess.SubprocessError, ValueError, SyntaxError):
         return []
-    return [entry for entry in found if isinstance(entry, str) and entry]
+    return [entry for entry in found if isinstance(entry, str) and entry] if isinstance(found, list) else []
 
 
 def _file_digest(path: str | Path) -> str:
