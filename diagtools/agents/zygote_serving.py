@@ -56,6 +56,7 @@ def _serve(modules, order):
                 return child
             continue
         module = modules[index]
+        state.done.add(index)  # its row is this zygote's now: no package zygote below scans it again
         if module in z._explicit:
             z._channel.emit("present", i=index)  # preloaded: its row says so, no child needed
             continue
@@ -139,7 +140,7 @@ class _Serving:
         self.zygotes = {}  # pid -> _Descent: package zygotes serving the modules below a package
         self.descents = {}  # pid of a package's row child -> _Descent, decided when it ends
         self.held = set()  # modules another zygote scans, or may
-        self.done = set()
+        self.done = set()  # modules with a row, or one on its way: from this zygote or a package zygote it left
 
     def next_module(self):
         while self.released:

@@ -238,3 +238,29 @@ def test_a_slow_module_a_third_of_the_children_import_is_preloaded_a_quick_one_n
     assert "co.quick" not in result.preload, result.preload_notes
     assert not result.row("co.slow").preloaded  # its own row was scanned before it was preloaded
     assert {row.status for row in result.rows} == {"ok"}
+
+
+@pytest.mark.parametrize("shared", [False, True], ids=["nothing-learned", "learned"])
+def test_a_sampled_module_below_a_package_is_scanned_once(make_tree, shared):
+    """The sample is scanned before the packages above it (and what learning left in flight comes first in
+    the next zygote): a package's zygote must not scan again the modules below it that already have a row."""
+    files = {"ns/__init__.py": "", "ns/common.py": "TABLE = list(range(1000))\n"}
+    body = "import ns.common\n" if shared else "VALUE = 0\n"
+    for group in range(4):
+        files[f"ns/g{group}/__init__.py"] = ""
+        files[f"ns/g{group}/inner/__init__.py"] = ""
+        files.update({f"ns/g{group}/inner/m{n:03}.py": body for n in range(LEAVES // 4 + 1)})
+    root = make_tree(files)
+    seen: list[str] = []
+    result = sweep(
+        "ns",
+        path=[root],
+        driver="simulated",
+        jobs=2,
+        timeout=30,
+        progress=lambda done, total, row: seen.append(row.module),
+    )
+    assert ("ns.common" in result.preload) is shared, result.preload_notes
+    twice = sorted({module for module in seen if seen.count(module) > 1})
+    assert twice == [], twice
+    assert len(seen) == len(result.rows) == len(files)  # one module per file
