@@ -126,6 +126,7 @@ EVENTS = {
     "preloaded": ("n", "s"),
     "refused": ("reason", "item"),
     "passed-over": ("n", "reason"),  # a candidate the host chose, not preloaded (the preload goes on)
+    "environment-kept": ("n", "names"),  # a candidate preloaded though it sets these (no file a row runs names them)
     "ready": ("count", "inside"),
     "forked": ("i", "pid"),
     "present": ("i",),

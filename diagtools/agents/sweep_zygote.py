@@ -170,11 +170,14 @@ def _preload(items, modules):
     for item in items:
         name, _, index = item.partition("\t")
         index, _, kind = index.partition("\t")
+        kept = ()
         if index and name not in sys.modules:
-            loaded, reason = _trial_import(name, library=kind == "library")
+            found, reason = _trial_import(name, library=kind == "library")
             if reason:
                 _channel.emit("passed-over", n=name, reason=reason)
                 continue
+            loaded = [line for line in found if not line.startswith("=")]
+            kept = [line[1:] for line in found if line.startswith("=")]
             due = [due_at[m] for m in (name, *loaded) if m in due_at and due_at[m] not in _served]
             child = _scan_before_preloading(list(dict.fromkeys(due)), modules)
             if child is not None:
@@ -195,6 +198,8 @@ def _preload(items, modules):
             _channel.emit("refused", reason=problem, item=name)
             return problem, None
         _channel.emit("preloaded", n=name, s=_clock() - started)
+        if index and kept:
+            _channel.emit("environment-kept", n=name, names=kept)
     return "", None
 
 
@@ -235,25 +240,32 @@ def _registered_alias(name):
 
 
 def _side_effect(before, after, added):
-    """What an import changed that every later import would see, in words, or ``""``."""
+    """What an import changed that every later import would see, in words, or ``""``; and the environment
+    variables it set that no file a row could run holds the name of (kept: no later import can tell)."""
     path, meta_path, path_hooks, environ = before
     new_path, new_meta_path, new_path_hooks, new_environ = after
     if new_path != path:
         extra = [entry for entry in new_path if entry not in path]
-        return f"it puts {extra[0]} on sys.path" if extra else "it changes sys.path"
+        return (f"it puts {extra[0]} on sys.path" if extra else "it changes sys.path"), ()
     if new_meta_path != meta_path or new_path_hooks != path_hooks:
-        return "it changes the import hooks (sys.meta_path, sys.path_hooks)"
-    changed = sorted(key for key in set(environ) | set(new_environ) if environ.get(key) != new_environ.get(key))
-    if changed:
-        return f"it sets the environment variable {changed[0]}"
+        return "it changes the import hooks (sys.meta_path, sys.path_hooks)", ()
     for name in added:
         if _registered_alias(name):  # vLLM registers its vendored triton_kernels so: `import triton_kernels` works
-            return f"it registers {vars(sys.modules[name]).get('__name__')} as {name}"
-    return ""
+            return f"it registers {vars(sys.modules[name]).get('__name__')} as {name}", ()
+    changed = sorted(key for key in set(environ) | set(new_environ) if environ.get(key) != new_environ.get(key))
+    if not changed:
+        return "", ()
+    environ_check = protocol.load_source("_diagtools_zygote_environ", _HERE + "/zygote_environ.py")
+    held = environ_check.held_elsewhere(changed, added)
+    if held:
+        name = sorted(held)[0]
+        return f"it sets the environment variable {name} ({held[name]})", ()
+    return "", tuple(changed)
 
 
 def _trial_import(name, library=False):
-    """Import ``name`` in a throwaway child: ``(modules it loaded, "")``, or ``((), why to pass it over)``.
+    """Import ``name`` in a throwaway child: ``(modules it loaded, "")``, or ``((), why to pass it over)``;
+    the environment variables it sets that may be kept follow the modules, each as ``=NAME``.
 
     A ``library`` (a module outside the package) may change what later imports see; it may not initialize
     CUDA or start a thread, which would make the zygote refuse it."""
@@ -268,8 +280,8 @@ def _trial_import(name, library=False):
             _write_file(path, f"its import fails here: {protocol.describe(exc)}")
             posix._exit(_TRIAL_FAILED)
         added = [module for module in sys.modules if module not in before]
-        change = _problem_after("its import") if library else _side_effect(hooks, _import_hooks(), added)
-        _write_file(path, change or "\n".join(added))
+        change, kept = (_problem_after("its import"), ()) if library else _side_effect(hooks, _import_hooks(), added)
+        _write_file(path, change or "\n".join([*added, *("=" + variable for variable in kept)]))
         _serving._flush_stdio()
         posix._exit(_TRIAL_CHANGED if change else 0)
     _, status = posix.waitpid(pid, 0)

@@ -59,6 +59,7 @@ class ZygoteOutcome:
     refused_item: str | None = None
     preloaded: list[tuple[str, float]] = field(default_factory=list)
     passed_over: list[tuple[str, str]] = field(default_factory=list)  # (candidate, why it was not preloaded)
+    environment_kept: list[tuple[str, tuple[str, ...]]] = field(default_factory=list)  # (candidate, variables)
     inside: list[tuple[str, str | None]] = field(default_factory=list)
     loaded: int = 0
     present: list[int] = field(default_factory=list)
@@ -124,6 +125,8 @@ class _Zygote:
             self.outcome.preloaded.append((str(event["n"]), float(event["s"])))
         elif kind == "passed-over":
             self.outcome.passed_over.append((str(event["n"]), str(event["reason"])))
+        elif kind == "environment-kept":
+            self.outcome.environment_kept.append((str(event["n"]), tuple(str(name) for name in event["names"])))
         elif kind == "refused":
             self.outcome.refused, self.outcome.refused_item = str(event["reason"]), event["item"]
         elif kind == "ready":

@@ -477,8 +477,12 @@ def _pass(
         notes.append(f"{outcome.detail}; those were scanned in fresh subkernels")
     passed = dict(outcome.passed_over)
     used = tuple(name for name in attempt if name not in passed)
+    kept = tuple(
+        f"{name}: preloaded though its import sets {', '.join(names)}, a name no file a row could run holds"
+        for name, names in outcome.environment_kept
+    )
     return ZygotePass(
-        used, "; ".join(notes), tuple(leftover), notes=package_notes(outcome, modules), passed_over=passed
+        used, "; ".join(notes), tuple(leftover), notes=(*kept, *package_notes(outcome, modules)), passed_over=passed
     )
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import uuid
+
 import pytest
 
 from diagtools.model.sweep import SweepRow, cuda_source
@@ -264,3 +266,35 @@ def test_a_sampled_module_below_a_package_is_scanned_once(make_tree, shared):
     twice = sorted({module for module in seen if seen.count(module) > 1})
     assert twice == [], twice
     assert len(seen) == len(result.rows) == len(files)  # one module per file
+
+
+def test_a_candidate_setting_a_variable_no_other_file_names_is_preloaded_one_another_reads_is_not(make_tree):
+    """vLLM's ``_aiter_ops`` sets ``AITER_SITUV2_A4W4`` at import, and most of vLLM imports it: kept, since no
+    file a row could run holds that name.  A variable another module reads (here to decide whether to
+    initialize CUDA) is never kept: that module's row would differ from a fresh subkernel's."""
+    token = uuid.uuid4().hex.upper()
+    keep, read = f"EV_KEPT_{token}", f"EV_READ_{token}"
+    files = {
+        "ev/__init__.py": "",
+        "ev/setter.py": f"import os\nos.environ['{keep}'] = '1'\n",
+        "ev/hub.py": "import ev.setter\nTABLE = list(range(1000))\n",
+        "ev/setter2.py": f"import os\nos.environ['{read}'] = '1'\n",
+        "ev/hub2.py": "import ev.setter2\n",
+        "ev/reader.py": f"import os\nif os.environ.get('{read}'):\n"
+        + "".join("    " + line + "\n" for line in CUINIT.splitlines()),
+        "ev/leaves/__init__.py": "",
+    }
+    files.update({f"ev/leaves/m{n:03}.py": "import ev.hub, ev.hub2\n" for n in range(LEAVES)})
+    root = make_tree(files)
+    result = sweep("ev", path=[root], driver="simulated", jobs=2, timeout=60)
+    notes = " ".join(result.preload_notes)
+    assert {"ev.hub", "ev.setter"} <= set(result.preload), notes
+    assert not {"ev.hub2", "ev.setter2"} & set(result.preload), notes
+    assert f"preloaded though its import sets {keep}, a name no file a row could run holds" in notes
+    assert (
+        f"(not preloaded: it sets the environment variable {read} ({root / 'ev' / 'reader.py'} holds its name)" in notes
+    )
+    for module in ("ev.reader", "ev.setter", "ev.setter2", "ev.leaves.m000", f"ev.leaves.m{LEAVES - 1:03}"):
+        fresh = scan(module, path=[root], driver="simulated", timeout=60)
+        assert verdict(result.row(module)) == verdict(SweepRow.from_scan(module, fresh, 0.0, 0.0)), module
+    assert result.row("ev.reader").culprit is None
