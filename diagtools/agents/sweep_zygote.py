@@ -150,17 +150,12 @@ def _preload(items, modules):
     An item ``NAME<TAB>INDEX`` is a candidate the host chose from what most
     children imported (``INDEX`` is its row's, or ``-`` when that row is
     done); ``NAME<TAB>-<TAB>library`` is a module outside the package most
-    children imported.  A candidate's import is first
-    tried in a throwaway child (:func:`_trial_import`): one that fails, that
-    initializes CUDA or starts a thread, or (a module of the package) that
-    changes what other modules would see (``sys.path``, the import
-    hooks, the environment, a module registered under a name the package's
-    sources import), is passed over; a library's own such changes are
-    accepted, as for the libraries the host preloads itself (torch).  Then every module still to
-    scan that it would load, itself included, is scanned by a child forked
-    before the zygote imports it, so no row is a preloaded one and every row
-    is what a fresh subkernel would give.  In such a child this returns
-    ``("", (index, module))``.
+    children imported.  A candidate is imported once, with a stopped copy of
+    the zygote to go back to (:mod:`zygote_candidates`): one that does harm
+    is passed over, and every module still to scan that it loaded, itself
+    included, is scanned by a child of that copy, so no row is a preloaded
+    one and every row is what a fresh subkernel would give.  In such a child
+    this returns ``("", (index, module))``.
     """
     problem = _problem_after("start-up")
     if problem:
@@ -170,23 +165,20 @@ def _preload(items, modules):
     for item in items:
         name, _, index = item.partition("\t")
         index, _, kind = index.partition("\t")
-        kept = ()
         if index and name not in sys.modules:
-            found, reason = _trial_import(name, library=kind == "library")
-            if reason:
-                _channel.emit("passed-over", n=name, reason=reason)
-                continue
-            loaded = [line for line in found if not line.startswith("=")]
-            kept = [line[1:] for line in found if line.startswith("=")]
-            due = [due_at[m] for m in (name, *loaded) if m in due_at and due_at[m] not in _served]
-            child = _scan_before_preloading(list(dict.fromkeys(due)), modules)
-            if child is not None:
-                return "", child
-            alone = [m for m in (name, *loaded) if m in _failed_alone]
-            if alone:
-                reason = f"it loads {alone[0]}, which fails to import on its own: importing that first differs"
-                _channel.emit("passed-over", n=name, reason=reason)
-                continue
+            outcome = _candidates.attempt(name, kind == "library", modules, due_at)
+            if outcome[0] == "child":
+                return "", outcome[1]
+            if outcome[0] == "passed":
+                _channel.emit("passed-over", n=name, reason=outcome[1])
+            elif outcome[0] == "refused":
+                _channel.emit("refused", reason=outcome[1], item=name)
+                return outcome[1], None
+            else:
+                _channel.emit("preloaded", n=name, s=outcome[1])
+                if outcome[2]:
+                    _channel.emit("environment-kept", n=name, names=list(outcome[2]))
+            continue
         started = _clock()
         try:
             __import__(name)
@@ -198,104 +190,12 @@ def _preload(items, modules):
             _channel.emit("refused", reason=problem, item=name)
             return problem, None
         _channel.emit("preloaded", n=name, s=_clock() - started)
-        if index and kept:
-            _channel.emit("environment-kept", n=name, names=kept)
     return "", None
 
 
 _served = set()  # indices whose child ran during the preload
 _failed_alone = set(_lines(protocol.SWEEP_FAILED_ALONE))  # modules whose row failed to import (more found here)
-_TRIAL_FAILED, _TRIAL_CHANGED = 3, 4
-
-
-def _import_hooks():
-    """What an import leaves for every later import to see: the search path, the hooks, the environment."""
-    os = sys.modules.get("os")
-    environ = dict(os.environ) if os is not None else {}
-    return list(sys.path), list(sys.meta_path), list(sys.path_hooks), environ
-
-
-_names_imported = set(_lines(protocol.SWEEP_NAMES_IMPORTED))
-
-
-def _registered_alias(name):
-    """Whether ``name`` is a module registered under a name not its own that an import in the package (or a
-    module of that name on the search path, which a fresh subkernel would import instead) could reach."""
-    try:
-        module = vars(sys.modules[name])
-    except (KeyError, TypeError):
-        return False
-    own = module.get("__name__")
-    spec = module.get("__spec__")
-    if own == name or getattr(spec, "name", None) == name:
-        return False  # imported under its own name (a C module may call itself otherwise: _decimal)
-    top = name.partition(".")[0]
-    if top in _names_imported:
-        return True
-    machinery = sys.modules.get("importlib.machinery")
-    try:
-        return machinery is not None and machinery.PathFinder.find_spec(top) is not None
-    except Exception:
-        return True
-
-
-def _side_effect(before, after, added):
-    """What an import changed that every later import would see, in words, or ``""``; and the environment
-    variables it set that no file a row could run holds the name of (kept: no later import can tell)."""
-    path, meta_path, path_hooks, environ = before
-    new_path, new_meta_path, new_path_hooks, new_environ = after
-    if new_path != path:
-        extra = [entry for entry in new_path if entry not in path]
-        return (f"it puts {extra[0]} on sys.path" if extra else "it changes sys.path"), ()
-    if new_meta_path != meta_path or new_path_hooks != path_hooks:
-        return "it changes the import hooks (sys.meta_path, sys.path_hooks)", ()
-    for name in added:
-        if _registered_alias(name):  # vLLM registers its vendored triton_kernels so: `import triton_kernels` works
-            return f"it registers {vars(sys.modules[name]).get('__name__')} as {name}", ()
-    changed = sorted(key for key in set(environ) | set(new_environ) if environ.get(key) != new_environ.get(key))
-    if not changed:
-        return "", ()
-    environ_check = protocol.load_source("_diagtools_zygote_environ", _HERE + "/zygote_environ.py")
-    held = environ_check.held_elsewhere(changed, added)
-    if held:
-        name = sorted(held)[0]
-        return f"it sets the environment variable {name} ({held[name]})", ()
-    return "", tuple(changed)
-
-
-def _trial_import(name, library=False):
-    """Import ``name`` in a throwaway child: ``(modules it loaded, "")``, or ``((), why to pass it over)``;
-    the environment variables it sets that may be kept follow the modules, each as ``=NAME``.
-
-    A ``library`` (a module outside the package) may change what later imports see; it may not initialize
-    CUDA or start a thread, which would make the zygote refuse it."""
-    path = _own_path("trial", "loaded")
-    _serving._flush_stdio()
-    pid = posix.fork()
-    if pid == 0:
-        before, hooks = set(sys.modules), _import_hooks()
-        try:
-            __import__(name)
-        except BaseException as exc:
-            _write_file(path, f"its import fails here: {protocol.describe(exc)}")
-            posix._exit(_TRIAL_FAILED)
-        added = [module for module in sys.modules if module not in before]
-        change, kept = (_problem_after("its import"), ()) if library else _side_effect(hooks, _import_hooks(), added)
-        _write_file(path, change or "\n".join([*added, *("=" + variable for variable in kept)]))
-        _serving._flush_stdio()
-        posix._exit(_TRIAL_CHANGED if change else 0)
-    _, status = posix.waitpid(pid, 0)
-    code = posix.waitstatus_to_exitcode(status)
-    found = _lines_of(path)
-    if code == _TRIAL_FAILED:
-        return (), found[0] if found else "its import fails here"
-    if code == _TRIAL_CHANGED and library:
-        return (), found[0] if found else "its import would make the zygote refuse it"
-    if code == _TRIAL_CHANGED:
-        return (), f"{found[0] if found else 'it changes what later imports find'}, which every later import would see"
-    if code:
-        return (), f"a trial import ended with exit code {code}"
-    return tuple(found), ""
+_candidates = protocol.load_source("_diagtools_zygote_candidates", _HERE + "/zygote_candidates.py")
 
 
 def _scan_before_preloading(due, modules):

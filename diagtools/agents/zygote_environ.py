@@ -13,8 +13,8 @@ file the process has mapped (the native libraries loaded from elsewhere).
 A name built at run time from pieces, or a prefix matched over the whole
 environment, is not seen: the search reads names, not programs.
 
-Runs in the zygote's throwaway trial child only, after the candidate's import,
-so whatever it loads cannot reach the zygote.  Standard library only.
+Runs in a throwaway child of the zygote, after the candidate's import, so
+whatever it loads cannot reach the zygote.  Standard library only.
 """
 
 import posix

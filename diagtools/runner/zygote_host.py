@@ -270,9 +270,9 @@ def run_zygote(
     bounds each child.  ``on_child(index, raw, outcome)`` is called as each child
     ends, and with ``raw=None`` for a module the zygote had already loaded.
     A module of both ``preload`` and ``scan_first`` is a learned candidate: the
-    zygote tries its import in a throwaway child first, scans the modules of
-    ``modules`` that import would load (itself included) before preloading it,
-    and passes it over when it changes what later imports find, or loads a
+    zygote imports it once with a stopped copy of itself to go back to, scans
+    the modules of ``modules`` that import loaded (itself included) from that
+    copy, and passes it over when it changes what later imports find, or loads a
     module that fails to import on its own (``failed_alone``: rows already
     scanned; the rows it scans first count too): importing that module first,
     as a fresh subkernel would, gives another result than preloading it.

@@ -174,12 +174,14 @@ class _Collector:
         self.modules, self.setup, self.tree, self.on_row, self.own = modules, setup, tree, on_row, own
         self.learner = learner
         self.redo: list[str] = []
+        self.given: set[str] = set()  # modules whose row went to ``on_row``
 
     def __call__(self, index: int, raw: RawRun | None, outcome: ZygoteOutcome) -> None:
         module = self.modules[index]
         if raw is None:
             seconds = dict(outcome.preloaded).get(module, 0.0)
             row = SweepRow.preloaded_in_zygote(module, seconds, time.time())
+            self.given.add(module)
             self.on_row(_with_deps(row, in_package_deps(self.tree, [f for _, f in outcome.inside])))
             return
         inside = outcome.inside_of(index)
@@ -189,6 +191,7 @@ class _Collector:
         if _needs_fresh_scan(row):
             self.redo.append(module)
         else:
+            self.given.add(module)
             self.on_row(row)
         if self.learner is not None:
             self.learner.decide()
@@ -333,8 +336,8 @@ def _checked_pass(
     libraries: Sequence[str],
     failed_alone: Iterable[str],
 ) -> ZygotePass:
-    """A zygote that also preloads ``learned``, each a candidate the zygote tries in a throwaway child first
-    (the rows still to do that its import would load, its own included, scanned before it is preloaded;
+    """A zygote that also preloads ``learned``, each a candidate the zygote imports once with a stopped copy of
+    itself to go back to (the rows still to do that its import loaded, its own included, scanned by that copy;
     passed over when it does harm), then scans the rest of ``modules``."""
     return _pass(
         replace(
@@ -444,7 +447,7 @@ def _pass(
     libraries: Sequence[str] = (),
 ) -> ZygotePass:
     """One zygote over ``modules``, retried with a shorter preload while the zygote refuses one."""
-    attempt, notes = list(preload), []
+    attempt, notes, redo = list(preload), [], []
     tree, setup, request, on_row, own = sweep.tree, sweep.setup, sweep.request, sweep.on_row, sweep.options.own
     jobs, timeout = sweep.jobs, sweep.options.timeout
     while True:
@@ -466,13 +469,16 @@ def _pass(
         if outcome.ready:
             break
         notes.append(outcome.refused)
+        done = collector.given | set(collector.redo)  # what the refused zygote's children scanned: never again
+        modules = [module for module in modules if module not in done]
         cut = attempt.index(outcome.refused_item) if outcome.refused_item in attempt else 0
         if cut == 0:
             notes.append("every module was scanned in a fresh subkernel")
-            return ZygotePass((), "; ".join(notes), tuple(modules), used=False)
+            return ZygotePass((), "; ".join(notes), (*modules, *collector.redo), used=False)
         attempt = attempt[:cut]
         notes.append(f"preloaded {', '.join(attempt)} only")
-    leftover = [modules[i] for i in outcome.unfinished] + collector.redo
+        redo = [*redo, *collector.redo]
+    leftover = [modules[i] for i in outcome.unfinished] + redo + collector.redo
     if outcome.unfinished:
         notes.append(f"{outcome.detail}; those were scanned in fresh subkernels")
     passed = dict(outcome.passed_over)

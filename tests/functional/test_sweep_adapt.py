@@ -298,3 +298,24 @@ def test_a_candidate_setting_a_variable_no_other_file_names_is_preloaded_one_ano
         fresh = scan(module, path=[root], driver="simulated", timeout=60)
         assert verdict(result.row(module)) == verdict(SweepRow.from_scan(module, fresh, 0.0, 0.0)), module
     assert result.row("ev.reader").culprit is None
+
+
+def test_a_candidate_is_imported_once_by_the_zygote_never_first_by_a_child_of_it(make_tree, tmp_path):
+    """The zygote imports a candidate itself, with a stopped copy to go back to, and the candidate's own row
+    is scanned by a child of that copy: no process imports it after a child of its own has (a trial import
+    first, then the real one, would pay for the candidate's import twice)."""
+    log = tmp_path / "imports.log"
+    files = {
+        "io1/__init__.py": "",
+        "io1/hub.py": f"import os\nwith open({str(log)!r}, 'a') as f:\n"
+        "    f.write(f'{os.getpid()} {os.getppid()}\\n')\n",
+        "io1/leaves/__init__.py": "",
+        **{f"io1/leaves/m{n:03}.py": "import io1.hub\n" for n in range(LEAVES)},
+    }
+    root = make_tree(files)
+    result = sweep("io1", path=[root], driver="simulated", jobs=2, timeout=30)
+    assert "io1.hub" in result.preload, result.preload_notes
+    importers = [tuple(map(int, line.split())) for line in log.read_text().splitlines()]
+    pids = {pid for pid, _ in importers}
+    assert [pid for pid, parent in importers if parent in pids] == []
+    assert {row.status for row in result.rows} == {"ok"}

@@ -121,3 +121,32 @@ def test_a_remembered_preload_is_tried_again_even_when_its_row_is_kept(make_tree
     assert "inc.config" not in again.preload, again.preload_notes
     assert any(note.startswith("inc.config (not preloaded: it puts") for note in again.preload_notes)
     assert again.row("inc.late").status == "import-error"
+
+
+def test_a_remembered_preload_that_now_initializes_cuda_is_passed_over_and_the_zygote_goes_on(make_tree, tmp_path):
+    """Since the first run, a library ``inc.config`` imports initializes CUDA at import.  The zygote goes back
+    to the copy of itself it forked before that import: the candidate is passed over, nothing is refused, no
+    module falls back to a fresh subkernel, and every row is given once."""
+    files = {
+        "extlib/__init__.py": "VALUE = 1\n",
+        "inc/__init__.py": "",
+        "inc/config.py": "import extlib\nSETTINGS = {}\n",
+        "inc/leaves/__init__.py": "",
+        **{f"inc/leaves/x{n:03}.py": "import inc.config\n" for n in range(LEAVES)},
+    }
+    root = make_tree(files)
+    journal = tmp_path / "sweep.jsonl"
+    first = run(root, journal)
+    assert "inc.config" in first.preload, first.preload_notes
+    (root / "extlib" / "__init__.py").write_text(CUINIT)
+    (root / "inc" / "leaves" / "__init__.py").write_text("# edited: every leaf is rescanned\n")
+    seen: list[str] = []
+    again = run(root, journal, progress=lambda done, total, row: seen.append(row.module))
+    assert "inc.config" not in again.preload, again.preload_notes
+    assert "inc.config (not preloaded: its import initialized CUDA)" in again.preload_notes, again.preload_notes
+    assert again.mode == "zygote"
+    assert not again.fallback, again.fallback
+    assert all(row.mode == "zygote" for row in again.rows)
+    assert sorted(seen) == sorted(set(seen))
+    assert again.row("inc.leaves.x000").cuda_initialized
+    assert "inc.config" not in again.rescanned  # its files did not change (a folder on the path is no distribution)

@@ -1,0 +1,205 @@
+"""The sweep zygote's learned candidates: each imported once, in the zygote, with a stopped copy to go back to.
+
+Part of the sweep zygote (:mod:`sweep_zygote`), in a file of its own for its
+one role.  Before it imports a candidate the zygote forks a *backup*, a copy
+of itself that stops at once.  The zygote then imports the candidate and
+checks it: one that fails, initializes CUDA, starts a thread, or (a module of
+the package) changes what later imports see (``sys.path``, the import hooks,
+a module registered under a name the package imports, an environment
+variable some other file names) must not stay.  A kept one's rows still to
+scan, itself and every module of the package it loaded, are scanned by
+children the backup forks (they start from the state before the candidate,
+as a fresh subkernel would), and one whose import loads a module that fails
+alone is not kept either.  When the candidate stays, the backup is killed;
+when it does not, the backup is continued as the zygote and the zygote
+becomes a relay that waits for it and ends as it ends.  So each candidate is
+imported once, never a second time after a trial.  Standard library and the
+protocol only.
+"""
+
+import posix
+import sys
+
+import _diagtools_protocol as protocol  # registered by the runner's bootstrap
+
+z = sys.modules["__main__"]  # the zygote itself: its channel, its files, what it served
+_SIGSTOP, _SIGCONT, _SIGKILL = 19, 18, 9  # Linux
+_names_imported = set(z._lines(protocol.SWEEP_NAMES_IMPORTED))
+_SEARCH_FAILED = 3
+
+
+def import_hooks():
+    """What an import leaves for every later import to see: the search path, the hooks, the environment."""
+    os = sys.modules.get("os")
+    environ = dict(os.environ) if os is not None else {}
+    return list(sys.path), list(sys.meta_path), list(sys.path_hooks), environ
+
+
+def _registered_alias(name):
+    """Whether ``name`` is a module registered under a name not its own that an import in the package (or a
+    module of that name on the search path, which a fresh subkernel would import instead) could reach."""
+    try:
+        module = vars(sys.modules[name])
+    except (KeyError, TypeError):
+        return False
+    own = module.get("__name__")
+    spec = module.get("__spec__")
+    if own == name or getattr(spec, "name", None) == name:
+        return False  # imported under its own name (a C module may call itself otherwise: _decimal)
+    top = name.partition(".")[0]
+    if top in _names_imported:
+        return True
+    machinery = sys.modules.get("importlib.machinery")
+    try:
+        return machinery is not None and machinery.PathFinder.find_spec(top) is not None
+    except Exception:
+        return True
+
+
+def side_effect(before, after, added):
+    """What an import changed that every later import would see, in words, or ``""``; and the environment
+    variables it set that no file a row could run holds the name of (kept: no later import can tell)."""
+    path, meta_path, path_hooks, environ = before
+    new_path, new_meta_path, new_path_hooks, new_environ = after
+    if new_path != path:
+        extra = [entry for entry in new_path if entry not in path]
+        return (f"it puts {extra[0]} on sys.path" if extra else "it changes sys.path"), ()
+    if new_meta_path != meta_path or new_path_hooks != path_hooks:
+        return "it changes the import hooks (sys.meta_path, sys.path_hooks)", ()
+    for name in added:
+        if _registered_alias(name):  # vLLM registers its vendored triton_kernels so: `import triton_kernels` works
+            return f"it registers {vars(sys.modules[name]).get('__name__')} as {name}", ()
+    changed = sorted(key for key in set(environ) | set(new_environ) if environ.get(key) != new_environ.get(key))
+    if not changed:
+        return "", ()
+    held = _held_elsewhere(changed, added)
+    if held:
+        name = sorted(held)[0]
+        return f"it sets the environment variable {name} ({held[name]})", ()
+    return "", tuple(changed)
+
+
+def _held_elsewhere(names, added):
+    """:func:`zygote_environ.held_elsewhere`, run in a throwaway child: what the search loads stays there."""
+    path = z._own_path("environ", "held")
+    z._serving._flush_stdio()
+    pid = posix.fork()
+    if pid == 0:
+        try:
+            search = protocol.load_source("_diagtools_zygote_environ", z._HERE + "/zygote_environ.py")
+            held = search.held_elsewhere(names, added)
+            z._write_file(path, "\n".join(f"{name}\t{why}" for name, why in held.items()))
+        except BaseException as exc:
+            z._write_file(path, f"the search for its name failed: {protocol.describe(exc)}")
+            posix._exit(_SEARCH_FAILED)
+        posix._exit(0)
+    _, status = posix.waitpid(pid, 0)
+    lines = z._lines_of(path)
+    if posix.waitstatus_to_exitcode(status):
+        return dict.fromkeys(names, lines[0] if lines else "the search for its name did not finish")
+    return dict(line.split("\t", 1) for line in lines if "\t" in line)
+
+
+def attempt(name, library, modules, due_at):
+    """Import candidate ``name`` in this zygote, kept or gone back from.
+
+    Returns ``("kept", seconds, variables)`` in the zygote that keeps it,
+    ``("passed", why)`` in the zygote that goes on without it (the backup,
+    continued), ``("child", (index, module))`` in a scan child the backup
+    forked for one of its rows, and ``("refused", why)`` when the backup
+    ended while scanning them (the zygote cannot go back: the host retries
+    with a shorter preload).  A ``library`` (outside the package) may change
+    what later imports see, as the libraries the host preloads itself (torch).
+    """
+    z._serving._flush_stdio()
+    backup = posix.fork()
+    if backup == 0:
+        return _as_backup(modules)
+    if not _stopped(backup):
+        return "passed", "its backup copy ended before the import"  # nothing imported yet: this one goes on
+    before, hooks = set(sys.modules), import_hooks()
+    started = z._clock()
+    try:
+        __import__(name)
+    except BaseException as exc:
+        _go_back(backup, f"its import fails here: {protocol.describe(exc)}")
+    seconds = z._clock() - started
+    added = [module for module in sys.modules if module not in before]
+    problem = z._problem_after("its import")
+    if problem:
+        _go_back(backup, problem)
+    kept = ()
+    if not library:
+        change, kept = side_effect(hooks, import_hooks(), added)
+        if change:
+            _go_back(backup, f"{change}, which every later import would see")
+    due = list(dict.fromkeys(due_at[m] for m in (name, *added) if m in due_at and due_at[m] not in z._served))
+    if due:
+        answer = _order(backup, "scan", " ".join(map(str, due)))
+        if answer is None:
+            return "refused", f"the copy that scanned the rows {name} loads ended (rows not all scanned)"
+        z._failed_alone.update(answer)
+        z._served.update(due)
+    alone = [m for m in (name, *added) if m in z._failed_alone]
+    if alone:
+        _go_back(backup, f"it loads {alone[0]}, which fails to import on its own: importing that first differs")
+    posix.kill(backup, _SIGKILL)
+    posix.waitpid(backup, 0)
+    return "kept", seconds, kept
+
+
+def _stopped(pid):
+    """Wait until child ``pid`` stops itself; False when it ended instead."""
+    _, status = posix.waitpid(pid, posix.WUNTRACED)
+    return posix.WIFSTOPPED(status)
+
+
+def _order(backup, kind, text):
+    """Tell the stopped backup to do ``kind``, let it run until it stops again; the lines it answered, or
+    None when it ended instead."""
+    z._write_file(z._own_path("backup", "order"), f"{kind}\n{text}")
+    posix.kill(backup, _SIGCONT)
+    if not _stopped(backup):
+        return None
+    return z._lines_of(z._own_path("backup", "answer"))
+
+
+def _as_backup(modules):
+    """In the backup: wait stopped for the zygote's orders; scan rows for it, or go on as the zygote."""
+    try:
+        z._cuprobe.die_with_parent()
+    except OSError:
+        pass
+    z._channel.adopt()
+    while True:
+        posix.kill(posix.getpid(), _SIGSTOP)
+        kind, _, text = "\n".join(z._lines_of(z._own_path("backup", "order"))).partition("\n")
+        if kind == "take-over":
+            return "passed", text
+        due = [int(index) for index in text.split()]
+        child = z._scan_before_preloading(due, modules)
+        if child is not None:
+            return "child", child
+        failed = [modules[index] for index in due if modules[index] in z._failed_alone]
+        z._write_file(z._own_path("backup", "answer"), "\n".join(failed))
+
+
+def _go_back(backup, why):
+    """The candidate must not stay: the backup goes on as the zygote, and this process relays its end."""
+    z._write_file(z._own_path("backup", "order"), f"take-over\n{why}")
+    posix.kill(backup, _SIGCONT)
+    _relay_gone(backup)
+
+
+def _relay_gone(backup):
+    """Wait for the backup (the zygote now) to end, and end as it did; never returns."""
+    while True:
+        try:
+            _, status = posix.waitpid(backup, 0)
+        except ChildProcessError:
+            posix._exit(1)
+        if posix.WIFEXITED(status) or posix.WIFSIGNALED(status):
+            break
+    code = posix.waitstatus_to_exitcode(status)
+    z._serving._flush_stdio()
+    posix._exit(code if code >= 0 else 128 - code)
