@@ -12,7 +12,8 @@
 # the edit is then undone.  Each run's wall time, exit code and the load average before and after are
 # appended to OUT/results.txt; sweep_vllm_noflag.py turns OUT into the JSON committed here.
 #
-# Usage: benchmarks/sweep_vllm_noflag.sh VENV OUT
+# Usage: benchmarks/sweep_vllm_noflag.sh VENV OUT [pair]
+# With "pair", only runs 1 and 2 (the tuned and the no-flag sweep, side by side: about 20 minutes).
 set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 venv="${1:?usage: sweep_vllm_noflag.sh VENV OUT}"
@@ -39,6 +40,7 @@ sweep=("$diagtools" sweep vllm --jobs 2 --driver simulated)
 rm -f "$out"/{tuned,f0,inc,f1}.jsonl
 timed tuned env VENV="$venv" JOURNAL="$out/tuned.jsonl" "$here/sweep_vllm.sh" "$out/cache" 2
 timed f0 "${sweep[@]}" --json "$out/f0.jsonl" --summary "$out/f0.json"
+[ "${3:-}" = pair ] && exit 0
 cp "$edited" "$out/edited.orig"
 trap 'cp "$out/edited.orig" "$edited"' EXIT
 printf '\nTRANSFORMERS_BACKEND = "transformers"  # one line added, as a pull request would\n' >> "$edited"

@@ -79,16 +79,33 @@ def side_effect(before, after, added):
     return "", tuple(changed)
 
 
+_environ = []  # the search's file, once loaded
+
+
+def _environ_search():
+    """The search's file, loaded once (standard library only; it imports ``mmap`` only when it reads)."""
+    if not _environ:
+        _environ.append(protocol.load_source("_diagtools_zygote_environ", z._HERE + "/zygote_environ.py"))
+    return _environ[0]
+
+
 def _held_elsewhere(names, added):
-    """:func:`zygote_environ.held_elsewhere`, run in a throwaway child: what the search loads stays there."""
+    """:func:`zygote_environ.held_elsewhere`, run in a throwaway child (what the search loads stays there), for
+    the names no earlier search of this sweep found held; what every search found is kept in a file, which a
+    zygote's copy going on after a candidate was passed over reads too."""
+    known_path = z._own_path("environ", "known")
+    known = dict(line.split("\t", 1) for line in z._lines_of(known_path) if "\t" in line)
+    files = _environ_search().allowed_files(added)
+    held = {name: f"{known[name]} holds its name" for name in names if known.get(name, "") not in ("", *files)}
+    if held:
+        return held
     path = z._own_path("environ", "held")
     z._serving._flush_stdio()
     pid = posix.fork()
     if pid == 0:
         try:
-            search = protocol.load_source("_diagtools_zygote_environ", z._HERE + "/zygote_environ.py")
-            held = search.held_elsewhere(names, added)
-            z._write_file(path, "\n".join(f"{name}\t{why}" for name, why in held.items()))
+            found = _environ_search().held_elsewhere(names, added)
+            z._write_file(path, "\n".join(f"{name}\t{why}\t{where}" for name, (why, where) in found.items()))
         except BaseException as exc:
             z._write_file(path, f"the search for its name failed: {protocol.describe(exc)}")
             posix._exit(_SEARCH_FAILED)
@@ -97,7 +114,10 @@ def _held_elsewhere(names, added):
     lines = z._lines_of(path)
     if posix.waitstatus_to_exitcode(status):
         return dict.fromkeys(names, lines[0] if lines else "the search for its name did not finish")
-    return dict(line.split("\t", 1) for line in lines if "\t" in line)
+    found = [line.split("\t") for line in lines if line.count("\t") == 2]
+    known.update((name, where) for name, _, where in found if where)
+    z._write_file(known_path, "\n".join(f"{name}\t{where}" for name, where in known.items()))
+    return {name: why for name, why, _ in found}
 
 
 def attempt(name, library, modules, due_at):

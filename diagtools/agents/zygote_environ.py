@@ -111,7 +111,7 @@ class _Search:
                 self.found.setdefault(needle.decode("utf-8", "surrogateescape"), path)
 
 
-def _allowed_files(modules):
+def allowed_files(modules):
     """The sources and bytecode of ``modules``: read before any row, as the candidate's import read them."""
     allowed = set()
     util = sys.modules.get("importlib.util")
@@ -147,14 +147,15 @@ def _mapped_files():
 
 
 def held_elsewhere(names, loaded, limit=SEARCH_LIMIT_S):
-    """For each of ``names`` held by a file a row could run (outside the sources of ``loaded``), why it may
-    not be kept; ``{}`` when every one may.  A search that runs out of time keeps none."""
-    search = _Search(names, _allowed_files(loaded), limit)
+    """For each of ``names`` held by a file a row could run (outside the sources of ``loaded``), ``(why it may
+    not be kept, the file that holds it or "")``; ``{}`` when every one may.  A search that runs out of time
+    keeps none."""
+    search = _Search(names, allowed_files(loaded), limit)
     for path in _mapped_files():
         search.read(path)
     for folder in list(sys.path):
         if isinstance(folder, str) and folder and not search.over():
             search.walk(folder)
     if search.expired() and len(search.found) < len(search.needles):
-        return dict.fromkeys(names, f"no search for its name finished in {limit:.0f} s")
-    return {name: f"{path} holds its name" for name, path in search.found.items()}
+        return dict.fromkeys(names, (f"no search for its name finished in {limit:.0f} s", ""))
+    return {name: (f"{path} holds its name", path) for name, path in search.found.items()}
