@@ -24,6 +24,11 @@ def test_no_module_outside_kernels_and_specimens_is_over_600_lines():
 
 def test_every_agent_file_the_zygote_loads_ships_beside_it():
     agents = ROOT / "agents"
-    for part in ("zygote_serving.py", "zygote_descent.py"):
-        assert (agents / part).is_file()
-        assert f'"/{part}"' in (agents / "sweep_zygote.py").read_text(encoding="utf-8")
+    loads = {
+        "sweep_zygote.py": ("zygote_serving.py", "zygote_descent.py", "zygote_candidates.py"),
+        "zygote_candidates.py": ("zygote_environ.py",),
+    }
+    for loader, parts in loads.items():
+        for part in parts:
+            assert (agents / part).is_file()
+            assert f'"/{part}"' in (agents / loader).read_text(encoding="utf-8")

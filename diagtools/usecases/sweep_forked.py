@@ -79,14 +79,21 @@ class _Learned(Exception):  # noqa: N818 - control flow that stops a zygote, not
 class _Learner:
     """What the first children imported of ``package``: the candidates for a larger preload.
 
-    After ``sample`` children it decides once: when some module of the package
+    It learns from the children of the ``sample`` modules only, and decides
+    once every one of them has ended (or was found preloaded): the first
+    children to end are the quick ones, and learning from them alone would
+    see fewer of the heavy shared imports.  When some module of the package
     was imported by at least ``share`` of them, :meth:`decide` raises
     :class:`_Learned` (the zygote is stopped and a larger one started);
     otherwise the same zygote goes on.
     """
 
-    def __init__(self, package: str, sample: int = 0, share: float = 1.0, exclude: Sequence[str] = ()) -> None:
-        self.package, self.sample, self.share, self.exclude = package, sample, share, tuple(exclude)
+    def __init__(
+        self, package: str, sample: Sequence[str] = (), share: float = 1.0, exclude: Sequence[str] = ()
+    ) -> None:
+        self.package, self.share, self.exclude = package, share, tuple(exclude)
+        self.waiting = set(sample)  # sample modules not yet seen
+        self.sample = len(self.waiting)
         self.decided = False
         self.counts: dict[str, int] = {}  # first-import order: a package before its modules
         self.importers: dict[str, str | None] = {}  # who imported each module, the first time it was seen
@@ -95,8 +102,12 @@ class _Learner:
         self.children = 0
         self.unsafe: set[str] = set()
 
-    def observe(self, module: str, result: ScanResult) -> None:
-        if self.decided:
+    def observe(self, module: str, result: ScanResult | None) -> None:
+        """Count what a sample module's child imported (``result`` None: the module was preloaded)."""
+        if self.decided or module not in self.waiting:
+            return
+        self.waiting.discard(module)
+        if result is None:
             return
         self.children += 1
         for culprit in result.culprits:
@@ -111,8 +122,8 @@ class _Learner:
             self.seconds[node.name] = self.seconds.get(node.name, 0.0) + node.cumulative_s
 
     def decide(self) -> None:
-        """Once ``sample`` children were seen: raise :class:`_Learned` when there is something to preload."""
-        if self.decided or self.children < self.sample:
+        """Once every sample module was seen: raise :class:`_Learned` when there is something to preload."""
+        if self.decided or self.waiting:
             return
         self.decided = True
         if self.candidates(self.share, self.exclude) or self.libraries(self.share, self.exclude):
@@ -183,6 +194,9 @@ class _Collector:
             row = SweepRow.preloaded_in_zygote(module, seconds, time.time())
             self.given.add(module)
             self.on_row(_with_deps(row, in_package_deps(self.tree, [f for _, f in outcome.inside])))
+            if self.learner is not None:
+                self.learner.observe(module, None)
+                self.learner.decide()
             return
         inside = outcome.inside_of(index)
         row, result = _row(module, raw, self.setup, self.tree, inside, own=self.own)
@@ -285,7 +299,7 @@ def _adaptive_pass(sweep: _Sweep, modules: Sequence[str], preload: list[str]) ->
     """
     sample = _spread(modules, ADAPT_SAMPLE)
     top = sweep.tree.package.split(".", 1)[0]  # a subpackage's sweep learns from its whole package
-    learner = _Learner(top, len(sample), ADAPT_SHARE, preload)
+    learner = _Learner(top, sample, ADAPT_SHARE, preload)
     ordered = [*sample, *(m for m in modules if m not in set(sample))]
     recorded: set[str] = set()
 
