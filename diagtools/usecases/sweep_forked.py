@@ -461,7 +461,7 @@ def _pass(
     libraries: Sequence[str] = (),
 ) -> ZygotePass:
     """One zygote over ``modules``, retried with a shorter preload while the zygote refuses one."""
-    attempt, notes, redo = list(preload), [], []
+    attempt, notes, redo = list(preload), [], list[str]()
     tree, setup, request, on_row, own = sweep.tree, sweep.setup, sweep.request, sweep.on_row, sweep.options.own
     jobs, timeout = sweep.jobs, sweep.options.timeout
     while True:
