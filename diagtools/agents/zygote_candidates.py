@@ -28,7 +28,7 @@ _names_imported = set(z._lines(protocol.SWEEP_NAMES_IMPORTED))
 _SEARCH_FAILED = 3
 
 
-def import_hooks():
+def _import_hooks():
     """What an import leaves for every later import to see: the search path, the hooks, the environment."""
     os = sys.modules.get("os")
     environ = dict(os.environ) if os is not None else {}
@@ -56,7 +56,7 @@ def _registered_alias(name):
         return True
 
 
-def side_effect(before, after, added):
+def _side_effect(before, after, added):
     """What an import changed that every later import would see, in words, or ``""``; and the environment
     variables it set that no file a row could run holds the name of (kept: no later import can tell)."""
     path, meta_path, path_hooks, environ = before
@@ -137,7 +137,7 @@ def attempt(name, library, modules, due_at):
         return _as_backup(modules)
     if not _stopped(backup):
         return "passed", "its backup copy ended before the import"  # nothing imported yet: this one goes on
-    before, hooks = set(sys.modules), import_hooks()
+    before, hooks = set(sys.modules), _import_hooks()
     started = z._clock()
     try:
         __import__(name)
@@ -150,7 +150,7 @@ def attempt(name, library, modules, due_at):
         _go_back(backup, problem)
     kept = ()
     if not library:
-        change, kept = side_effect(hooks, import_hooks(), added)
+        change, kept = _side_effect(hooks, _import_hooks(), added)
         if change:
             _go_back(backup, f"{change}, which every later import would see")
     due = list(dict.fromkeys(due_at[m] for m in (name, *added) if m in due_at and due_at[m] not in z._served))

@@ -82,13 +82,12 @@ class _Search:
         except OSError:
             return
         try:
-            self._scan(fd, path)
+            self._scan(fd, path, info.st_size)
         finally:
             posix.close(fd)
 
-    def _scan(self, fd, path):
+    def _scan(self, fd, path, size):
         """Look for the names in the file, mapped (read in place, no copy) when it is large."""
-        size = posix.fstat(fd).st_size
         if size > _CHUNK:
             mmap = __import__("mmap")
             try:

@@ -93,7 +93,6 @@ class _Learner:
     ) -> None:
         self.package, self.share, self.exclude = package, share, tuple(exclude)
         self.waiting = set(sample)  # sample modules not yet seen
-        self.sample = len(self.waiting)
         self.decided = False
         self.counts: dict[str, int] = {}  # first-import order: a package before its modules
         self.importers: dict[str, str | None] = {}  # who imported each module, the first time it was seen
@@ -461,7 +460,8 @@ def _pass(
     libraries: Sequence[str] = (),
 ) -> ZygotePass:
     """One zygote over ``modules``, retried with a shorter preload while the zygote refuses one."""
-    attempt, notes, redo = list(preload), [], list[str]()
+    attempt, notes = list(preload), []
+    redo: list[str] = []  # modules a refused zygote's children left to a fresh scan
     tree, setup, request, on_row, own = sweep.tree, sweep.setup, sweep.request, sweep.on_row, sweep.options.own
     jobs, timeout = sweep.jobs, sweep.options.timeout
     while True:
@@ -483,15 +483,15 @@ def _pass(
         if outcome.ready:
             break
         notes.append(outcome.refused)
+        redo += collector.redo
         done = collector.given | set(collector.redo)  # what the refused zygote's children scanned: never again
         modules = [module for module in modules if module not in done]
         cut = attempt.index(outcome.refused_item) if outcome.refused_item in attempt else 0
         if cut == 0:
             notes.append("every module was scanned in a fresh subkernel")
-            return ZygotePass((), "; ".join(notes), (*modules, *collector.redo), used=False)
+            return ZygotePass((), "; ".join(notes), (*modules, *redo), used=False)
         attempt = attempt[:cut]
         notes.append(f"preloaded {', '.join(attempt)} only")
-        redo = [*redo, *collector.redo]
     leftover = [modules[i] for i in outcome.unfinished] + redo + collector.redo
     if outcome.unfinished:
         notes.append(f"{outcome.detail}; those were scanned in fresh subkernels")

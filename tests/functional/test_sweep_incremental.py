@@ -97,23 +97,29 @@ def test_the_cli_reruns_on_a_copy_of_mains_journal_and_fails_only_on_a_new_cause
     assert "rescanned 1: 1 because inc/models/m0.py changed" in out
 
 
+def config_learned(make_tree, journal, extra=None):
+    """A package whose leaves all import ``inc.config``, which imports the library ``extlib`` (outside it),
+    swept once into ``journal``: the run learns ``inc.config``.  Its root."""
+    files = {
+        "extlib/__init__.py": "VALUE = 1\n",
+        "inc/__init__.py": "",
+        "inc/config.py": "import extlib\nSETTINGS = {}\n",
+        "inc/leaves/__init__.py": "",
+        **{f"inc/leaves/x{n:03}.py": "import inc.config\n" for n in range(LEAVES)},
+        **(extra or {}),
+    }
+    root = make_tree(files)
+    first = run(root, journal)
+    assert "inc.config" in first.preload, first.preload_notes
+    return root
+
+
 def test_a_remembered_preload_is_tried_again_even_when_its_row_is_kept(make_tree, tmp_path):
     """``inc.config`` was learned clean; since then a library it imports (outside the package, so its row is
     kept) puts a folder on ``sys.path``.  The rerun tries it again before preloading it, passes it over, and
     the rescanned row that would only import with that folder on the path fails, as a fresh subkernel's."""
-    files = {
-        "extlib/__init__.py": "VALUE = 1\n",
-        "vendored/hidden.py": "VALUE = 1\n",
-        "inc/__init__.py": "",
-        "inc/config.py": "import extlib\nSETTINGS = {}\n",
-        "inc/late.py": "VALUE = 0\n",
-        "inc/leaves/__init__.py": "",
-        **{f"inc/leaves/x{n:03}.py": "import inc.config\n" for n in range(LEAVES)},
-    }
-    root = make_tree(files)
     journal = tmp_path / "sweep.jsonl"
-    first = run(root, journal)
-    assert "inc.config" in first.preload, first.preload_notes
+    root = config_learned(make_tree, journal, {"vendored/hidden.py": "VALUE = 1\n", "inc/late.py": "VALUE = 0\n"})
     (root / "extlib" / "__init__.py").write_text(f"import sys\nsys.path.insert(0, {str(root / 'vendored')!r})\n")
     (root / "inc" / "late.py").write_text("import hidden\n")
     again = run(root, journal)
@@ -127,17 +133,8 @@ def test_a_remembered_preload_that_now_initializes_cuda_is_passed_over_and_the_z
     """Since the first run, a library ``inc.config`` imports initializes CUDA at import.  The zygote goes back
     to the copy of itself it forked before that import: the candidate is passed over, nothing is refused, no
     module falls back to a fresh subkernel, and every row is given once."""
-    files = {
-        "extlib/__init__.py": "VALUE = 1\n",
-        "inc/__init__.py": "",
-        "inc/config.py": "import extlib\nSETTINGS = {}\n",
-        "inc/leaves/__init__.py": "",
-        **{f"inc/leaves/x{n:03}.py": "import inc.config\n" for n in range(LEAVES)},
-    }
-    root = make_tree(files)
     journal = tmp_path / "sweep.jsonl"
-    first = run(root, journal)
-    assert "inc.config" in first.preload, first.preload_notes
+    root = config_learned(make_tree, journal)
     (root / "extlib" / "__init__.py").write_text(CUINIT)
     (root / "inc" / "leaves" / "__init__.py").write_text("# edited: every leaf is rescanned\n")
     seen: list[str] = []
