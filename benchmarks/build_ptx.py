@@ -19,9 +19,9 @@ def main() -> None:
             path = cutedsl_impl.prebuilt_path(head_dim, ratio)
             path.write_text(cutedsl_impl.compile_ptx(head_dim, ratio, folder))
             print(f"wrote {path} ({path.stat().st_size} bytes)")
-        for ratio in state_cutedsl.PREBUILT:
-            path = state_cutedsl.prebuilt_path(ratio)
-            path.write_text(state_cutedsl.compile_ptx(ratio, folder))
+        for ratio, stage in state_cutedsl.PREBUILT:
+            path = state_cutedsl.prebuilt_path(ratio, stage)
+            path.write_text(state_cutedsl.compile_ptx(ratio, folder, stage=stage))
             print(f"wrote {path} ({path.stat().st_size} bytes)")
 
 

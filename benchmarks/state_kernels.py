@@ -97,9 +97,11 @@ def _launches(backend: str, sets) -> list:
         ]
     from diagtools.kernels.state_cutedsl import launch_planned, plan_launch, working_bound
 
+    multiprocessors = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+
     def graph_safe(inputs):  # as vLLM would capture it: the compaction on the device, the grid from the shapes
         bound = working_bound(inputs.positions.numel(), inputs.ratio, inputs.block_table.shape[0])
-        return plan_launch(*inputs.args(), inputs.ratio, 1e-6, max_working=bound)
+        return plan_launch(*inputs.args(), inputs.ratio, 1e-6, max_working=bound, multiprocessors=multiprocessors)
 
     plans = [graph_safe(inputs) for inputs in sets]
     device = torch.cuda.current_device()

@@ -118,6 +118,12 @@ class KernelLaunch:
     # device work to run before each launch (and to capture with it in a CUDA graph): refreshing the copies
     # the kernel reads from the caller's tensors; None when the plan read everything once, on the host
     prepare: Callable[[], object] | None = None
+    # the launch that follows on the same stream and reads what this one wrote (a kernel's second stage)
+    then: KernelLaunch | None = None
+
+    def stages(self) -> tuple[KernelLaunch, ...]:
+        """This launch and the ones that follow it, in launch order."""
+        return (self, *(self.then.stages() if self.then is not None else ()))
 
     def packed(self) -> tuple[Any, Any]:
         """The ``void**`` the driver reads, and the ctypes values it points to."""

@@ -20,6 +20,13 @@ over ``splits`` warps:
 - C128 (window 128): eight warps per token (16 rows each), one token per CTA of 256 threads;
   the warps' partial softmax states (running maximum, denominator and weighted sum per feature)
   are merged through 48 KB of shared memory, then the first warp finishes the token.
+- C128 split (:func:`split_windows`: fewer working tokens than the GPU has multiprocessors, as in a
+  decode step, where one CTA a token would leave most of them idle): each window across
+  :data:`PIECES` CTAs of four warps (two rows each); a piece's warps merge through 24 KB of shared
+  memory and its first warp stores the piece's partial state to a global buffer; a second launch on
+  the same stream (``finish``, one warp a token) merges the pieces' states as the unsplit kernel
+  merges its warps', and finishes the token.  The two launches are ordered by the stream, so no
+  CTA waits on another.
 
 A warp reads its window two rows at a time and keeps an online softmax per feature (one
 rescale per two rows).  The C4 window's rows at negative positions (the first group of a
@@ -70,6 +77,7 @@ from diagtools.kernels.state_reference import boundary_tokens, check_state_input
 
 __all__ = [
     "PARAM_TYPES",
+    "PIECES",
     "PREBUILT",
     "StateLaunchConfig",
     "compile_ptx",
@@ -79,6 +87,7 @@ __all__ = [
     "overflowed",
     "plan_launch",
     "prebuilt_path",
+    "split_windows",
     "working_bound",
 ]
 
@@ -93,23 +102,49 @@ MISSING_SCORE = -3.0e38  # finite: a row that does not exist weighs exp(-3e38 - 
 TOKEN_BYTES = DATA_BYTES + SCALE_BYTES
 AMAX_FLOOR = 1e-4  # a tile's maximum is floored here before its scale is taken, as in vLLM
 E4M3_MAX = 448.0
-PREBUILT = (4, 128)  # the ratios whose PTX ships in ptx/
+PREBUILT = ((4, "whole"), (128, "whole"), (128, "partial"), (128, "finish"))  # the (ratio, stage) PTX in ptx/
+
+
+STAGES = ("whole", "partial", "finish")
+PIECES = 16  # CTAs a C128 window is split across when it is split: 8 rows each, 2 a warp
+MERGE_GROUP = 8  # partial states whose denominators and sums a merge loads at once
 
 
 @dataclass(frozen=True)
 class StateLaunchConfig:
-    """Per compressor: how many warps share a token's window, and the CTA shape that follows."""
+    """Per compressor and stage: how a token's window is shared among warps and CTAs, and the CTA shape.
+
+    ``whole``: a token's window in one CTA (C4: four tokens a CTA; C128: eight warps on one token).
+    ``partial`` and ``finish`` split a C128 window across :data:`PIECES` CTAs: each ``partial`` CTA merges
+    its 8 rows into a partial softmax state in global memory, then a ``finish`` warp per token merges the
+    pieces and stores the token, as the whole kernel's first warp does."""
 
     ratio: int
+    stage: str = "whole"
+
+    def __post_init__(self) -> None:
+        layout_for(self.ratio)  # ValueError for a ratio that is no compressor's
+        if self.stage not in STAGES:
+            raise ValueError(f"stage must be one of {STAGES}, got {self.stage!r}")
+        if self.stage != "whole" and self.layout.window <= 8:
+            raise ValueError(f"only a C128 window is split across CTAs, not ratio {self.ratio}'s")
 
     @property
     def layout(self) -> StateLayout:
         return layout_for(self.ratio)
 
     @property
+    def pieces(self) -> int:
+        """CTAs that share one token's window: :data:`PIECES` for ``partial``, else one."""
+        return PIECES if self.stage == "partial" else 1
+
+    @property
     def splits(self) -> int:
-        """Warps per token: one for C4's 8 rows, eight (16 rows each) for C128's 128."""
-        return 1 if self.layout.window <= 8 else 8
+        """Warps that share a token's rows within a CTA: one for C4's 8 rows (and for ``finish``, which reads
+        no rows), eight (16 rows each) for a whole C128 window, four (2 rows each) for a ``partial`` piece."""
+        if self.stage == "finish" or self.layout.window <= 8:
+            return 1
+        return 4 if self.stage == "partial" else 8
 
     @property
     def warps(self) -> int:
@@ -125,26 +160,42 @@ class StateLaunchConfig:
 
     @property
     def rows_per_warp(self) -> int:
-        return self.layout.window // self.splits
+        return 0 if self.stage == "finish" else self.layout.window // (self.pieces * self.splits)
 
     @property
     def shared_floats(self) -> int:
         """Shared memory for merging the splits: maximum, denominator and sum per feature and warp."""
         return 0 if self.splits == 1 else 3 * self.warps * HEAD_DIM
 
+    @property
+    def partial_floats(self) -> int:
+        """Global memory per working token for the pieces' partial states (maximum, denominator, sum)."""
+        return 0 if self.stage == "whole" else 3 * PIECES * HEAD_DIM
+
     def grid(self, working: int) -> int:
         """CTAs to launch for ``working`` compacted tokens: every CTA but the last is full."""
+        if self.pieces > 1:
+            return max(1, working * self.pieces)
         return max(1, math.ceil(working / self.tokens_per_cta))
 
     def token_of(self, cta: int, warp: int) -> tuple[int, int]:
-        """The ``(working-token index, split)`` a warp of a CTA works on: the kernel's own arithmetic."""
+        """The ``(working-token index, row slice)`` a warp of a CTA works on (slice ``s`` holds the window's
+        rows ``s * rows_per_warp ..``): the kernel's own arithmetic."""
+        if self.pieces > 1:
+            return cta // self.pieces, (cta % self.pieces) * self.splits + warp % self.splits
         return cta * self.tokens_per_cta + warp // self.splits, warp % self.splits
+
+
+def split_windows(ratio: int, working: int, multiprocessors: int | None) -> bool:
+    """Whether a batch's windows are split across CTAs: C128 only, when its working tokens (one CTA each
+    unsplit) are fewer than the GPU's multiprocessors, so that most of them would idle."""
+    return multiprocessors is not None and layout_for(ratio).window > 8 and working < multiprocessors
 
 
 # ----------------------------------------------------------------------------- the kernel
 
-# The kernel's parameters, in order: 9 pointers, 9 sizes, eps.
-POINTERS = ("state", "table", "requests", "positions", "slots", "weight", "cos_sin", "out", "work")
+# The kernel's parameters, in order: 10 pointers, 9 sizes, eps.
+POINTERS = ("state", "table", "requests", "positions", "slots", "weight", "cos_sin", "out", "work", "partials")
 SIZES = (
     "tokens",
     "working",
@@ -170,6 +221,14 @@ def _define_kernel():  # noqa: PLR0915 - the device code is defined inside, wher
         """A lane's quarter ``k`` (4 features) of a 16-feature register tensor."""
         return cute.local_tile(tensor, (QUARTER,), (k,))
 
+    def stored_state(shared, partials, index, kind, source, at, finish):
+        """Quarter ``at`` of one partial softmax state (``kind`` 0: maximum, 1: denominator, 2: sum): of warp
+        ``source`` in shared memory, or, in the finish stage, of piece ``source`` of token ``index`` in global."""
+        if cutlass.const_expr(finish):
+            row = (index * PIECES + source) * 3 + kind
+            return cute.local_tile(partials, (QUARTER,), (row * (HEAD_DIM // QUARTER) + at,))
+        return cute.local_tile(shared[kind, source, None], (QUARTER,), (at,))
+
     @cute.kernel
     def kernel(  # noqa: PLR0912, PLR0915 - the whole device function, unrolled at compile time
         state_ptr: cute.Pointer,
@@ -181,6 +240,7 @@ def _define_kernel():  # noqa: PLR0915 - the device code is defined inside, wher
         cos_sin_ptr: cute.Pointer,
         out_ptr: cute.Pointer,
         work_ptr: cute.Pointer,
+        partials_ptr: cute.Pointer,
         tokens: cutlass.Int64,
         working: cutlass.Int64,
         state_rows: cutlass.Int64,
@@ -196,13 +256,21 @@ def _define_kernel():  # noqa: PLR0915 - the device code is defined inside, wher
         width: cutlass.Constexpr,
         splits: cutlass.Constexpr,
         warps: cutlass.Constexpr,
+        pieces: cutlass.Constexpr,
+        finish: cutlass.Constexpr,
     ):
         row_vectors = 2 * width // QUARTER  # 4-float vectors in one state row
-        rows_per_warp = window // splits
+        rows_per_warp = 0 if cutlass.const_expr(finish) else window // (pieces * splits)
         lane = cute.arch.lane_idx()
         warp = cute.arch.warp_idx()
-        index = i64(cute.arch.block_idx()[0]) * (warps // splits) + i64(warp // splits)
+        cta = cute.arch.block_idx()[0]
+        piece = cta % pieces  # 0 unless the window is split across CTAs
+        if cutlass.const_expr(pieces > 1):
+            index = i64(cta // pieces)
+        else:
+            index = i64(cta) * (warps // splits) + i64(warp // splits)
         split = warp % splits
+        sources = PIECES if cutlass.const_expr(finish) else splits  # the partial states merged
 
         state = cute.make_tensor(state_ptr, cute.make_layout(state_rows * 2 * width))
         table = cute.make_tensor(table_ptr, cute.make_layout(table_entries))
@@ -213,6 +281,9 @@ def _define_kernel():  # noqa: PLR0915 - the device code is defined inside, wher
         weight = cute.make_tensor(weight_ptr, cute.make_layout(HEAD_DIM))
         cos_sin = cute.make_tensor(cos_sin_ptr, cute.make_layout(max_pos * ROPE_DIM))
         out = cute.make_tensor(out_ptr, cute.make_layout(cache_bytes))
+        partials = None
+        if cutlass.const_expr(pieces > 1 or finish):
+            partials = cute.make_tensor(partials_ptr, cute.make_layout(working * (3 * PIECES * HEAD_DIM)))
         out_fp8 = cute.make_tensor(cute.recast_ptr(out_ptr, dtype=cutlass.Float8E4M3FN), cute.make_layout(cache_bytes))
         out_bf16 = cute.make_tensor(
             cute.recast_ptr(out_ptr, dtype=cutlass.BFloat16), cute.make_layout(cache_bytes // 2)
@@ -230,8 +301,8 @@ def _define_kernel():  # noqa: PLR0915 - the device code is defined inside, wher
         total = cute.make_rmem_tensor((ELEMENTS,), f32)
         y = cute.make_rmem_tensor((ELEMENTS,), f32)
         w = cute.make_rmem_tensor((ELEMENTS,), f32)
-        parts = cute.make_rmem_tensor((QUARTER,), f32)  # a quarter of one split's partial state, in the merge
-        factor = cute.make_rmem_tensor((QUARTER,), f32)
+        maxima = cute.make_rmem_tensor((PIECES * QUARTER,), f32)  # the merge: a quarter of every state's maximum
+        sums = cute.make_rmem_tensor((2 * MERGE_GROUP * QUARTER,), f32)  # and of a group's denominators and sums
         angles = cute.make_rmem_tensor((QUARTER,), f32)  # two cosines, then two sines
         tail = cute.make_rmem_tensor((QUARTER,), cutlass.BFloat16)
         fp8 = cute.make_rmem_tensor((QUARTER,), cutlass.Float8E4M3FN)
@@ -260,7 +331,7 @@ def _define_kernel():  # noqa: PLR0915 - the device code is defined inside, wher
                 valid = []
                 for j in cutlass.range_constexpr(CHUNK):
                     local = step * CHUNK + j
-                    q = last - (window - 1) + split * rows_per_warp + local
+                    q = last - (window - 1) + (piece * splits + split) * rows_per_warp + local
                     exists = q >= 0
                     q = cutlass.max(q, i32(0))
                     block = i64(table[table_row + i64(q // rows_per_block)])
@@ -299,93 +370,106 @@ def _define_kernel():  # noqa: PLR0915 - the device code is defined inside, wher
                         cute.autovec_copy(quarter(source, k), target)
                 cute.arch.sync_threads()
 
-            if split == 0:  # the first warp of the token finishes it
-                if cutlass.const_expr(splits > 1):  # only the finishing warp merges the splits, a quarter at a time
+            at = lane  # a lane's first quarter in a warp-wide state access (reassigned per quarter)
+            if split == 0:  # the first warp of the token (of the piece, when split) finishes it
+                if cutlass.const_expr(sources > 1):  # only the finishing warp merges the states, a quarter at a time
                     for k in cutlass.range_constexpr(QUARTERS):
                         at = k * LANES + lane
+                        for s in cutlass.range_constexpr(sources):  # every state's maximum, the loads all in flight
+                            maximum = cute.local_tile(maxima, (QUARTER,), (s,))
+                            cute.autovec_copy(stored_state(shared, partials, index, 0, s, at, finish), maximum)
                         best = quarter(top, k)
-                        cute.autovec_copy(cute.local_tile(shared[0, 0, None], (QUARTER,), (at,)), best)
-                        for s in cutlass.range_constexpr(1, splits):
-                            cute.autovec_copy(cute.local_tile(shared[0, s, None], (QUARTER,), (at,)), parts)
-                            for j in cutlass.range_constexpr(QUARTER):
-                                best[j] = cute.arch.fmax(best[j], parts[j])
                         merged_d = quarter(denominator, k)
                         merged_t = quarter(total, k)
                         for j in cutlass.range_constexpr(QUARTER):
+                            best[j] = maxima[j]
+                            for s in cutlass.range_constexpr(1, sources):
+                                best[j] = cute.arch.fmax(best[j], maxima[s * QUARTER + j])
                             merged_d[j] = f32(0.0)
                             merged_t[j] = f32(0.0)
-                        for s in cutlass.range_constexpr(splits):
-                            cute.autovec_copy(cute.local_tile(shared[0, s, None], (QUARTER,), (at,)), parts)
-                            for j in cutlass.range_constexpr(QUARTER):
-                                factor[j] = cute.math.exp(parts[j] - best[j], fastmath=True)
-                            cute.autovec_copy(cute.local_tile(shared[1, s, None], (QUARTER,), (at,)), parts)
-                            for j in cutlass.range_constexpr(QUARTER):
-                                merged_d[j] = merged_d[j] + parts[j] * factor[j]
-                            cute.autovec_copy(cute.local_tile(shared[2, s, None], (QUARTER,), (at,)), parts)
-                            for j in cutlass.range_constexpr(QUARTER):
-                                merged_t[j] = merged_t[j] + parts[j] * factor[j]
-                squares = f32(0.0)
-                for e in cutlass.range_constexpr(ELEMENTS):
-                    y[e] = total[e] * cute.arch.rcp_approx(denominator[e])
-                    squares = squares + y[e] * y[e]
-                for offset in (16, 8, 4, 2, 1):
-                    squares = squares + cute.arch.shuffle_sync_bfly(squares, offset=offset)
-                inverse_rms = cute.math.rsqrt(squares * (1.0 / HEAD_DIM) + eps, fastmath=True)
-                for k in cutlass.range_constexpr(QUARTERS):
-                    cute.autovec_copy(cute.local_tile(weight, (QUARTER,), (k * LANES + lane,)), quarter(w, k))
-                for e in cutlass.range_constexpr(ELEMENTS):
-                    y[e] = y[e] * inverse_rms * w[e]
+                        for group in cutlass.range_constexpr(0, sources, MERGE_GROUP):  # denominators and sums
+                            for s in cutlass.range_constexpr(group, min(group + MERGE_GROUP, sources)):
+                                for kind in cutlass.range_constexpr(1, 3):
+                                    into = cute.local_tile(sums, (QUARTER,), (2 * (s - group) + kind - 1,))
+                                    cute.autovec_copy(stored_state(shared, partials, index, kind, s, at, finish), into)
+                            for s in cutlass.range_constexpr(group, min(group + MERGE_GROUP, sources)):
+                                for j in cutlass.range_constexpr(QUARTER):
+                                    factor = cute.math.exp(maxima[s * QUARTER + j] - best[j], fastmath=True)
+                                    held = 2 * (s - group) * QUARTER + j
+                                    merged_d[j] = merged_d[j] + sums[held] * factor
+                                    merged_t[j] = merged_t[j] + sums[held + QUARTER] * factor
+                if cutlass.const_expr(pieces > 1):  # a piece: its merged state, for the finish stage
+                    for k in cutlass.range_constexpr(QUARTERS):  # 512 contiguous bytes a warp
+                        at = k * LANES + lane
+                        for kind, source in enumerate((top, denominator, total)):
+                            row = (index * PIECES + piece) * 3 + kind
+                            piece_state = cute.local_tile(partials, (QUARTER,), (row * (HEAD_DIM // QUARTER) + at,))
+                            cute.autovec_copy(quarter(source, k), piece_state)
+                else:
+                    squares = f32(0.0)
+                    for e in cutlass.range_constexpr(ELEMENTS):
+                        y[e] = total[e] * cute.arch.rcp_approx(denominator[e])
+                        squares = squares + y[e] * y[e]
+                    for offset in (16, 8, 4, 2, 1):
+                        squares = squares + cute.arch.shuffle_sync_bfly(squares, offset=offset)
+                    inverse_rms = cute.math.rsqrt(squares * (1.0 / HEAD_DIM) + eps, fastmath=True)
+                    for k in cutlass.range_constexpr(QUARTERS):
+                        cute.autovec_copy(cute.local_tile(weight, (QUARTER,), (k * LANES + lane,)), quarter(w, k))
+                    for e in cutlass.range_constexpr(ELEMENTS):
+                        y[e] = y[e] * inverse_rms * w[e]
 
-                slot_in_cache = i32(slot)  # fewer than 2**31 slots fit in any GPU's memory
-                tokens_per_block = i32(block_size)
-                block_start = i64(slot_in_cache // tokens_per_block) * (block_size * TOKEN_BYTES)
-                cache_row = i64(slot_in_cache % tokens_per_block)
-                data_at = block_start + cache_row * DATA_BYTES
-                scales_at = block_start + block_size * DATA_BYTES + cache_row * SCALE_BYTES
-                high = lane // HALF_LANES  # 0 for lanes 0-15 (even tiles), 1 for lanes 16-31 (odd tiles, RoPE)
+                    slot_in_cache = i32(slot)  # fewer than 2**31 slots fit in any GPU's memory
+                    tokens_per_block = i32(block_size)
+                    block_start = i64(slot_in_cache // tokens_per_block) * (block_size * TOKEN_BYTES)
+                    cache_row = i64(slot_in_cache % tokens_per_block)
+                    data_at = block_start + cache_row * DATA_BYTES
+                    scales_at = block_start + block_size * DATA_BYTES + cache_row * SCALE_BYTES
+                    high = lane // HALF_LANES  # 0 for lanes 0-15 (even tiles), 1 for lanes 16-31 (odd tiles, RoPE)
 
-                # each tile's scale, from the values rounded to bf16 (the RoPE quarter joins the shuffles only)
-                rounded.store(y.load().to(cutlass.BFloat16).to(f32))
-                for k in cutlass.range_constexpr(QUARTERS):
-                    amax = f32(0.0)
-                    for j in cutlass.range_constexpr(QUARTER):
-                        amax = cute.arch.fmax(amax, cute.math.absf(rounded[k * QUARTER + j]))
-                    for offset in (8, 4, 2, 1):  # within the 16 lanes of the tile
-                        amax = cute.arch.fmax(amax, cute.arch.shuffle_sync_bfly(amax, offset=offset))
-                    amax = cute.arch.fmax(amax, f32(AMAX_FLOOR))
-                    # ceil(log2(amax / 448)) from the bits of a normal positive float, and 2**-exponent
-                    exponent = ((amax * (1.0 / E4M3_MAX)).bitcast(i32) + 0x7FFFFF) >> 23
-                    exponent = exponent - 127
-                    inverse_scale = ((127 - exponent) << 23).bitcast(f32)
-                    fp8_lane = True if cutlass.const_expr(k < QUARTERS - 1) else high == 0
-                    if fp8_lane:
+                    # each tile's scale, from the values rounded to bf16 (the RoPE quarter joins the shuffles only)
+                    rounded.store(y.load().to(cutlass.BFloat16).to(f32))
+                    for k in cutlass.range_constexpr(QUARTERS):
+                        amax = f32(0.0)
                         for j in cutlass.range_constexpr(QUARTER):
-                            value = rounded[k * QUARTER + j] * inverse_scale
-                            scaled[j] = cute.arch.fmin(cute.arch.fmax(value, f32(-E4M3_MAX)), f32(E4M3_MAX))
-                        fp8.store(scaled.load().to(cutlass.Float8E4M3FN))
-                        fp8_at = (data_at + k * SPAN) // QUARTER + lane  # 128 contiguous bytes a warp
-                        cute.autovec_copy(fp8, cute.local_tile(out_fp8, (QUARTER,), (fp8_at,)))
-                        if lane % HALF_LANES == 0:
-                            out[scales_at + 2 * k + high] = cutlass.Uint8(exponent + 127)
-                if lane == HALF_LANES:
-                    out[scales_at + SCALE_BYTES - 1] = cutlass.Uint8(0)  # the padding byte
-                if high == 1:
-                    # RoPE at (p // R) * R: this lane's two pairs, i and i + 1, take cosines i, i + 1 and their sines
-                    pair = 2 * (lane - HALF_LANES)
-                    angle_row = (position // ratio * ratio) * ROPE_DIM
-                    cosines = (angle_row + pair) // 2
-                    cute.autovec_copy(cute.local_tile(cos_sin, (2,), (cosines,)), cute.local_tile(angles, (2,), (0,)))
-                    sines = (angle_row + ROPE_DIM // 2 + pair) // 2
-                    cute.autovec_copy(cute.local_tile(cos_sin, (2,), (sines,)), cute.local_tile(angles, (2,), (1,)))
-                    last_quarter = (QUARTERS - 1) * QUARTER
-                    for i in cutlass.range_constexpr(2):
-                        even, odd = y[last_quarter + 2 * i], y[last_quarter + 2 * i + 1]
-                        y[last_quarter + 2 * i] = even * angles[i] - odd * angles[2 + i]
-                        y[last_quarter + 2 * i + 1] = even * angles[2 + i] + odd * angles[i]
-                    tail.store(quarter(y, QUARTERS - 1).load().to(cutlass.BFloat16))
-                    # in 4-value bf16 tiles
-                    tail_at = (data_at + (HEAD_DIM - ROPE_DIM)) // (2 * QUARTER) + lane - HALF_LANES
-                    cute.autovec_copy(tail, cute.local_tile(out_bf16, (QUARTER,), (tail_at,)))
+                            amax = cute.arch.fmax(amax, cute.math.absf(rounded[k * QUARTER + j]))
+                        for offset in (8, 4, 2, 1):  # within the 16 lanes of the tile
+                            amax = cute.arch.fmax(amax, cute.arch.shuffle_sync_bfly(amax, offset=offset))
+                        amax = cute.arch.fmax(amax, f32(AMAX_FLOOR))
+                        # ceil(log2(amax / 448)) from the bits of a normal positive float, and 2**-exponent
+                        exponent = ((amax * (1.0 / E4M3_MAX)).bitcast(i32) + 0x7FFFFF) >> 23
+                        exponent = exponent - 127
+                        inverse_scale = ((127 - exponent) << 23).bitcast(f32)
+                        fp8_lane = True if cutlass.const_expr(k < QUARTERS - 1) else high == 0
+                        if fp8_lane:
+                            for j in cutlass.range_constexpr(QUARTER):
+                                value = rounded[k * QUARTER + j] * inverse_scale
+                                scaled[j] = cute.arch.fmin(cute.arch.fmax(value, f32(-E4M3_MAX)), f32(E4M3_MAX))
+                            fp8.store(scaled.load().to(cutlass.Float8E4M3FN))
+                            fp8_at = (data_at + k * SPAN) // QUARTER + lane  # 128 contiguous bytes a warp
+                            cute.autovec_copy(fp8, cute.local_tile(out_fp8, (QUARTER,), (fp8_at,)))
+                            if lane % HALF_LANES == 0:
+                                out[scales_at + 2 * k + high] = cutlass.Uint8(exponent + 127)
+                    if lane == HALF_LANES:
+                        out[scales_at + SCALE_BYTES - 1] = cutlass.Uint8(0)  # the padding byte
+                    if high == 1:
+                        # RoPE at (p // R) * R: this lane's pairs i and i + 1 take cosines i, i + 1 and their sines
+                        pair = 2 * (lane - HALF_LANES)
+                        angle_row = (position // ratio * ratio) * ROPE_DIM
+                        cosines = (angle_row + pair) // 2
+                        cosine_pair = cute.local_tile(cos_sin, (2,), (cosines,))
+                        cute.autovec_copy(cosine_pair, cute.local_tile(angles, (2,), (0,)))
+                        sines = (angle_row + ROPE_DIM // 2 + pair) // 2
+                        sine_pair = cute.local_tile(cos_sin, (2,), (sines,))
+                        cute.autovec_copy(sine_pair, cute.local_tile(angles, (2,), (1,)))
+                        last_quarter = (QUARTERS - 1) * QUARTER
+                        for i in cutlass.range_constexpr(2):
+                            even, odd = y[last_quarter + 2 * i], y[last_quarter + 2 * i + 1]
+                            y[last_quarter + 2 * i] = even * angles[i] - odd * angles[2 + i]
+                            y[last_quarter + 2 * i + 1] = even * angles[2 + i] + odd * angles[i]
+                        tail.store(quarter(y, QUARTERS - 1).load().to(cutlass.BFloat16))
+                        # in 4-value bf16 tiles
+                        tail_at = (data_at + (HEAD_DIM - ROPE_DIM)) // (2 * QUARTER) + lane - HALF_LANES
+                        cute.autovec_copy(tail, cute.local_tile(out_bf16, (QUARTER,), (tail_at,)))
 
     @cute.jit
     def host(
@@ -398,6 +482,7 @@ def _define_kernel():  # noqa: PLR0915 - the device code is defined inside, wher
         cos_sin_ptr: cute.Pointer,
         out_ptr: cute.Pointer,
         work_ptr: cute.Pointer,
+        partials_ptr: cute.Pointer,
         tokens: cutlass.Int64,
         working: cutlass.Int64,
         state_rows: cutlass.Int64,
@@ -414,11 +499,13 @@ def _define_kernel():  # noqa: PLR0915 - the device code is defined inside, wher
         width: cutlass.Constexpr,
         splits: cutlass.Constexpr,
         warps: cutlass.Constexpr,
+        pieces: cutlass.Constexpr,
+        finish: cutlass.Constexpr,
     ):
         kernel(
             state_ptr, table_ptr, requests_ptr, positions_ptr, slots_ptr, weight_ptr, cos_sin_ptr, out_ptr, work_ptr,
-            tokens, working, state_rows, table_entries, table_stride, state_block, max_pos, cache_bytes, block_size,
-            eps, ratio, window, width, splits, warps,
+            partials_ptr, tokens, working, state_rows, table_entries, table_stride, state_block, max_pos, cache_bytes,
+            block_size, eps, ratio, window, width, splits, warps, pieces, finish,
         ).launch(grid=[ctas, 1, 1], block=[warps * 32, 1, 1])  # fmt: skip
 
     return host
@@ -429,15 +516,15 @@ def _define_kernel():  # noqa: PLR0915 - the device code is defined inside, wher
 PARAM_TYPES = ("u64",) * len(POINTERS) + ("u64",) * len(SIZES) + ("f32",)
 
 
-def compile_ptx(ratio: int, dump_dir: str | Path, *, arch: str = ARCH) -> str:
-    """Compile with nvidia-cutlass-dsl for ``arch`` (no GPU needed) and return the PTX text."""
+def compile_ptx(ratio: int, dump_dir: str | Path, *, stage: str = "whole", arch: str = ARCH) -> str:
+    """Compile one stage with nvidia-cutlass-dsl for ``arch`` (no GPU needed) and return the PTX text."""
     import cutlass
 
-    config = StateLaunchConfig(ratio)
+    config = StateLaunchConfig(ratio, stage)
     layout = config.layout
     f32, i32, i64 = cutlass.Float32, cutlass.Int32, cutlass.Int64
-    # state, table, requests, positions, slots, weight, cos/sin, the fp8_ds_mla cache, working tokens
-    pointers = (f32, i32, i64, i64, i64, f32, f32, cutlass.Uint8, i32)
+    # state, table, requests, positions, slots, weight, cos/sin, the fp8_ds_mla cache, working tokens, partials
+    pointers = (f32, i32, i64, i64, i64, f32, f32, cutlass.Uint8, i32, f32)
     arguments = (
         *(gmem_pointer(dtype) for dtype in pointers),
         *(i64(1) for _ in SIZES),
@@ -448,22 +535,25 @@ def compile_ptx(ratio: int, dump_dir: str | Path, *, arch: str = ARCH) -> str:
         layout.width,
         config.splits,
         config.warps,
+        config.pieces,
+        int(stage == "finish"),
     )
     return compile_to_ptx(_define_kernel(), arguments, dump_dir, arch)
 
 
-def prebuilt_path(ratio: int) -> Path:
-    return PTX_DIR / f"compress_state_store_c{ratio}.{ARCH}.ptx"
+def prebuilt_path(ratio: int, stage: str = "whole") -> Path:
+    suffix = "" if stage == "whole" else f"_{stage}"
+    return PTX_DIR / f"compress_state_store_c{ratio}{suffix}.{ARCH}.ptx"
 
 
 @functools.cache
-def kernel_ptx(ratio: int) -> str:
+def kernel_ptx(ratio: int, stage: str = "whole") -> str:
     """The PTX to load: compiled here when nvidia-cutlass-dsl is importable, else the shipped copy."""
-    layout_for(ratio)
+    StateLaunchConfig(ratio, stage)
     return compiled_or_shipped(
-        prebuilt_path(ratio),
-        lambda folder, arch: compile_ptx(ratio, folder, arch=arch),
-        f"no compiled kernel for ratio {ratio}",
+        prebuilt_path(ratio, stage),
+        lambda folder, arch: compile_ptx(ratio, folder, stage=stage, arch=arch),
+        f"no compiled kernel for ratio {ratio} ({stage})",
     )
 
 
@@ -495,6 +585,7 @@ def plan_launch(
     eps: float,
     *,
     max_working: int | None = None,
+    multiprocessors: int | None = None,
 ) -> KernelLaunch | None:
     """Validate and convert the inputs, and compute the grid and arguments (``None``: nothing to launch).
 
@@ -505,7 +596,12 @@ def plan_launch(
     buffers, then a fixed-size ``nonzero_static`` whose unused entries name an inert token with no slot),
     so a CUDA graph that captures :func:`launch_planned` replays it with whatever the tensors hold then.
     A batch with more working tokens than the bound is flagged on the device (``overflow`` in
-    :func:`plan_launch`'s ``keep_alive``; :func:`overflowed` reads it), never silently cut."""
+    :func:`plan_launch`'s ``keep_alive``; :func:`overflowed` reads it), never silently cut.
+
+    ``multiprocessors`` (the GPU's, as :func:`compress_state_store_cutedsl` passes) lets a C128 batch with
+    fewer working tokens (or a smaller bound) than that split each window across :data:`PIECES` CTAs
+    (:func:`split_windows`): the plan is then two launches on one stream, ``partial`` and, in its ``then``,
+    ``finish``, with the pieces' states in a buffer of the plan's own; without it, one CTA takes a window."""
     arguments = (state_cache, block_table, request_indices, positions, slot_mapping, weight, cos_sin_cache, kv_cache)
     tokens, _layout, block_size = check_state_inputs(*arguments, ratio)
     if block_size % 2:
@@ -519,9 +615,18 @@ def plan_launch(
         work = working_tokens(positions, slot_mapping, ratio)
         if work.numel() == 0:
             return None
-        tensors = _converted(*arguments, work=work)
-        return _launch(tensors, tokens, work.numel(), ratio, eps, block_size)
-    return _graph_safe_launch(arguments, tokens, max(1, max_working), ratio, eps, block_size)
+        split = split_windows(ratio, work.numel(), multiprocessors)
+        tensors = {**_converted(*arguments, work=work), "partials": _partials(work.numel(), split, work.device)}
+        return _launch(tensors, tokens, work.numel(), ratio, eps, block_size, split=split)
+    bound = max(1, max_working)
+    split = split_windows(ratio, bound, multiprocessors)
+    return _graph_safe_launch(arguments, tokens, bound, ratio, eps, block_size, split=split)
+
+
+def _partials(working: int, split: bool, device) -> torch.Tensor:
+    """The pieces' partial softmax states of a split plan (unused, and empty, otherwise)."""
+    floats = working * 3 * PIECES * HEAD_DIM if split else 0
+    return torch.empty(floats, dtype=torch.float32, device=device)
 
 
 def _converted(state_cache, block_table, request_indices, positions, slot_mapping, weight, cos_sin_cache, kv_cache, *,
@@ -540,7 +645,8 @@ def _converted(state_cache, block_table, request_indices, positions, slot_mappin
     return aligned(tensors, in_place=("state_cache", "kv_cache"))
 
 
-def _graph_safe_launch(arguments, tokens: int, bound: int, ratio: int, eps: float, block_size: int) -> KernelLaunch:
+def _graph_safe_launch(arguments, tokens: int, bound: int, ratio: int, eps: float, block_size: int, *,
+                       split: bool) -> KernelLaunch:  # fmt: skip
     """The plan whose every buffer has a fixed address and whose every value is computed on the device."""
     state_cache, block_table, request_indices, positions, slot_mapping, weight, cos_sin_cache, kv_cache = arguments
     device = positions.device
@@ -564,6 +670,7 @@ def _graph_safe_launch(arguments, tokens: int, bound: int, ratio: int, eps: floa
         "cos_sin_cache": static(cos_sin_cache, torch.float32),
         "kv_cache": kv_cache,
         "work": torch.full((bound,), tokens, dtype=torch.int32, device=device),
+        "partials": _partials(bound, split, device),
     }
     require_aligned(**tensors)  # fresh allocations: aligned; in place: checked above
     overflow = torch.zeros((), dtype=torch.bool, device=device)
@@ -577,7 +684,7 @@ def _graph_safe_launch(arguments, tokens: int, bound: int, ratio: int, eps: floa
         overflow.copy_(working.sum() > bound)
 
     prepare()
-    launch = _launch(tensors, tokens + 1, bound, ratio, eps, block_size, prepare=prepare)
+    launch = _launch(tensors, tokens + 1, bound, ratio, eps, block_size, prepare=prepare, split=split)
     return replace(launch, keep_alive=(*launch.keep_alive, overflow))
 
 
@@ -588,8 +695,8 @@ def overflowed(launch: KernelLaunch) -> bool:
 
 
 def _launch(tensors: dict[str, torch.Tensor], tokens: int, working: int, ratio: int, eps: float, block_size: int,
-            prepare: Callable[[], object] | None = None) -> KernelLaunch:  # fmt: skip
-    config = StateLaunchConfig(ratio)
+            prepare: Callable[[], object] | None = None, split: bool = False) -> KernelLaunch:  # fmt: skip
+    """The launch of the whole kernel, or of the partial stage with the finish stage as its ``then``."""
     pointers = tuple(t.data_ptr() for t in tensors.values())
     state_cache, table, kv_cache = tensors["state_cache"], tensors["block_table"], tensors["kv_cache"]
     sizes = (
@@ -603,27 +710,34 @@ def _launch(tensors: dict[str, torch.Tensor], tokens: int, working: int, ratio: 
         kv_cache.numel(),
         block_size,
     )
-    return KernelLaunch(
-        config=config,
-        param_types=PARAM_TYPES,
-        grid=(config.grid(working), 1, 1),
-        block=(config.threads, 1, 1),
-        arguments=(*pointers, *sizes, float(eps)),
-        keep_alive=tuple(tensors.values()),
-        prepare=prepare,
-    )
+    then = None
+    for stage in ("finish", "partial") if split else ("whole",):
+        config = StateLaunchConfig(ratio, stage)
+        then = KernelLaunch(
+            config=config,
+            param_types=PARAM_TYPES,
+            grid=(config.grid(working), 1, 1),
+            block=(config.threads, 1, 1),
+            arguments=(*pointers, *sizes, float(eps)),
+            keep_alive=tuple(tensors.values()),
+            prepare=prepare if stage != "finish" else None,
+            then=then,
+        )
+    assert then is not None
+    return then
 
 
 @functools.cache
-def _load(device: int, ratio: int) -> LoadedKernel:
+def _load(device: int, config: StateLaunchConfig) -> LoadedKernel:
     """Load the module into the device's context (torch's primary one) and look up the kernel."""
-    return load_kernel(device, kernel_ptx(ratio), PARAM_TYPES, StateLaunchConfig(ratio).threads)
+    return load_kernel(device, kernel_ptx(config.ratio, config.stage), PARAM_TYPES, config.threads)
 
 
 def launch_planned(launch: KernelLaunch, device: int, stream: int) -> None:
-    """Launch a plan from :func:`plan_launch` on ``stream`` (a raw ``cudaStream_t``): no host work
-    but packing the arguments, so it can be replayed (or captured in a CUDA graph)."""
-    launch_kernel(_load(device, launch.config.ratio), launch, stream)
+    """Launch a plan from :func:`plan_launch` on ``stream`` (a raw ``cudaStream_t``), each of its stages in
+    turn: no host work but packing the arguments, so it can be replayed (or captured in a CUDA graph)."""
+    for stage in launch.stages():
+        launch_kernel(_load(device, stage.config), stage, stream)
 
 
 def compress_state_store_cutedsl(
@@ -643,7 +757,8 @@ def compress_state_store_cutedsl(
     arguments = (state_cache, block_table, request_indices, positions, slot_mapping, weight, cos_sin_cache, kv_cache)
     device = cuda_device_of(state_cache)
     with torch.cuda.device(device):
-        launch = plan_launch(*arguments, ratio, eps)
+        multiprocessors = torch.cuda.get_device_properties(device).multi_processor_count
+        launch = plan_launch(*arguments, ratio, eps, multiprocessors=multiprocessors)
         if launch is not None:
             launch_planned(launch, device, torch.cuda.current_stream(device).cuda_stream)
     return kv_cache

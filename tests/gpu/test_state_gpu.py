@@ -110,12 +110,18 @@ from kernels.tolerances import (
 )
 if not torch.cuda.is_available():
     print(json.dumps({"no_gpu": True})); sys.exit(0)
-for ratio, requests in ((4, tuple((64 * k, 1 + k % 5) for k in range(64))), (128, ((0, 256), (284, 100)))):
-    case = {"case": f"C{ratio}"}
+multiprocessors = torch.cuda.get_device_properties(0).multi_processor_count
+C4_BATCH, C128_BATCH = tuple((64 * k, 1 + k % 5) for k in range(64)), ((0, 256), (284, 100))
+for name, ratio, requests, split in (("C4", 4, C4_BATCH, False), ("C128", 128, C128_BATCH, False),
+                                     ("C128 split", 128, C128_BATCH, True)):
+    case = {"case": name}
     try:
         inputs = make_state_inputs(ratio, requests, padding=0.4, device="cuda", seed=60 + ratio)
         bound = state_cutedsl.working_bound(inputs.positions.numel(), ratio, len(requests))
-        launch = state_cutedsl.plan_launch(*inputs.args(), ratio, 1e-6, max_working=bound)
+        launch = state_cutedsl.plan_launch(
+            *inputs.args(), ratio, 1e-6, max_working=bound, multiprocessors=multiprocessors if split else None
+        )
+        assert len(launch.stages()) == (2 if split else 1), "the split plan was not chosen"
         device = torch.cuda.current_device()
         state_cutedsl.launch_planned(launch, device, torch.cuda.current_stream().cuda_stream)  # load, warm up
         torch.cuda.synchronize()
@@ -139,7 +145,7 @@ for ratio, requests in ((4, tuple((64 * k, 1 + k % 5) for k in range(64))), (128
 """
 
 
-@pytest.mark.parametrize("case", ["C4", "C128"])
+@pytest.mark.parametrize("case", ["C4", "C128", "C128 split"])
 def test_the_cutedsl_launch_replays_in_a_cuda_graph_with_changing_inputs(case):
     if "graph" not in _results:
         _results["graph"] = run_check_child(GRAPH, [], lambda record: record["case"], timeout=child_timeout(140))

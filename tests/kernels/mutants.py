@@ -130,6 +130,28 @@ def no_amax_floor(source: str) -> str:
     return _rewrite(source, change, "maximum(..., 1e-4)")
 
 
+def piece_offset_dropped(source: str) -> str:
+    """``(piece * splits + split) * rows`` becomes ``split * rows``: every piece of a split C128 window reads the
+    window's first rows, not its own."""
+
+    def change(tree: ast.Module) -> int:
+        parents, count = _parents(tree), 0
+        for node in list(ast.walk(tree)):
+            if (
+                isinstance(node, ast.BinOp)
+                and isinstance(node.op, ast.Add)
+                and isinstance(node.left, ast.BinOp)
+                and isinstance(node.left.op, ast.Mult)
+                and {_name(node.left.left), _name(node.left.right)} == {"piece", "splits"}
+                and _name(node.right) == "split"
+            ):
+                _replace_in(parents[id(node)], node, node.right)
+                count += 1
+        return count
+
+    return _rewrite(source, change, "piece * splits + split")
+
+
 def ptx_substitution(pattern: str, replacement: str, *, occurrence: int | None = 0) -> Callable[[str], str]:
     """PTX with ``pattern``'s ``occurrence``-th match (counted from 0; ``None``: every match) replaced."""
     compiled = re.compile(pattern)
@@ -162,7 +184,9 @@ PTX_SCORE_LOAD = r"(ld\.global\.v4\.b32\s+\{[^}]*\}, \[%rd\d+\+)4096\]"
 class Mutant:
     """One wrong kernel: which kernel, how it is made from the real one, and the input that exposes it."""
 
-    kernel: str  # "triton" (the simplified Triton kernel), "state-triton", "ptx" (simplified), "state-ptx"
+    # "triton" (the simplified Triton kernel), "state-triton", "ptx" (simplified), "state-ptx", "generator",
+    # "state-generator", "state-split-generator" (a C128 window split across CTAs: its partial stage generated)
+    kernel: str
     name: str
     mutate: Callable[[str], str]
     exposed_by: tuple[str, ...]  # edges of tests/kernels/edges.py: the mutant must fail on one of them
@@ -214,3 +238,5 @@ MUTANTS = (
         for quarter in range(4)
     ),
 )
+# Made by compiling a mutated generator (test_mutants.py's GENERATED, where nvidia-cutlass-dsl is installed).
+SPLIT_MUTANTS = (Mutant("state-split-generator", "piece-offset-dropped", piece_offset_dropped, ("random",), ratio=128),)

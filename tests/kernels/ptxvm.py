@@ -38,8 +38,9 @@ range (global memory), and its worst shared-memory bank conflict: :class:`Launch
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
@@ -97,6 +98,9 @@ class LaunchStats:
     working_ctas: int = 0  # CTAs that wrote at least one global byte
     warps: int = 0
     working_warps: int = 0  # warps that stored anything (global or shared memory)
+    # global bytes loaded and not yet used (in PTX order), at the most: by one warp, and by one CTA's warps together
+    warp_in_flight: int = 0
+    cta_in_flight: int = 0
     accesses: dict[int, AccessStats] = field(default_factory=dict)
 
     def of(self, space: str, kind: str) -> list[AccessStats]:
@@ -165,6 +169,12 @@ class Memory:
             buffer.written_bytes += size
             buffer.writer[o : o + size] = cta
         self.written += rows.size
+
+    def next_launch(self) -> None:
+        """A launch ended: the next one on the stream is ordered after it, so nothing it did can race."""
+        for buffer in self.buffers:
+            buffer.writer[:] = -1
+            buffer.reader[:] = -1
 
     def traffic(self, tensor: torch.Tensor) -> tuple[int, int]:
         """Bytes the kernel read from and wrote to ``tensor``'s storage, over every lane."""
@@ -429,6 +439,8 @@ class Kernel:
             stats.working_ctas += memory.written > written
             stats.warps += len(warps)
             stats.working_warps += sum(w.stored for w in warps)
+            stats.warp_in_flight = max(stats.warp_in_flight, *(w.most_in_flight for w in warps))
+            stats.cta_in_flight = max(stats.cta_in_flight, sum(w.most_in_flight for w in warps))
         return stats
 
 
@@ -560,11 +572,14 @@ class _Warp:
         self.alive = warp * LANES + lanes < threads
         self.pc = np.zeros(LANES, dtype=np.int64)
         self.stored = False
+        self.in_flight: dict[str, int] = {}  # per register a global load wrote and nothing read yet: its bytes
+        self.most_in_flight = 0
 
     # --- operands
 
     def value(self, operand: str) -> np.ndarray:
         """An operand's bits for every lane."""
+        self.in_flight.pop(operand, None)  # a use waits for the load that wrote it
         if operand in self.registers:
             return self.registers[operand]
         if operand in self.special:
@@ -582,6 +597,7 @@ class _Warp:
         return self.origins.get(operand, np.full(LANES, _NO_ORIGIN, dtype=np.int64))
 
     def write(self, operand: str, bits: np.ndarray, mask: np.ndarray, origin: np.ndarray | None = None) -> None:
+        self.in_flight.pop(operand, None)  # overwritten: whatever a load put there is no longer awaited
         old = self.registers.get(operand, np.full(LANES, 0xFFFFFFFFFFFFFFFF, dtype=np.uint64))
         self.registers[operand] = np.where(mask, np.asarray(bits, dtype=np.uint64), old)
         if origin is not None or operand in self.origins:
@@ -873,6 +889,9 @@ class _Warp:
             full = np.zeros(LANES, dtype=np.uint64)
             full[mask] = _bits(element.astype(np.int64)) if kind.startswith("s") else _bits(element)
             self.write(target, full, mask)
+            if space == "global":
+                self.in_flight[target] = size * addresses.size
+        self.most_in_flight = max(self.most_in_flight, sum(self.in_flight.values()))
 
     def store(self, parts, o, mask, line) -> None:
         space = parts[1]
@@ -973,16 +992,30 @@ def _relation(relation: str, a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 def run_launch(
-    ptx: str, launch, *, schedule: str = "in order", stats: LaunchStats | None = None, approximate: str = "exact"
+    ptx: str | Callable[[Any], str],
+    launch,
+    *,
+    schedule: str = "in order",
+    stats: LaunchStats | None = None,
+    approximate: str = "exact",
 ) -> Memory:
     """Run a host-side launch plan (grid, block, packed arguments, the tensors it keeps alive) on
     the CPU through the PTX, after its device-side preparation (as a launch, or a CUDA graph's replay,
-    runs it); return the memory, which counts the traffic per tensor."""
+    runs it); return the memory, which counts the traffic per tensor over every stage.
+
+    ``ptx``: the kernel's text, or, for a plan of several stages (``launch.stages()``), a function from a
+    stage's ``config`` to its text.  Each stage is a launch of its own on one stream: what one stage wrote,
+    the next reads without a race, and the CTAs within each stage are checked against one another."""
     if launch.prepare is not None:
         launch.prepare()
+    stages = launch.stages()
+    if isinstance(ptx, str) and len(stages) > 1:
+        raise ValueError(f"a plan of {len(stages)} stages needs the PTX of each: pass a function of its config")
     memory = Memory(launch.keep_alive)
-    kernel = Kernel(ptx)
-    kernel.run(
-        launch.grid, launch.block, launch.arguments, memory, schedule=schedule, stats=stats, approximate=approximate
-    )
+    for stage in stages:
+        kernel = Kernel(ptx if isinstance(ptx, str) else ptx(stage.config))
+        kernel.run(
+            stage.grid, stage.block, stage.arguments, memory, schedule=schedule, stats=stats, approximate=approximate
+        )
+        memory.next_launch()
     return memory

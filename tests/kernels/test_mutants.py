@@ -25,7 +25,16 @@ from triton.runtime.errors import InterpreterError  # noqa: E402
 from diagtools.kernels import cutedsl_impl, state_cutedsl, state_triton, triton_impl  # noqa: E402
 
 from .edges import simplified_edge, state_edge  # noqa: E402
-from .mutants import MUTANTS, Mutant, MutantMissedError, scale_eps, slot_zero_skipped, softmax_without_max  # noqa: E402
+from .mutants import (  # noqa: E402
+    MUTANTS,
+    SPLIT_MUTANTS,
+    Mutant,
+    MutantMissedError,
+    piece_offset_dropped,
+    scale_eps,
+    slot_zero_skipped,
+    softmax_without_max,
+)
 from .ptxvm import run_launch  # noqa: E402
 from .tolerances import (  # noqa: E402
     assert_bytes_match_reference,
@@ -39,6 +48,7 @@ SOURCES = {
     "state-triton": state_triton,
     "generator": cutedsl_impl,
     "state-generator": state_cutedsl,
+    "state-split-generator": state_cutedsl,
 }
 SIMPLIFIED = ("triton", "ptx", "generator")
 # The wrong kernels a review found passing the tests; each must be on the list (and so must die).
@@ -59,6 +69,7 @@ REVIEWED = {
 GENERATED = (
     Mutant("generator", "softmax-without-max", softmax_without_max("logits_now"), ("logits",)),
     Mutant("state-generator", "softmax-without-max", softmax_without_max("scores"), ("logits",)),
+    *SPLIT_MUTANTS,
 )
 
 
@@ -74,8 +85,13 @@ def _load(kernel: str, source: str, tmp_path: Path, monkeypatch) -> object:
     return module
 
 
-def _ptx(kernel: str, ratio: int, mutate, tmp_path: Path, monkeypatch) -> str:
-    """The PTX to run: the shipped one, mutated; or compiled from the mutated generator."""
+def _shipped_stage(config) -> str:
+    return state_cutedsl.prebuilt_path(config.ratio, config.stage).read_text()
+
+
+def _ptx(kernel: str, ratio: int, mutate, tmp_path: Path, monkeypatch):
+    """The PTX to run: the shipped one, mutated; or compiled from the mutated generator (for a split window,
+    per stage: the mutated partial stage, the shipped finish)."""
     if kernel == "ptx":
         return mutate(cutedsl_impl.prebuilt_path(128, 4).read_text())
     if kernel == "state-ptx":
@@ -84,6 +100,9 @@ def _ptx(kernel: str, ratio: int, mutate, tmp_path: Path, monkeypatch) -> str:
     module = _load(kernel, mutate(Path(SOURCES[kernel].__file__).read_text()), tmp_path, monkeypatch)
     folder = tmp_path / "ptx"
     folder.mkdir(exist_ok=True)
+    if kernel == "state-split-generator":
+        partial = module.compile_ptx(128, folder, stage="partial")
+        return lambda config: partial if config.stage == "partial" else _shipped_stage(config)
     return module.compile_ptx(128, 4, folder) if kernel == "generator" else module.compile_ptx(4, folder)
 
 
@@ -96,16 +115,19 @@ def _run(kernel: str, inputs, mutate=None, tmp_path: Path | None = None, monkeyp
         call = module.compress_norm_rope_store_triton if kernel == "triton" else module.compress_state_store_triton
         call(*inputs.args(), ratio=inputs.ratio, eps=inputs.eps)
         return
-    simplified = kernel in SIMPLIFIED
-    if mutate is None:
+    simplified, split = kernel in SIMPLIFIED, kernel.startswith("state-split")
+    if mutate is not None:
+        ptx = _ptx(kernel, inputs.ratio, mutate, tmp_path, monkeypatch)
+    elif split:
+        ptx = _shipped_stage
+    else:
         path = cutedsl_impl.prebuilt_path(128, 4) if simplified else state_cutedsl.prebuilt_path(inputs.ratio)
         ptx = path.read_text()
-    else:
-        ptx = _ptx(kernel, inputs.ratio, mutate, tmp_path, monkeypatch)
     if simplified:
         launch = cutedsl_impl.plan_launch(*inputs.args(), 4, inputs.eps, multiprocessors=1, ctas_per_sm=2)
-    else:
-        launch = state_cutedsl.plan_launch(*inputs.args(), inputs.ratio, inputs.eps)
+    else:  # a split window's plan as on a GPU of 132 multiprocessors
+        multiprocessors = 132 if split else None
+        launch = state_cutedsl.plan_launch(*inputs.args(), inputs.ratio, inputs.eps, multiprocessors=multiprocessors)
     run_launch(ptx, launch)
 
 
@@ -153,6 +175,8 @@ def test_the_list_holds_every_wrong_kernel_a_review_found_passing():
 def test_a_mutation_whose_target_is_gone_says_so_instead_of_running_the_right_kernel():
     with pytest.raises(MutantMissedError, match="eps inside an rsqrt"):
         scale_eps(10)("def f(x):\n    return x + 1\n")
+    with pytest.raises(MutantMissedError, match="piece \\* splits \\+ split"):
+        piece_offset_dropped("q = last + split * rows\n")
     with pytest.raises(MutantMissedError, match="slot >= 0"):
         slot_zero_skipped("keep = slot > -1\n")
     reformatted = "keep = (\n    slot\n    >= 0\n)  # the same comparison, another layout\n"

@@ -67,6 +67,18 @@ def _run_state(inputs: StateInputs, ptx: str | None = None, **options) -> Memory
     return run_launch(ptx or state_cutedsl.prebuilt_path(inputs.ratio).read_text(), launch, **options)
 
 
+def shipped_stage(config: StateLaunchConfig) -> str:
+    """The shipped PTX of one stage of a plan."""
+    return state_cutedsl.prebuilt_path(config.ratio, config.stage).read_text()
+
+
+def _run_split(inputs: StateInputs, ptx=shipped_stage, **options) -> Memory:
+    """The C128 plan with its windows split across CTAs (as on a GPU of 132 multiprocessors), both stages."""
+    launch = state_cutedsl.plan_launch(*inputs.args(), inputs.ratio, inputs.eps, multiprocessors=132)
+    assert len(launch.stages()) == 2
+    return run_launch(ptx, launch, **options)
+
+
 # The grid: C4 with int64 and int32 indices, C4 with two-token cache blocks (a block's scales sit
 # right after two tokens' data), and C128.  The weight sends tiles 0-3 down the zero-tile,
 # tiny-tile (below the amax floor), large-exponent and negative paths.
@@ -115,6 +127,36 @@ def test_the_c128_merge_is_right_whatever_order_the_warps_run_in(schedule):
     assert_state_bytes_match_reference(inputs)
 
 
+@pytest.mark.parametrize("schedule", ["in order", "reverse", "round robin"])
+def test_a_c128_window_split_across_ctas_stores_the_reference_bytes(schedule):
+    """Three working C128 tokens, 16 CTAs each: every piece's four warps merge at their barrier, the finish
+    stage merges the 16 pieces; every stored byte as the quantizer's, in any warp order.  Each state row is
+    read once, and each piece's partial state (maximum, denominator and sum of 512 features) written once and
+    read once; every CTA of both stages works."""
+    inputs = with_edge_tiles(_state_inputs(128, seed=23))
+    stats = LaunchStats()
+    memory = _run_split(inputs, schedule=schedule, stats=stats)
+    assert_state_store_matches_reference(inputs)
+    checked = assert_state_bytes_match_reference(inputs)
+    assert checked.ambiguous_fraction < 0.01, checked
+    working = int(inputs.working().sum())
+    assert memory.traffic(inputs.state_cache) == (working * 128 * 2 * 512 * 4, 0)
+    partials = working * state_cutedsl.PIECES * 3 * 512 * 4
+    buffer = next(t for t in memory.buffers if t.data.size == partials)
+    assert (buffer.read_bytes, buffer.written_bytes) == (partials, partials)
+    assert stats.ctas == stats.working_ctas == working * state_cutedsl.PIECES + -(-working // 4)
+
+
+def test_a_split_window_is_right_for_a_first_group_and_the_approximations_bounds():
+    """One token, its pieces far apart in the state cache's blocks; the approximate instructions at either
+    end of what the ISA allows."""
+    for approximate in ("low", "high"):
+        inputs = with_edge_tiles(_state_inputs(128, seed=24, one_c128=True))
+        _run_split(inputs, approximate=approximate)
+        assert_state_store_matches_reference(inputs)
+        assert_state_bytes_match_reference(inputs, GPU_STORED_VALUE_ERROR)
+
+
 @pytest.mark.parametrize("head_dim", [512, 128])
 def test_the_simplified_kernel_ptx_computes_the_reference_rows(head_dim):
     """Two CTAs for 37 groups: every warp walks several groups through its prefetching loop."""
@@ -152,14 +194,40 @@ def test_a_removed_barrier_is_a_race():
             _run_state(inputs, ptx, schedule=schedule)
 
 
+def test_a_removed_barrier_in_a_split_piece_is_a_race_and_a_lost_piece_is_wrong_bytes():
+    """The partial stage's four warps meet at a barrier before its first warp merges them: without it, a race.
+    A partial stage that leaves a quarter of every piece's maximum unwritten makes the finish stage merge the
+    pieces with wrong weights: the stored values are off."""
+
+    def without_barrier(config: StateLaunchConfig) -> str:
+        text = shipped_stage(config)
+        return _mutate(text, r"\tbar\.sync \t0;\n", "") if config.stage == "partial" else text
+
+    with pytest.raises(PtxError, match="shared-memory race"):
+        _run_split(_state_inputs(128, seed=10, one_c128=True), without_barrier, schedule="reverse")
+
+    def piece_lost(config: StateLaunchConfig) -> str:
+        text = shipped_stage(config)
+        if config.stage != "partial":
+            return text
+        return _mutate(text, r"(?m)^\tst\.global\.v4\.b32 .*\n", "")  # the first quarter of the maximum: unwritten
+
+    inputs = with_edge_tiles(_state_inputs(128, seed=11, one_c128=True))
+    launch = state_cutedsl.plan_launch(*inputs.args(), 128, inputs.eps, multiprocessors=132)
+    launch.keep_alive[9].zero_()  # what the finish stage reads where a piece wrote nothing: zeros, every run
+    run_launch(piece_lost, launch)
+    with pytest.raises(AssertionError):
+        assert_state_store_matches_reference(inputs)
+
+
 def test_a_launch_past_the_tensors_is_refused():
     """Too many working tokens: the kernel reads the compacted index past its tensor, which the
     interpreter refuses."""
     inputs = _state_inputs(4, seed=7)
     launch = state_cutedsl.plan_launch(*inputs.args(), 4, 1e-6)
     arguments = list(launch.arguments)
-    arguments[10] += 64  # the working-token count
-    grid = (state_cutedsl.StateLaunchConfig(4).grid(arguments[10]), 1, 1)
+    arguments[11] += 64  # the working-token count
+    grid = (state_cutedsl.StateLaunchConfig(4).grid(arguments[11]), 1, 1)
     kernel = Kernel(state_cutedsl.prebuilt_path(4).read_text())
     with pytest.raises(PtxError, match="outside the tensor its address came from"):
         kernel.run(grid, launch.block, arguments, Memory(launch.keep_alive))
@@ -489,8 +557,8 @@ def test_a_race_between_ctas_on_global_memory_is_seen():
         read_back.run((2, 1, 1), (64, 1, 1), [out.data_ptr()], Memory([out]))
 
 
-@pytest.mark.parametrize("ratio", [4, 128])
-def test_a_graph_safe_plan_replays_with_changed_inputs(ratio):
+@pytest.mark.parametrize(("ratio", "multiprocessors"), [(4, 132), (128, None), (128, 132)])
+def test_a_graph_safe_plan_replays_with_changed_inputs(ratio, multiprocessors):
     """Planned once with a bound (as a CUDA graph captures the launch), then replayed after every input
     changed in place: new positions, slots, state rows, weight and RoPE table.  Each replay runs the plan's
     device-side compaction and the same kernel with the same pointers and grid, and stores the new
@@ -498,16 +566,21 @@ def test_a_graph_safe_plan_replays_with_changed_inputs(ratio):
     requests = C4_REQUESTS if ratio == 4 else C128_EDGE_REQUESTS
     first = make_state_inputs(ratio, requests, padding=0.4, seed=51)
     tokens, batch = first.positions.numel(), len(requests)
-    launch = state_cutedsl.plan_launch(
-        *first.args(), ratio, 1e-6, max_working=state_cutedsl.working_bound(tokens, ratio, batch)
-    )
+    bound = state_cutedsl.working_bound(tokens, ratio, batch)
+    launch = state_cutedsl.plan_launch(*first.args(), ratio, 1e-6, max_working=bound, multiprocessors=multiprocessors)
+    split = len(launch.stages()) == 2
+    assert split == (ratio == 128 and multiprocessors is not None)
     stats = LaunchStats()
-    memory = run_launch(state_cutedsl.prebuilt_path(ratio).read_text(), launch, stats=stats)
+    memory = run_launch(shipped_stage, launch, stats=stats)
     assert_state_store_matches_reference(first)
     assert_state_bytes_match_reference(first)
     assert not state_cutedsl.overflowed(launch)
     working = int(first.working().sum())
-    assert stats.working_ctas == -(-working // StateLaunchConfig(ratio).tokens_per_cta) < stats.ctas
+    if split:  # each working token's 16 pieces, and the finish CTAs that hold working tokens
+        finishing = len({i // 4 for i in range(working)})
+        assert stats.working_ctas == working * state_cutedsl.PIECES + finishing < stats.ctas
+    else:
+        assert stats.working_ctas == -(-working // StateLaunchConfig(ratio).tokens_per_cta) < stats.ctas
     assert memory.traffic(first.state_cache)[0] == working * LAYOUTS[ratio].window * 2 * 512 * 4
     before = first.working().clone()
     second = make_state_inputs(ratio, requests, padding=0.4, seed=52)  # other slots: other working tokens
@@ -515,7 +588,7 @@ def test_a_graph_safe_plan_replays_with_changed_inputs(ratio):
         assert mine.shape == theirs.shape  # a replay keeps every shape
         mine.copy_(theirs)
     assert not torch.equal(first.working(), before)
-    run_launch(state_cutedsl.prebuilt_path(ratio).read_text(), launch)
+    run_launch(shipped_stage, launch)
     assert_state_store_matches_reference(first)  # the new batch's rows, poison everywhere else
     assert_state_bytes_match_reference(first)
 

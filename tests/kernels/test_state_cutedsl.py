@@ -39,16 +39,23 @@ from .cutedsl_support import FakeDriver, code_lines, compile_in_child  # noqa: E
 
 COMPILE = """
 import json, sys
-from diagtools.kernels.state_cutedsl import compile_ptx
-print(json.dumps({r: compile_ptx(r, sys.argv[1]) for r in (4, 128)}))
+from diagtools.kernels.state_cutedsl import PREBUILT, compile_ptx
+print(json.dumps({f"{r} {s}": compile_ptx(r, sys.argv[1], stage=s) for r, s in PREBUILT}))
 """
 SM90_REGISTERS = 65536
 
 
 @pytest.fixture(scope="module")
 def ptx(tmp_path_factory):
-    """PTX per ratio, compiled in a fresh interpreter (CUTE_DSL_ARCH is read at import)."""
-    return {int(k): v for k, v in compile_in_child(COMPILE, tmp_path_factory.mktemp("ptx")).items()}
+    """PTX per ratio (the whole kernel) and per (ratio, stage), compiled in a fresh interpreter (CUTE_DSL_ARCH is
+    read at import)."""
+    compiled = {}
+    for key, text in compile_in_child(COMPILE, tmp_path_factory.mktemp("ptx")).items():
+        ratio, stage = key.split()
+        compiled[int(ratio), stage] = text
+        if stage == "whole":
+            compiled[int(ratio)] = text
+    return compiled
 
 
 def _count(pattern: str, text: str) -> int:
@@ -95,9 +102,33 @@ def test_ptx_reductions_and_special_functions(ptx, ratio):
         assert _count(r"st\.shared\.v4\.f32|st\.shared\.v4\.b32", text) == 3 * 4
 
 
+def test_the_split_stages_ptx_reads_its_piece_and_merges_the_pieces(ptx):
+    """``partial``: each warp reads its 2 rows (8 vectors a row), the CTA's four warps merge through shared
+    memory, and its first warp stores the piece's state (maximum, denominator, sum: 3 x 4 vectors) and nothing
+    else.  ``finish``: no state row, the 16 pieces' states (3 x 4 vectors each) merged with one factor each,
+    then the whole kernel's finish: weight, reciprocals, RMS, shuffles, FP8 and bf16 stores."""
+    partial, finish = ptx[128, "partial"], ptx[128, "finish"]
+    config = StateLaunchConfig(128, "partial")
+    assert f".reqntid {config.threads}, 1, 1" in partial
+    assert _count(r"ld\.global\.v4\.b32", partial) == config.rows_per_warp * 8
+    assert _count(r"st\.global\.v4\.b32", partial) == 3 * 4 == _count(r"st\.global", partial)
+    assert _count(r"ex2\.approx", partial) == 16 * ((1 + state_cutedsl.CHUNK) + config.splits)
+    assert _count(r"bar\.sync", partial) == 1
+    assert _count(r"rcp\.approx|rsqrt|shfl\.sync\.bfly|cvt\.rn\.satfinite", partial) == 0  # no finish
+    assert _count(r"ld\.global\.v4\.b32", finish) == 3 * 4 * state_cutedsl.PIECES + 4
+    assert _count(r"ex2\.approx", finish) == 16 * state_cutedsl.PIECES
+    assert _count(r"rcp\.approx", finish) == 16
+    assert _count(r"shfl\.sync\.bfly", finish) == 5 + 4 * 4
+    assert _count(r"cvt\.rn\.satfinite\.e4m3x2\.f32", finish) == 8
+    assert _count(r"bar\.sync", finish) == 0
+    for text in (partial, finish):
+        assert _count(r"\bdiv\.s64|\brem\.s64", text) == 0
+        assert ".local" not in text
+
+
 def test_shipped_ptx_is_a_fresh_compile(ptx):
-    for ratio in PREBUILT:
-        assert code_lines(prebuilt_path(ratio).read_text()) == code_lines(ptx[ratio]), (
+    for ratio, stage in PREBUILT:
+        assert code_lines(prebuilt_path(ratio, stage).read_text()) == code_lines(ptx[ratio, stage]), (
             "stale PTX: run CUTE_DSL_ARCH=sm_90a .venv/bin/python benchmarks/build_ptx.py"
         )
 
@@ -113,7 +144,7 @@ def _ptxas() -> Path | None:
 
 @pytest.mark.parametrize(
     ("path", "threads"),
-    [(prebuilt_path(r), StateLaunchConfig(r).threads) for r in PREBUILT]
+    [(prebuilt_path(r, s), StateLaunchConfig(r, s).threads) for r, s in PREBUILT]
     + [(p, 128) for p in sorted(prebuilt_path(4).parent.glob("compress_norm_rope_store_*.ptx"))],
     ids=lambda value: value.name if isinstance(value, Path) else str(value),
 )
@@ -136,9 +167,9 @@ def test_shipped_ptx_assembles_for_sm90a_without_spills(path, threads, tmp_path)
     assert registers * threads * 2 <= SM90_REGISTERS, (registers, threads)
 
 
-@pytest.mark.parametrize("ratio", PREBUILT)
-def test_entry_parameters_are_what_the_launcher_packs(ratio):
-    name, params = entry_of(prebuilt_path(ratio).read_text())
+@pytest.mark.parametrize(("ratio", "stage"), PREBUILT)
+def test_entry_parameters_are_what_the_launcher_packs(ratio, stage):
+    name, params = entry_of(prebuilt_path(ratio, stage).read_text())
     assert name.startswith("kernel_cutlass_kernel_")
     assert tuple(params) == PARAM_TYPES
 
@@ -158,10 +189,10 @@ def _visits(config: StateLaunchConfig, tokens: int) -> dict[int, list[int]]:
     return rows
 
 
-@pytest.mark.parametrize("ratio", [4, 128])
+@pytest.mark.parametrize(("ratio", "stage"), [(4, "whole"), (128, "whole"), (128, "partial")])
 @pytest.mark.parametrize("tokens", [1, 3, 5, 1024, 32771])
-def test_every_token_gets_its_whole_window_exactly_once(ratio, tokens):
-    config = StateLaunchConfig(ratio)
+def test_every_token_gets_its_whole_window_exactly_once(ratio, stage, tokens):
+    config = StateLaunchConfig(ratio, stage)
     visits = _visits(config, tokens)
     assert sorted(visits) == list(range(tokens))
     window = list(range(config.layout.window))
@@ -173,6 +204,18 @@ def test_the_shapes_of_the_two_compressors():
     assert (c4.splits, c4.threads, c4.tokens_per_cta, c4.rows_per_warp, c4.shared_floats) == (1, 128, 4, 8, 0)
     assert (c128.splits, c128.threads, c128.tokens_per_cta, c128.rows_per_warp) == (8, 256, 1, 16)
     assert c128.shared_floats * 4 == 48 * 1024  # the static shared-memory limit, not above it
+    partial, finish = StateLaunchConfig(128, "partial"), StateLaunchConfig(128, "finish")
+    assert (partial.pieces, partial.splits, partial.threads, partial.tokens_per_cta, partial.rows_per_warp) == (
+        16, 4, 128, 1, 2,
+    )  # fmt: skip
+    assert partial.shared_floats * 4 == 24 * 1024
+    assert (finish.pieces, finish.splits, finish.threads, finish.tokens_per_cta) == (1, 1, 128, 4)
+    assert finish.rows_per_warp == 0
+    assert (partial.grid(8), finish.grid(8)) == (128, 2)  # C128 decode 1024's 8 tokens: 128 CTAs, not 8
+    with pytest.raises(ValueError, match="only a C128 window is split"):
+        StateLaunchConfig(4, "partial")
+    with pytest.raises(ValueError, match="stage must be one of"):
+        StateLaunchConfig(128, "halves")
 
 
 # ----------------------------------------------------------------------------- the host side
@@ -193,7 +236,7 @@ def test_the_plan_is_computed_from_the_real_tensors(ratio):
     assert launch.grid == (config.grid(work.numel()), 1, 1)
     assert launch.grid[0] == -(-work.numel() // config.tokens_per_cta)  # no CTA without a working token
     assert launch.block == (config.threads, 1, 1)
-    pointers, sizes, eps = launch.arguments[:9], launch.arguments[9:18], launch.arguments[18]
+    pointers, sizes, eps = launch.arguments[:10], launch.arguments[10:19], launch.arguments[19]
     state, cache = inputs.state_cache, inputs.kv_cache
     block_size = cache.shape[1] if cache.dim() == 3 else cache.shape[1] // 584
     table = launch.keep_alive[1]
@@ -222,6 +265,47 @@ def test_the_plan_is_computed_from_the_real_tensors(ratio):
     assert pointers[8] == compacted.data_ptr()
     assert torch.equal(compacted.long(), work)  # the working tokens, in token order
     assert all(p % 16 == 0 for p in pointers)
+
+
+def test_few_c128_tokens_split_their_windows_across_ctas_and_many_do_not():
+    """Fewer working tokens than multiprocessors: 16 CTAs a token, then a finish stage over the same arguments
+    and a partial-state buffer of the plan's own.  As many tokens as multiprocessors, no multiprocessor count,
+    or C4: one launch, as before."""
+    inputs = make_state_inputs(128, ((0, 1024), (255, 1)), padding=0.0, seed=211)  # 9 working tokens
+    launch = plan_launch(*inputs.args(), 128, 1e-6, multiprocessors=132)
+    partial, finish = launch.stages()
+    assert (partial.config, finish.config) == (StateLaunchConfig(128, "partial"), StateLaunchConfig(128, "finish"))
+    assert (partial.grid, partial.block) == ((144, 1, 1), (128, 1, 1))
+    assert (finish.grid, finish.block) == ((3, 1, 1), (128, 1, 1))
+    assert (partial.arguments, partial.keep_alive) == (finish.arguments, finish.keep_alive)
+    buffer = partial.keep_alive[9]
+    assert (buffer.dtype, buffer.numel()) == (torch.float32, 9 * 3 * state_cutedsl.PIECES * 512)
+    assert partial.arguments[9] == buffer.data_ptr()
+    assert buffer.data_ptr() % 16 == 0
+    assert (finish.then, finish.prepare) == (None, None)
+    for multiprocessors in (9, None):
+        (whole,) = plan_launch(*inputs.args(), 128, 1e-6, multiprocessors=multiprocessors).stages()
+        assert (whole.config, whole.grid) == (StateLaunchConfig(128), (9, 1, 1))
+        assert whole.keep_alive[9].numel() == 0  # no partial states
+    c4 = make_state_inputs(4, ((0, 16),), padding=0.0, seed=212)
+    assert len(plan_launch(*c4.args(), 4, 1e-6, multiprocessors=132).stages()) == 1
+    bound = state_cutedsl.working_bound(1025, 128, 2)  # graph-safe: decided by the bound, not the batch
+    safe = plan_launch(*inputs.args(), 128, 1e-6, max_working=bound, multiprocessors=132)
+    assert [s.grid[0] for s in safe.stages()] == [bound * 16, -(-bound // 4)]
+    assert safe.prepare is not None  # the compaction runs once, before the pieces
+    assert safe.then.prepare is None
+
+
+def test_a_split_plan_launches_both_stages_in_order_on_one_stream(monkeypatch):
+    fake = FakeDriver(PARAM_TYPES)
+    monkeypatch.setattr(cuda_launch, "cuda_driver", lambda: fake)
+    functions = {"partial": 11, "finish": 12, "whole": 13}
+    monkeypatch.setattr(state_cutedsl, "_load", lambda device, config: LoadedKernel(functions[config.stage], 1))
+    inputs = make_state_inputs(128, ((0, 256), (300, 100)), padding=0.0, seed=213)
+    launch = plan_launch(*inputs.args(), 128, 1e-6, multiprocessors=132)
+    state_cutedsl.launch_planned(launch, 0, stream=99)
+    assert [(c["function"], c["grid"], c["stream"]) for c in fake.calls] == [(11, (48, 1, 1), 99), (12, (1, 1, 1), 99)]
+    assert fake.calls[0]["values"] == fake.calls[1]["values"]
 
 
 def test_no_tokens_means_no_launch():
@@ -265,9 +349,9 @@ def test_the_driver_receives_the_real_sizes(monkeypatch):
     assert call["block"] == (256, 1, 1)
     assert call["stream"] == 1234
     assert call["function"] == 77
-    assert call["values"][:18] == list(launch.arguments[:18])
-    assert call["values"][9:11] == [1025, 9]
-    assert call["values"][18] == pytest.approx(1e-6)
+    assert call["values"][:19] == list(launch.arguments[:19])
+    assert call["values"][10:12] == [1025, 9]
+    assert call["values"][19] == pytest.approx(1e-6)
 
 
 def test_a_plan_is_launched_again_without_host_work(monkeypatch):
@@ -321,6 +405,7 @@ def test_without_cutlass_the_shipped_ptx_is_used(monkeypatch):
     state_cutedsl.kernel_ptx.cache_clear()
     try:
         assert state_cutedsl.kernel_ptx(128) == prebuilt_path(128).read_text()
+        assert state_cutedsl.kernel_ptx(128, "finish") == prebuilt_path(128, "finish").read_text()
         with pytest.raises(ValueError, match="ratio 8 is not a DeepSeek-V4 compressor"):
             state_cutedsl.kernel_ptx(8)
     finally:
