@@ -167,17 +167,17 @@ def _preload(items, modules):
         index, _, kind = index.partition("\t")
         if index and name not in sys.modules:
             outcome = _candidates.attempt(name, kind == "library", modules, due_at)
-            if outcome[0] == "child":
-                return "", outcome[1]
-            if outcome[0] == "passed":
-                _channel.emit("passed-over", n=name, reason=outcome[1])
-            elif outcome[0] == "refused":
-                _channel.emit("refused", reason=outcome[1], item=name)
-                return outcome[1], None
+            if outcome.kind == "child":
+                return "", outcome.child
+            if outcome.kind == "passed":
+                _channel.emit("passed-over", n=name, reason=outcome.why)
+            elif outcome.kind == "refused":
+                _channel.emit("refused", reason=outcome.why, item=name)
+                return outcome.why, None
             else:
-                _channel.emit("preloaded", n=name, s=outcome[1])
-                if outcome[2]:
-                    _channel.emit("environment-kept", n=name, names=list(outcome[2]))
+                _channel.emit("preloaded", n=name, s=outcome.seconds)
+                if outcome.variables:
+                    _channel.emit("environment-kept", n=name, names=list(outcome.variables))
             continue
         started = _clock()
         try:

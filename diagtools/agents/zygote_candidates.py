@@ -120,23 +120,36 @@ def _held_elsewhere(names, added):
     return {name: why for name, why, _ in found}
 
 
-def attempt(name, library, modules, due_at):
-    """Import candidate ``name`` in this zygote, kept or gone back from.
+class Outcome:
+    """What one :func:`attempt` came to in the process that reads it.
 
-    Returns ``("kept", seconds, variables)`` in the zygote that keeps it,
-    ``("passed", why)`` in the zygote that goes on without it (the backup,
-    continued), ``("child", (index, module))`` in a scan child the backup
-    forked for one of its rows, and ``("refused", why)`` when the backup
-    ended while scanning them (the zygote cannot go back: the host retries
-    with a shorter preload).  A ``library`` (outside the package) may change
-    what later imports see, as the libraries the host preloads itself (torch).
+    ``kind`` is ``kept`` in the zygote that keeps the candidate (``seconds``
+    its import took, ``variables`` the environment variables it set that no
+    other file names), ``passed`` in the zygote that goes on without it (the
+    backup, continued; ``why``), ``child`` in a scan child the backup forked
+    for one of its rows (``child``: its ``(index, module)``), and ``refused``
+    when the backup ended while scanning them (``why``: the zygote cannot go
+    back, and the host retries with a shorter preload).
+    """
+
+    __slots__ = ("child", "kind", "seconds", "variables", "why")
+
+    def __init__(self, kind, *, why="", seconds=0.0, variables=(), child=None):
+        self.kind, self.why, self.seconds, self.variables, self.child = kind, why, seconds, variables, child
+
+
+def attempt(name, library, modules, due_at):
+    """Import candidate ``name`` in this zygote, kept or gone back from: an :class:`Outcome`.
+
+    A ``library`` (outside the package) may change what later imports see, as
+    the libraries the host preloads itself (torch).
     """
     z._serving._flush_stdio()
     backup = posix.fork()
     if backup == 0:
         return _as_backup(modules)
     if not _stopped(backup):
-        return "passed", "its backup copy ended before the import"  # nothing imported yet: this one goes on
+        return Outcome("passed", why="its backup copy ended before the import")  # nothing imported yet: go on
     before, hooks = set(sys.modules), _import_hooks()
     started = z._clock()
     try:
@@ -157,7 +170,7 @@ def attempt(name, library, modules, due_at):
     if due:
         answer = _order(backup, "scan", " ".join(map(str, due)))
         if answer is None:
-            return "refused", f"the copy that scanned the rows {name} loads ended (rows not all scanned)"
+            return Outcome("refused", why=f"the copy that scanned the rows {name} loads ended (rows not all scanned)")
         z._failed_alone.update(answer)
         z._served.update(due)
     alone = [m for m in (name, *added) if m in z._failed_alone]
@@ -165,7 +178,7 @@ def attempt(name, library, modules, due_at):
         _go_back(backup, f"it loads {alone[0]}, which fails to import on its own: importing that first differs")
     posix.kill(backup, _SIGKILL)
     posix.waitpid(backup, 0)
-    return "kept", seconds, kept
+    return Outcome("kept", seconds=seconds, variables=kept)
 
 
 def _stopped(pid):
@@ -195,11 +208,11 @@ def _as_backup(modules):
         posix.kill(posix.getpid(), _SIGSTOP)
         kind, _, text = "\n".join(z._lines_of(z._own_path("backup", "order"))).partition("\n")
         if kind == "take-over":
-            return "passed", text
+            return Outcome("passed", why=text)
         due = [int(index) for index in text.split()]
         child = z._scan_before_preloading(due, modules)
         if child is not None:
-            return "child", child
+            return Outcome("child", child=child)
         failed = [modules[index] for index in due if modules[index] in z._failed_alone]
         z._write_file(z._own_path("backup", "answer"), "\n".join(failed))
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from diagtools.driver import resolve_driver
+from diagtools.driver import DriverSetup, resolve_driver
 from diagtools.errors import SweepInterrupted, UsageError
 from diagtools.model.options import DEFAULT_TIMEOUT_S
 from diagtools.model.sweep import SweepResult, SweepRow
@@ -31,7 +31,7 @@ from diagtools.model.verdict import ScanStatus
 from diagtools.runner.kept import abort_all
 from diagtools.usecases.options import ScanOptions, validate_targets
 from diagtools.usecases.scan import scan_with
-from diagtools.usecases.sweep_discover import SweptTree, discover_modules, locate_tree, names_imported
+from diagtools.usecases.sweep_discover import SweptTree, discover_modules, locate_tree
 from diagtools.usecases.sweep_environment import environment_of
 from diagtools.usecases.sweep_forked import ZygotePass, in_package_deps, zygote_pass
 from diagtools.usecases.sweep_journal import Fingerprints, Journal, Learned, Reused
@@ -48,7 +48,7 @@ def default_preload(tree: SweptTree, roots: Iterable[str] = ()) -> tuple[str, ..
     the package and its parents."""
     parts = tree.package.split(".")
     parents = tuple(".".join(parts[:n]) for n in range(1, len(parts) + 1))
-    if "torch" not in names_imported(tree):
+    if "torch" not in tree.imported_names:
         return parents
     found = importlib.machinery.PathFinder.find_spec("torch", [*roots, *[p for p in sys.path if p]])
     return (*(("torch",) if found is not None else ()), *parents)
@@ -157,7 +157,6 @@ def _run_zygote_here(
     plan: _Plan, pending: Sequence[str], run: _Run, tree: SweptTree, stage: Callable[[str], object] | None
 ) -> ZygotePass:
     assert plan.preload is not None
-    remembered = plan.learned if plan.adapt and plan.learned is not None else None
     done = zygote_pass(
         pending,
         tree=tree,
@@ -168,7 +167,7 @@ def _run_zygote_here(
         on_row=run.record,
         adapt=plan.adapt,
         stage=stage,
-        learned=(remembered.learned, remembered.libraries) if remembered else None,
+        learned=(plan.learned.learned, plan.learned.libraries) if plan.learned else None,  # used when adapting
         failed_alone=[m for m, row in run.rows.items() if row.status != "ok"],
     )
     if done.leftover:
@@ -268,7 +267,8 @@ def sweep(
     options = ScanOptions.of(path=tuple(path), driver=driver, timeout=timeout, own=own, python=python)
     say(f"finding the modules of {package}")
     tree = locate_tree(package, options.roots, exclude)
-    seen_driver = resolve_driver(driver).info  # build the driver once, before the workers start
+    setup = resolve_driver(driver)  # built once, before the workers start
+    seen_driver = setup.info
     plan = _Plan(
         tree.package,
         str(tree.root),
@@ -281,7 +281,7 @@ def sweep(
     fingerprints = Fingerprints(tree)
     started = time.perf_counter()
     with journal:
-        reused = _reuse(journal, fingerprints, options, tree)
+        reused = _reuse(journal, fingerprints, options, tree, setup)
         rows = {m: r for m, r in reused.rows.items() if m in tree.files}
         resumed = len(rows)
         run = _Run(tree.modules, rows, journal, fingerprints, progress)
@@ -304,11 +304,14 @@ def sweep(
     return _with_cuts(result, plan) if cuts else result
 
 
-def _reuse(journal: Journal, fingerprints: Fingerprints, options: ScanOptions, tree: SweptTree) -> Reused:
-    """What the journal (when there is one) gives this run, its rows checked against this run's environment."""
+def _reuse(
+    journal: Journal, fingerprints: Fingerprints, options: ScanOptions, tree: SweptTree, setup: DriverSetup
+) -> Reused:
+    """What the journal (when there is one) gives this run, its rows checked against this run's environment
+    (the driver this run resolved included)."""
     if journal.path is None:
         return Reused()
-    environment = environment_of(options.python, options.roots, resolve_driver(options.driver), tree.package)
+    environment = environment_of(options.python, options.roots, setup, tree.package)
     return journal.reuse(fingerprints, environment)
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import fnmatch
+import functools
 import importlib.machinery
 import os
 import re
@@ -38,6 +39,11 @@ class SweptTree:
     @property
     def modules(self) -> tuple[str, ...]:
         return tuple(sorted(self.files))
+
+    @functools.cached_property
+    def imported_names(self) -> frozenset[str]:
+        """:func:`names_imported`, read once per tree (every file of the package is read for it)."""
+        return names_imported(self)
 
     def relative(self, file: str | os.PathLike[str] | None) -> str | None:
         """``file`` relative to the import root when it lies inside the swept package, else ``None``."""

@@ -26,7 +26,7 @@ from diagtools.runner.zygote_host import ZygoteOutcome, run_zygote
 from diagtools.usecases.assemble import assemble
 from diagtools.usecases.options import ScanOptions
 from diagtools.usecases.scan import DEFAULT_SETTLE_S, SCAN_PROBE, probe_request
-from diagtools.usecases.sweep_discover import SweptTree, names_imported
+from diagtools.usecases.sweep_discover import SweptTree
 
 __all__ = ["ADAPT_MIN_MODULES", "SWEEP_ZYGOTE", "ZygotePass", "in_package_deps", "package_notes", "zygote_pass"]
 
@@ -355,7 +355,7 @@ def _checked_pass(
     return _pass(
         replace(
             sweep,
-            names_imported=tuple(sorted(names_imported(sweep.tree))),
+            names_imported=tuple(sorted(sweep.tree.imported_names)),
             on_row=_announcing(sweep.on_row, set(learned), lambda: sweep.stage("scanning")),
         ),
         modules,

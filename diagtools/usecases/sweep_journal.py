@@ -53,7 +53,12 @@ class Fingerprints:
 
     def digest(self, relative: str) -> str:
         """The digest of one file, relative to the import root (``missing`` when it cannot be read)."""
-        return self._file(relative)
+        if relative not in self.cache:
+            try:
+                self.cache[relative] = hashlib.sha256((self.tree.root / relative).read_bytes()).hexdigest()
+            except OSError:
+                self.cache[relative] = "missing"
+        return self.cache[relative]
 
     def files_of(self, row: SweepRow) -> set[str]:
         """Every file the row's verdict depends on: its own files and its recorded dependencies."""
@@ -62,15 +67,7 @@ class Fingerprints:
     def swept(self, also: Iterable[str] = ()) -> dict[str, str]:
         """The digest of every module file of the package, and of ``also``."""
         files = {self.tree.relative(file) for file in self.tree.files.values()} | set(also)
-        return {relative: self._file(relative) for relative in sorted(f for f in files if f is not None)}
-
-    def _file(self, relative: str) -> str:
-        if relative not in self.cache:
-            try:
-                self.cache[relative] = hashlib.sha256((self.tree.root / relative).read_bytes()).hexdigest()
-            except OSError:
-                self.cache[relative] = "missing"
-        return self.cache[relative]
+        return {relative: self.digest(relative) for relative in sorted(f for f in files if f is not None)}
 
     def own_files(self, module: str) -> set[str]:
         """The module's file and its parent packages' ``__init__.py``, relative to the import root."""
@@ -83,7 +80,7 @@ class Fingerprints:
         """The digest over the row's own files and its recorded dependencies."""
         digest = hashlib.sha256()
         for relative in sorted(self.files_of(row)):
-            digest.update(f"{relative}\0{self._file(relative)}\n".encode())
+            digest.update(f"{relative}\0{self.digest(relative)}\n".encode())
         return digest.hexdigest()[:32]
 
 
@@ -172,7 +169,7 @@ class Journal:
         for number, line in enumerate(lines[1:], start=2):
             record = _parse_line(line)
             if record is not None:
-                reading.take(record, lambda r, n=number: self._row(r, n))
+                reading.take(record, self._row(record, number) if "module" in record else None)
         self._begin(fingerprints, environment, reading.environment, reading.files, reading.deps)
         return Reused(reading.rows, reading.stale, reading.learned, reading.journaled)
 
@@ -241,9 +238,9 @@ class _Reading:
         self.learned: Learned | None = None
         self.journaled = False
 
-    def take(self, record: dict[str, Any], read_row: Any) -> None:
-        if "module" in record:
-            row = read_row(record)
+    def take(self, record: dict[str, Any], row: SweepRow | None) -> None:
+        """Take one line's record; ``row``: the row a row record holds, read from it."""
+        if row is not None:
             self.journaled = True
             self.deps.update(row.deps)
             why = self._why_stale(row)
