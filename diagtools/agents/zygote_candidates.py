@@ -10,11 +10,11 @@ variable some other file names) must not stay.  A kept one's rows still to
 scan, itself and every module of the package it loaded, are scanned by
 children the backup forks (they start from the state before the candidate,
 as a fresh subkernel would), and one whose import loads a module that fails
-alone is not kept either.  When the candidate stays, the backup is killed;
-when it does not, the backup is continued as the zygote and the zygote
-becomes a relay that waits for it and ends as it ends.  So each candidate is
-imported once, never a second time after a trial.  Standard library and the
-protocol only.
+alone is not kept either, unless no file a row could run names that module.
+When the candidate stays, the backup is killed; when it does not, the backup
+is continued as the zygote and the zygote becomes a relay that waits for it
+and ends as it ends.  So each candidate is imported once, never a second
+time after a trial.  Standard library and the protocol only.
 """
 
 import posix
@@ -173,12 +173,31 @@ def attempt(name, library, modules, due_at):
             return Outcome("refused", why=f"the copy that scanned the rows {name} loads ended (rows not all scanned)")
         z._failed_alone.update(answer)
         z._served.update(due)
-    alone = [m for m in (name, *added) if m in z._failed_alone]
-    if alone:
-        _go_back(backup, f"it loads {alone[0]}, which fails to import on its own: importing that first differs")
+    named = _named_elsewhere([m for m in (name, *added) if m in z._failed_alone], added)
+    if named:
+        _go_back(backup, f"it loads {named}: a row importing that first would differ")
     posix.kill(backup, _SIGKILL)
     posix.waitpid(backup, 0)
     return Outcome("kept", seconds=seconds, variables=kept)
+
+
+def _named_elsewhere(alone, added):
+    """Which of the modules ``alone`` (each fails to import on its own) a row could still import first, in
+    words, or ``""``.
+
+    With the candidate preloaded such a module imports cleanly in every row, where a fresh subkernel
+    that reaches it first fails (a circular import, entered from the wrong side).  A row reaches it only
+    through a file that names it, and names it by its last part at least (``from . import part``); so
+    when no file a row could run holds that part outside the candidate's own modules (which ran in the
+    zygote, not in the rows), no row can reach it first.  A short, common part is held somewhere and
+    keeps the candidate out.
+    """
+    parts = {module.rpartition(".")[2]: module for module in alone}
+    held = _held_elsewhere(sorted(parts), added) if parts else {}
+    if not held:
+        return ""
+    part = min(held)
+    return f"{parts[part]}, which fails to import on its own ({held[part]})"
 
 
 def _stopped(pid):

@@ -320,3 +320,37 @@ def test_a_candidate_is_imported_once_by_the_zygote_never_first_by_a_child_of_it
     pids = {pid for pid, _ in importers}
     assert [pid for pid, parent in importers if parent in pids] == []
     assert {row.status for row in result.rows} == {"ok"}
+
+
+def test_a_candidate_loading_a_module_that_fails_alone_is_preloaded_when_no_other_file_names_it(make_tree):
+    """vLLM's ``vllm.config`` loads ``model_arch_config_convertor``, which fails alone on its circular import,
+    and only ``vllm/config/model.py``, loaded with it, names it: no row can import it first, so the candidates
+    that load it are kept.  A module that fails alone and that another file names keeps its loader out: that
+    file's row would import it cleanly after the preload, where a fresh subkernel fails."""
+    kept, named = f"conv_{uuid.uuid4().hex}", f"conv_{uuid.uuid4().hex}"
+    files = {
+        "fa/__init__.py": "",
+        "fa/config/__init__.py": "from fa.config.model import ModelConfig\n",
+        "fa/config/model.py": f"class ModelConfig:\n    pass\n\nfrom fa.{kept} import Convertor\n",
+        f"fa/{kept}.py": "from fa.config.model import ModelConfig\n\nclass Convertor(ModelConfig):\n    pass\n",
+        "fa/hub.py": "import fa.config\nTABLE = list(range(1000))\n",
+        "fa/other/__init__.py": f"class Base:\n    pass\n\nfrom fa.{named} import Other\n",
+        f"fa/{named}.py": "from fa.other import Base\n\nclass Other(Base):\n    pass\n",
+        "fa/hub2.py": "import fa.other\n",
+        "fa/reader.py": f"import fa.{named}\n",
+        "fa/leaves/__init__.py": "",
+    }
+    files.update({f"fa/leaves/m{n:03}.py": "import fa.hub, fa.hub2\n" for n in range(LEAVES)})
+    root = make_tree(files)
+    result = sweep("fa", path=[root], driver="simulated", jobs=2, timeout=60)
+    notes = " ".join(result.preload_notes)
+    assert {"fa.hub", "fa.config"} & set(result.preload), notes
+    assert not {"fa.hub2", "fa.other"} & set(result.preload), notes
+    reader = root / "fa" / "reader.py"
+    assert f"it loads fa.{named}, which fails to import on its own ({reader} holds its name)" in notes
+    assert f"fa.{kept}, which fails" not in notes
+    statuses = {row.module: row.status for row in result.rows}
+    assert statuses[f"fa.{kept}"] == statuses[f"fa.{named}"] == statuses["fa.reader"] == "import-error"
+    for module in (f"fa.{kept}", "fa.reader", "fa.config", "fa.hub", "fa.leaves.m000", f"fa.leaves.m{LEAVES - 1:03}"):
+        fresh = scan(module, path=[root], driver="simulated", timeout=60)
+        assert verdict(result.row(module)) == verdict(SweepRow.from_scan(module, fresh, 0.0, 0.0)), module
