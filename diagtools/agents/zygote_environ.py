@@ -1,7 +1,10 @@
-"""Whether an environment variable a candidate's import sets could change another module's import.
+"""Whether a name a candidate's import leaves to every row could change another module's import.
 
 Part of the sweep zygote (:mod:`sweep_zygote`), in a file of its own for its
-one role.  Preloading a module that sets an environment variable shows that
+one role.  The names are environment variables the import set, and modules it
+loaded that fail to import alone (a row that imports one first would fail in
+a fresh subkernel, and a row reaches one only through a file that names it).
+Preloading a module that sets an environment variable shows that
 variable to every row, where a fresh subkernel shows it only once that module
 has run.  That difference can change a row only through code that reads the
 variable, and code that reads it holds its name: so the variable is kept when
@@ -9,7 +12,9 @@ no file that a row could run holds the name, outside the modules the
 candidate's import loaded (they run before any row, as that import ran them).
 The files searched are everything under each ``sys.path`` folder (sources,
 bytecode, extension modules, native libraries shipped in wheels) and every
-file the process has mapped (the native libraries loaded from elsewhere).
+file the process has mapped (the native libraries loaded from elsewhere),
+less the lists of the files each distribution installed (they name every
+module, and no import reads them).
 A name built at run time from pieces, or a prefix matched over the whole
 environment, is not seen: the search reads names, not programs.
 
@@ -76,6 +81,8 @@ class _Search:
             return
         if (info.st_dev, info.st_ino) in self.seen_files or path in self.allowed or not info.st_size:
             return
+        if _install_record(path):
+            return
         self.seen_files.add((info.st_dev, info.st_ino))
         try:
             fd = posix.open(path, posix.O_RDONLY | posix.O_CLOEXEC)
@@ -108,6 +115,16 @@ class _Search:
         for needle in self.needles:
             if data.find(needle) != -1:
                 self.found.setdefault(needle.decode("utf-8", "surrogateescape"), path)
+
+
+def _install_record(path):
+    """Whether ``path`` lists the files a distribution installed (a wheel's ``RECORD``, an egg's
+    ``SOURCES.txt`` or ``installed-files.txt``): it names every module of the distribution, and no
+    import reads a name from it."""
+    folder, _, name = path.rpartition("/")
+    if folder.endswith(".dist-info"):
+        return name == "RECORD"
+    return folder.endswith(".egg-info") and name in ("SOURCES.txt", "installed-files.txt")
 
 
 def allowed_files(modules):
