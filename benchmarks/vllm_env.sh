@@ -60,6 +60,8 @@ trap 'rm -rf "$copy"' EXIT
 git -C "$repo" archive HEAD | tar -x -C "$copy"
 "$env/bin/pip" install --quiet --force-reinstall --no-deps "$copy"
 "$env/bin/pip" install --quiet "$copy"  # its own dependencies, if any are missing
+# the dask benchmark's cluster (sweep_vllm_dask.py); pip keeps what vLLM pinned when it satisfies dask
+"$env/bin/python" -c 'import distributed' 2> /dev/null || "$env/bin/pip" install --quiet distributed
 "$env/bin/pip" check || true  # reports the flashinfer pin
 "$env/bin/python" -c 'import torch, vllm; print("torch", torch.__version__, "vllm", vllm.__version__)'
 touch "$env/READY"

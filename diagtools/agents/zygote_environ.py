@@ -13,8 +13,8 @@ candidate's import loaded (they run before any row, as that import ran them).
 The files searched are everything under each ``sys.path`` folder (sources,
 bytecode, extension modules, native libraries shipped in wheels) and every
 file the process has mapped (the native libraries loaded from elsewhere),
-less the lists of the files each distribution installed (they name every
-module, and no import reads them).
+less each distribution's metadata but its entry points (its list of files
+and its description name modules and variables, and no import reads them).
 A name built at run time from pieces, or a prefix matched over the whole
 environment, is not seen: the search reads names, not programs.
 
@@ -118,13 +118,11 @@ class _Search:
 
 
 def _install_record(path):
-    """Whether ``path`` lists the files a distribution installed (a wheel's ``RECORD``, an egg's
-    ``SOURCES.txt`` or ``installed-files.txt``): it names every module of the distribution, and no
-    import reads a name from it."""
+    """Whether ``path`` is a distribution's metadata other than its entry points (a wheel's ``RECORD`` and
+    ``METADATA``, an egg's ``SOURCES.txt``): it names modules and variables, in its list of files and its
+    description, and no import reads a name from it (entry points are read, and stay searched)."""
     folder, _, name = path.rpartition("/")
-    if folder.endswith(".dist-info"):
-        return name == "RECORD"
-    return folder.endswith(".egg-info") and name in ("SOURCES.txt", "installed-files.txt")
+    return folder.endswith((".dist-info", ".egg-info")) and name != "entry_points.txt"
 
 
 def allowed_files(modules):

@@ -342,6 +342,7 @@ def test_a_candidate_loading_a_module_that_fails_alone_is_preloaded_when_no_othe
         "fa/reader.py": f"import fa.{named}\n",
         "fa/leaves/__init__.py": "",
         "fa_dist-1.0.dist-info/RECORD": f"fa/{kept}.py,,\nfa/{named}.py,,\n",  # names every module: not a reader
+        "fa_dist-1.0.dist-info/METADATA": f"Name: fa-dist\n\nfa.config loads fa.{kept}.\n",  # nor its description
     }
     files.update({f"fa/leaves/m{n:03}.py": "import fa.hub, fa.hub2\n" for n in range(LEAVES)})
     root = make_tree(files)
