@@ -33,13 +33,7 @@ from diagtools.usecases.options import ScanOptions, validate_targets
 from diagtools.usecases.scan import scan_with
 from diagtools.usecases.sweep_discover import SweptTree, discover_modules, locate_tree
 from diagtools.usecases.sweep_environment import environment_of
-from diagtools.usecases.sweep_forked import (
-    ADAPT_MIN_MODULES,
-    ZygotePass,
-    in_package_deps,
-    learn_from_sample,
-    zygote_pass,
-)
+from diagtools.usecases.sweep_forked import ZygotePass, in_package_deps, zygote_pass
 from diagtools.usecases.sweep_journal import Fingerprints, Journal, Learned, Reused
 
 __all__ = ["default_preload", "discover_modules", "sweep"]
@@ -98,13 +92,9 @@ def _sweep_one(module: str, plan: _Plan) -> dict[str, Any]:
     return _scan_fresh(module, plan).to_json()
 
 
-def _zygote_chunk(modules: list[str], plan: _Plan, failed_alone: Sequence[str] = ()) -> dict[str, Any]:
-    """One executor task: a zygote over ``modules``, one child at a time, fresh scans for what it left.
-
-    With ``plan.learned`` (learned on the sweeping machine, or remembered by its journal) the zygote
-    preloads it too, each candidate checked as a remembered preload is."""
+def _zygote_chunk(modules: list[str], plan: _Plan) -> dict[str, Any]:
+    """One executor task: a zygote over ``modules``, one child at a time, fresh scans for what it left."""
     rows: list[SweepRow] = []
-    learned = plan.learned if plan.adapt and plan.learned is not None and plan.learned.learned else None
     done = zygote_pass(
         modules,
         tree=plan.tree,
@@ -113,9 +103,6 @@ def _zygote_chunk(modules: list[str], plan: _Plan, failed_alone: Sequence[str] =
         preload=plan.preload or (),
         jobs=1,
         on_row=rows.append,
-        adapt=learned is not None,
-        learned=(learned.learned, learned.libraries) if learned is not None else None,
-        failed_alone=failed_alone,
     )
     rows += [_scan_fresh(m, plan) for m in done.leftover]
     return {
@@ -188,45 +175,11 @@ def _run_zygote_here(
     return done
 
 
-def _learn_here(
-    plan: _Plan, pending: Sequence[str], run: _Run, tree: SweptTree, stage: Callable[[str], object] | None
-) -> _Plan:
-    """Before chunks go to an executor: learn the preload from a sample scanned on this machine (unless the
-    journal remembers one, or the package is too small to learn from), so that every chunk's zygote has it."""
-    if not plan.adapt or plan.learned is not None or len(pending) < ADAPT_MIN_MODULES:
-        return plan
-    assert plan.preload is not None
-    lesson = learn_from_sample(
-        pending,
-        tree=tree,
-        options=plan.options,
-        setup=resolve_driver(plan.options.driver),
-        preload=plan.preload,
-        jobs=plan.jobs,
-        on_row=run.record,
-        stage=stage,
-    )
-    return replace(plan, learned=Learned(lesson.learned, lesson.libraries))
-
-
-def _run_zygote_chunks(
-    plan: _Plan,
-    pending: Sequence[str],
-    run: _Run,
-    executor: Executor,
-    *,
-    tree: SweptTree,
-    stage: Callable[[str], object] | None = None,
-) -> ZygotePass:
-    plan = _learn_here(plan, pending, run, tree, stage)
-    pending = [m for m in pending if m not in run.rows]
-    failed = sorted(m for m, row in run.rows.items() if row.status != "ok")
-    if stage is not None and plan.learned is not None and plan.learned.learned:
-        stage(f"scanning in executor tasks, each preloading {len(plan.learned.learned)} learned module(s)")
+def _run_zygote_chunks(plan: _Plan, pending: Sequence[str], run: _Run, executor: Executor) -> ZygotePass:
     size = max(_MIN_CHUNK, math.ceil(len(pending) / (plan.jobs * _CHUNKS_PER_WORKER)))
     chunks = [list(pending[i : i + size]) for i in range(0, len(pending), size)]
     futures: dict[Future[dict[str, Any]], list[str]] = {
-        executor.submit(_zygote_chunk, chunk, plan, failed): chunk for chunk in chunks
+        executor.submit(_zygote_chunk, chunk, plan): chunk for chunk in chunks
     }
     preloads, fallbacks, used = set(), [], False
     for future in as_completed(futures):
@@ -242,22 +195,7 @@ def _run_zygote_chunks(
         used = used or chunk["used"]
         fallbacks += [chunk["fallback"]] if chunk["fallback"] and chunk["fallback"] not in fallbacks else []
     preload = min(preloads, key=len) if preloads else tuple(plan.preload or ())
-    learned = plan.learned or Learned()
-    kept = tuple(name for name in learned.learned if preloads and all(name in p for p in preloads))
-    notes = (
-        (f"{len(kept)} of the {len(learned.learned)} learned module(s) preloaded in every executor task",)
-        if learned.learned
-        else ()
-    )
-    return ZygotePass(
-        preload if used else (),
-        "; ".join(fallbacks),
-        (),
-        used,
-        notes=notes,
-        learned=kept,
-        libraries=tuple(name for name in learned.libraries if name in kept),
-    )
+    return ZygotePass(preload if used else (), "; ".join(fallbacks), (), used)
 
 
 def sweep(
@@ -307,12 +245,10 @@ def sweep(
     python
         The interpreter of the subkernels and the zygote (default: this one).
     adapt
-        In zygote mode, on a package of at least 100 modules: learn from a
-        sample of children which of the package's modules most of them import,
-        and preload those too (each checked clean in the zygote);
-        ``result.preload_notes`` says what was added and why.  With an
-        executor the sample is scanned on this machine first, and every
-        task's zygote preloads what it taught.
+        In zygote mode without an executor, on a package of at least 100
+        modules: learn from a sample of children which of the package's modules
+        most of them import, and preload those too (each checked clean in the
+        zygote); ``result.preload_notes`` says what was added and why.
     cuts
         After the sweep, search and verify the cut of each root cause on one of
         its modules (:func:`diagtools.scan` with ``cuts``): its nearest cut
@@ -435,5 +371,5 @@ def _dispatch(
         _run_fresh(plan, pending, run, executor)
         return ZygotePass((), "", (), used=False)
     if executor is not None:
-        return _run_zygote_chunks(plan, pending, run, executor, tree=tree, stage=stage)
+        return _run_zygote_chunks(plan, pending, run, executor)
     return _run_zygote_here(plan, pending, run, tree, stage)

@@ -11,7 +11,6 @@ which refines the site with a line-traced rerun.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -339,53 +338,6 @@ def _adaptive_pass(sweep: _Sweep, modules: Sequence[str], preload: list[str]) ->
         learned=tuple(name for name in learned if name in second.preload),
         libraries=tuple(name for name in libraries if name in second.preload),
     )
-
-
-@dataclass(frozen=True)
-class Lesson:
-    """What a sample scanned on this machine taught, for zygotes elsewhere (executor chunks) to preload:
-    ``learned`` (its ``libraries`` first), and the sampled modules whose row failed to import."""
-
-    learned: tuple[str, ...] = ()
-    libraries: tuple[str, ...] = ()
-    failed: tuple[str, ...] = ()
-    children: int = 0
-
-
-def learn_from_sample(
-    modules: Sequence[str],
-    *,
-    tree: SweptTree,
-    options: ScanOptions,
-    setup: DriverSetup,
-    preload: Sequence[str],
-    jobs: int,
-    on_row: Callable[[SweepRow], None],
-    stage: Callable[[str], object] | None = None,
-) -> Lesson:
-    """Scan an evenly spread sample of ``modules`` here and learn what most of their children import, as an
-    adaptive pass does, without going on: the rest is sent elsewhere, and each zygote there preloads the lesson,
-    checking every candidate as a remembered preload is checked."""
-    sweep = _Sweep(tree, setup, options, _request(setup, options), jobs, on_row)
-    if stage is not None:
-        sweep = replace(sweep, stage=stage)
-    sample = _spread(modules, ADAPT_SAMPLE)
-    learner = _Learner(tree.package.split(".", 1)[0], sample, ADAPT_SHARE, preload)
-    failed: list[str] = []
-
-    def record(row: SweepRow) -> None:
-        if row.status != "ok":
-            failed.append(row.module)
-        sweep.on_row(row)
-
-    sweep.stage(f"learning what to preload from {len(sample)} sampled modules")
-    with contextlib.suppress(_Learned):  # raised once the whole sample was seen: the zygote has nothing left
-        _pass(replace(sweep, on_row=record), sample, list(preload), learner)
-    if not learner.decided:
-        return Lesson(failed=tuple(failed), children=learner.children)
-    libraries = tuple(name for name, _ in learner.libraries(ADAPT_SHARE, preload))
-    chosen = tuple(name for name, _ in learner.candidates(ADAPT_SHARE, preload))
-    return Lesson((*libraries, *chosen), libraries, tuple(failed), learner.children)
 
 
 def _checked_pass(

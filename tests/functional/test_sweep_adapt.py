@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import json
 import uuid
-from concurrent.futures import ProcessPoolExecutor
 
 import pytest
 
@@ -357,34 +355,4 @@ def test_a_candidate_loading_a_module_that_fails_alone_is_preloaded_when_no_othe
     assert statuses[f"fa.{kept}"] == statuses[f"fa.{named}"] == statuses["fa.reader"] == "import-error"
     for module in (f"fa.{kept}", "fa.reader", "fa.config", "fa.hub", "fa.leaves.m000", f"fa.leaves.m{LEAVES - 1:03}"):
         fresh = scan(module, path=[root], driver="simulated", timeout=60)
-        assert verdict(result.row(module)) == verdict(SweepRow.from_scan(module, fresh, 0.0, 0.0)), module
-
-
-def test_executor_tasks_preload_what_a_sample_scanned_here_taught(shared_package, tmp_path):
-    """Across machines each task's zygote preloads what the sample taught (learned once, on the sweeping
-    machine), the journal remembers it, and the rows stay a fresh subkernel's."""
-    stages: list[str] = []
-    journal = tmp_path / "sweep.jsonl"
-    with ProcessPoolExecutor(2) as pool:
-        result = sweep(
-            "ad",
-            path=[shared_package],
-            driver="simulated",
-            jobs=2,
-            timeout=30,
-            executor=pool,
-            stage=stages.append,
-            json_path=journal,
-        )
-    assert result.mode == "zygote", result.fallback
-    assert {"ad.common", "ad.config"} <= set(result.preload), (result.preload, result.preload_notes)
-    assert stages[0] == "learning what to preload from 24 sampled modules"
-    assert stages[1].startswith("scanning in executor tasks, each preloading ")
-    assert any(note.endswith("learned module(s) preloaded in every executor task") for note in result.preload_notes)
-    assert len(result.rows) == LEAVES + 8
-    remembered = [json.loads(line)["preload"] for line in journal.read_text().splitlines() if '"preload"' in line]
-    assert remembered
-    assert {"ad.common", "ad.config"} <= set(remembered[-1]["learned"]), remembered
-    for module in ("ad.config", "ad.gpu_a", "ad.gpu", "ad.worker", "ad.leaves.m000", f"ad.leaves.m{LEAVES - 1:03}"):
-        fresh = scan(module, path=[shared_package], driver="simulated", timeout=30)
         assert verdict(result.row(module)) == verdict(SweepRow.from_scan(module, fresh, 0.0, 0.0)), module
