@@ -59,6 +59,7 @@ SWEEP_WORKDIR = "DIAGTOOLS_SWEEP_WORKDIR"
 SWEEP_PROBE = "DIAGTOOLS_SWEEP_PROBE"
 SWEEP_FAILED_ALONE = "DIAGTOOLS_SWEEP_FAILED_ALONE"  # modules whose rows so far failed to import
 SWEEP_NAMES_IMPORTED = "DIAGTOOLS_SWEEP_NAMES_IMPORTED"  # top-level names the swept sources import by name
+SWEEP_WATCHED = "DIAGTOOLS_SWEEP_WATCHED"  # aliases a preload registers, watched in every row (zygote_aliases)
 RUN_DIR = "DIAGTOOLS_RUN_DIR"  # diagtools run: where each watched process writes its record file
 RUN_STARTS = "starts"  # in RUN_DIR: a line per Python program started, "PID PPID HEX(argv)" (driver/starts.c)
 RUN_CUPROBE = "DIAGTOOLS_RUN_CUPROBE"  # the driver-state extension, for the interpreter named next
@@ -127,6 +128,7 @@ EVENTS = {
     "refused": ("reason", "item"),
     "passed-over": ("n", "reason"),  # a candidate the host chose, not preloaded (the preload goes on)
     "environment-kept": ("n", "names"),  # a candidate preloaded though it sets these (no file a row runs names them)
+    "watching": ("n", "names"),  # aliases a candidate ("": the preload given) registered, watched in every row
     "ready": ("count", "inside"),
     "forked": ("i", "pid"),
     "present": ("i",),

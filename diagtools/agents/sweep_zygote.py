@@ -178,6 +178,8 @@ def _preload(items, modules):
                 _channel.emit("preloaded", n=name, s=outcome.seconds)
                 if outcome.variables:
                     _channel.emit("environment-kept", n=name, names=list(outcome.variables))
+                if outcome.aliases:
+                    _channel.emit("watching", n=name, names=list(outcome.aliases))
             continue
         started = _clock()
         try:
@@ -196,6 +198,7 @@ def _preload(items, modules):
 _served = set()  # indices whose child ran during the preload
 _failed_alone = set(_lines(protocol.SWEEP_FAILED_ALONE))  # modules whose row failed to import (more found here)
 _candidates = protocol.load_source("_diagtools_zygote_candidates", _HERE + "/zygote_candidates.py")
+_aliases = protocol.load_source("_diagtools_zygote_aliases", _HERE + "/zygote_aliases.py")
 
 
 def _scan_before_preloading(due, modules):
@@ -441,6 +444,7 @@ def _run_child(probe, index, module):
     }
     protocol.enable_fault_dumps(dump_env, _cuprobe)
     channel = protocol.Channel(_at_named_number(_open_own(index, "events"), protocol.CHANNEL_FD))
+    _aliases.arm(index)
     _descent._Continuation.started, _descent._Continuation.loaded = _clock(), len(sys.modules)
     code = 0
     try:
@@ -478,6 +482,9 @@ def main():
         return (probe, *child)
     if problem:
         return None
+    watched = _aliases.watch(_lines(protocol.SWEEP_WATCHED))  # what a preload checked elsewhere registered
+    if watched:
+        _channel.emit("watching", n="", names=watched)
     _channel.emit(
         "ready", count=len(sys.modules), inside=_inside(_ENV.get(protocol.SWEEP_PACKAGE, ""), list(sys.modules))
     )

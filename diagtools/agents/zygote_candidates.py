@@ -3,10 +3,11 @@
 Part of the sweep zygote (:mod:`sweep_zygote`), in a file of its own for its
 one role.  Before it imports a candidate the zygote forks a *backup*, a copy
 of itself that stops at once.  The zygote then imports the candidate and
-checks it: one that fails, initializes CUDA, starts a thread, or (a module of
-the package) changes what later imports see (``sys.path``, the import hooks,
-a module registered under a name the package imports, an environment
-variable some other file names) must not stay.  A kept one's rows still to
+checks it: one that fails, initializes CUDA, starts a thread, looks up a name
+an earlier candidate registered a module under, or (a module of the package)
+changes what later imports see (``sys.path``, the import hooks, an environment
+variable some other file names) must not stay; a module it registered under a
+name the package imports is watched from then on (:mod:`zygote_aliases`).  A kept one's rows still to
 scan, itself and every module of the package it loaded, are scanned by
 children the backup forks (they start from the state before the candidate,
 as a fresh subkernel would), and one whose import loads a module that fails
@@ -66,9 +67,6 @@ def _side_effect(before, after, added):
         return (f"it puts {extra[0]} on sys.path" if extra else "it changes sys.path"), ()
     if new_meta_path != meta_path or new_path_hooks != path_hooks:
         return "it changes the import hooks (sys.meta_path, sys.path_hooks)", ()
-    for name in added:
-        if _registered_alias(name):  # vLLM registers its vendored triton_kernels so: `import triton_kernels` works
-            return f"it registers {vars(sys.modules[name]).get('__name__')} as {name}", ()
     changed = sorted(key for key in set(environ) | set(new_environ) if environ.get(key) != new_environ.get(key))
     if not changed:
         return "", ()
@@ -77,6 +75,14 @@ def _side_effect(before, after, added):
         name = sorted(held)[0]
         return f"it sets the environment variable {name} ({held[name]})", ()
     return "", tuple(changed)
+
+
+def _registered_aliases(added):
+    """The names among ``added`` that the import registered a module under, not its own, and that a row
+    could look up (vLLM registers its vendored triton_kernels so): watched, not refused (:mod:`zygote_aliases`).
+    A name below another one listed goes with it."""
+    names = sorted(name for name in added if _registered_alias(name))
+    return [name for name in names if not any(name.startswith(other + ".") for other in names)]
 
 
 _environ = []  # the search's file, once loaded
@@ -125,17 +131,19 @@ class Outcome:
 
     ``kind`` is ``kept`` in the zygote that keeps the candidate (``seconds``
     its import took, ``variables`` the environment variables it set that no
-    other file names), ``passed`` in the zygote that goes on without it (the
+    other file names, ``aliases`` the names it registered a module under,
+    watched from now on), ``passed`` in the zygote that goes on without it (the
     backup, continued; ``why``), ``child`` in a scan child the backup forked
     for one of its rows (``child``: its ``(index, module)``), and ``refused``
     when the backup ended while scanning them (``why``: the zygote cannot go
     back, and the host retries with a shorter preload).
     """
 
-    __slots__ = ("child", "kind", "seconds", "variables", "why")
+    __slots__ = ("aliases", "child", "kind", "seconds", "variables", "why")
 
-    def __init__(self, kind, *, why="", seconds=0.0, variables=(), child=None):
+    def __init__(self, kind, *, why="", seconds=0.0, variables=(), child=None, aliases=()):
         self.kind, self.why, self.seconds, self.variables, self.child = kind, why, seconds, variables, child
+        self.aliases = aliases
 
 
 def attempt(name, library, modules, due_at):
@@ -161,11 +169,14 @@ def attempt(name, library, modules, due_at):
     problem = z._problem_after("its import")
     if problem:
         _go_back(backup, problem)
-    kept = ()
+    if z._aliases.looked_up():
+        _go_back(backup, f"its import looks up {', '.join(z._aliases.watched())}, registered by an earlier preload")
+    kept, aliases = (), ()
     if not library:
         change, kept = _side_effect(hooks, _import_hooks(), added)
         if change:
             _go_back(backup, f"{change}, which every later import would see")
+        aliases = _registered_aliases(added)
     due = list(dict.fromkeys(due_at[m] for m in (name, *added) if m in due_at and due_at[m] not in z._served))
     if due:
         answer = _order(backup, "scan", " ".join(map(str, due)))
@@ -178,7 +189,7 @@ def attempt(name, library, modules, due_at):
         _go_back(backup, f"it loads {named}: a row importing that first would differ")
     posix.kill(backup, _SIGKILL)
     posix.waitpid(backup, 0)
-    return Outcome("kept", seconds=seconds, variables=kept)
+    return Outcome("kept", seconds=seconds, variables=kept, aliases=tuple(z._aliases.watch(aliases)))
 
 
 def _named_elsewhere(alone, added):

@@ -66,6 +66,9 @@ class ZygoteOutcome:
     unfinished: tuple[int, ...] = ()
     detail: str = ""
     child_inside: dict[int, list[tuple[str, str | None]]] = field(default_factory=dict)
+    forked_preloading: list[int] = field(default_factory=list)  # children forked before a candidate's import
+    watching: list[tuple[str, tuple[str, ...]]] = field(default_factory=list)  # (candidate or "", aliases watched)
+    looked_up: set[int] = field(default_factory=set)  # children whose row looked a watched alias up
     packages: dict[int, PackageZygote] = field(default_factory=dict)
 
     def inside_of(self, index: int) -> list[tuple[str, str | None]]:
@@ -121,12 +124,8 @@ class _Zygote:
 
     def handle(self, event: dict[str, Any]) -> None:
         kind = event["e"]
-        if kind == "preloaded":
-            self.outcome.preloaded.append((str(event["n"]), float(event["s"])))
-        elif kind == "passed-over":
-            self.outcome.passed_over.append((str(event["n"]), str(event["reason"])))
-        elif kind == "environment-kept":
-            self.outcome.environment_kept.append((str(event["n"]), tuple(str(name) for name in event["names"])))
+        if kind in ("preloaded", "passed-over", "environment-kept", "watching"):
+            self.preload_event(kind, event)
         elif kind == "refused":
             self.outcome.refused, self.outcome.refused_item = str(event["reason"]), event["item"]
         elif kind == "ready":
@@ -137,6 +136,7 @@ class _Zygote:
             self.children[index] = _Child(index, int(event["pid"]), time.monotonic(), time.time())
             if "inside" in event:  # forked while the zygote preloads: what was loaded by then
                 self.outcome.child_inside[index] = [(str(name), file) for name, file in event["inside"]]
+                self.outcome.forked_preloading.append(index)
             else:
                 self.outcome.child_inside[index] = self.insides.get(zygote, self.outcome.inside)
             if zygote in self.outcome.packages:
@@ -149,6 +149,18 @@ class _Zygote:
             self.on_child(int(event["i"]), None, self.outcome)
         elif kind == "reaped":
             self.reaped(int(event["i"]), int(event["code"]))
+
+    def preload_event(self, kind: str, event: dict[str, Any]) -> None:
+        """One preload item: imported, passed over, kept though it set variables, kept with aliases watched."""
+        name = str(event["n"])
+        if kind == "preloaded":
+            self.outcome.preloaded.append((name, float(event["s"])))
+        elif kind == "passed-over":
+            self.outcome.passed_over.append((name, str(event["reason"])))
+        elif kind == "watching":
+            self.outcome.watching.append((name, tuple(str(alias) for alias in event["names"])))
+        else:
+            self.outcome.environment_kept.append((name, tuple(str(variable) for variable in event["names"])))
 
     def package_event(self, kind: str, event: dict[str, Any]) -> None:
         """A package zygote's life: forked, done importing (or refused), ended."""
@@ -178,6 +190,8 @@ class _Zygote:
         if child is None:
             return
         self.finished.add(index)
+        if (self.workdir / f"{index}.alias").exists():
+            self.outcome.looked_up.add(index)
         self.on_child(index, self.raw_run(child, code), self.outcome)
 
     def raw_run(self, child: _Child, code: int) -> RawRun:
@@ -263,6 +277,7 @@ def run_zygote(
     failed_alone: Sequence[str] = (),
     libraries: Sequence[str] = (),
     names_imported: Sequence[str] = (),
+    watched: Sequence[str] = (),
 ) -> ZygoteOutcome:
     """Preload in one subkernel, then scan each of ``modules`` in a child forked from it.
 
@@ -278,7 +293,9 @@ def run_zygote(
     as a fresh subkernel would, gives another result than preloading it.
     ``libraries`` are learned candidates outside the package: their own changes to what later imports
     find are accepted, as for an explicit preload.  ``names_imported``: the top-level names the
-    package's sources import, which a module registered under another name must not shadow.
+    package's sources import, by which a module registered under another name could be looked up.
+    ``watched``: aliases a preload item registers (as a learned candidate checked elsewhere did), watched
+    as a kept candidate's are: a child whose row looks one up is in ``outcome.looked_up``.
     """
     candidates, outside = set(scan_first), set(libraries)
     first = {name: index for index, name in enumerate(modules) if name in candidates}
@@ -295,6 +312,7 @@ def run_zygote(
             protocol.SWEEP_PROBE: str(probe),
             protocol.SWEEP_FAILED_ALONE: "\n".join(failed_alone),
             protocol.SWEEP_NAMES_IMPORTED: "\n".join(names_imported),
+            protocol.SWEEP_WATCHED: "\n".join(watched),
         }
         return _run(request.with_settings(settings), workdir, len(modules), timeout, on_child)
     finally:

@@ -33,7 +33,7 @@ from diagtools.usecases.options import ScanOptions, validate_targets
 from diagtools.usecases.scan import scan_with
 from diagtools.usecases.sweep_discover import SweptTree, discover_modules, locate_tree
 from diagtools.usecases.sweep_environment import environment_of
-from diagtools.usecases.sweep_forked import ZygotePass, in_package_deps, zygote_pass
+from diagtools.usecases.sweep_forked import CheckedPreload, ZygotePass, check_preload_here, in_package_deps, zygote_pass
 from diagtools.usecases.sweep_journal import Fingerprints, Journal, Learned, Reused
 
 __all__ = ["default_preload", "discover_modules", "sweep"]
@@ -74,6 +74,7 @@ class _Plan:
     preload: tuple[str, ...] | None  # None: fresh subkernels only
     adapt: bool = True  # grow the preload from what the first children import
     learned: Learned | None = None  # what the journal's last adaptive run learned to preload
+    watched: tuple[str, ...] = ()  # aliases the preload registers, watched in every row (a checked preload)
 
     @property
     def tree(self) -> SweptTree:
@@ -103,6 +104,7 @@ def _zygote_chunk(modules: list[str], plan: _Plan) -> dict[str, Any]:
         preload=plan.preload or (),
         jobs=1,
         on_row=rows.append,
+        watched=plan.watched,
     )
     rows += [_scan_fresh(m, plan) for m in done.leftover]
     return {
@@ -175,7 +177,44 @@ def _run_zygote_here(
     return done
 
 
-def _run_zygote_chunks(plan: _Plan, pending: Sequence[str], run: _Run, executor: Executor) -> ZygotePass:
+def _check_here(
+    plan: _Plan, pending: Sequence[str], run: _Run, tree: SweptTree, stage: Callable[[str], object] | None
+) -> CheckedPreload | None:
+    """Before chunks go to an executor: learn the preload from a sample scanned on this machine (or take the
+    one the journal remembers) and check it here, so that every task's zygote imports it as given."""
+    if not plan.adapt or plan.preload is None:
+        return None
+    return check_preload_here(
+        pending,
+        tree=tree,
+        options=plan.options,
+        setup=resolve_driver(plan.options.driver),
+        preload=plan.preload,
+        jobs=plan.jobs,
+        on_row=run.record,
+        stage=stage,
+        learned=(plan.learned.learned, plan.learned.libraries) if plan.learned else None,
+        failed_alone=[m for m, row in run.rows.items() if row.status != "ok"],
+    )
+
+
+def _run_zygote_chunks(
+    plan: _Plan,
+    pending: Sequence[str],
+    run: _Run,
+    executor: Executor,
+    *,
+    tree: SweptTree,
+    stage: Callable[[str], object] | None = None,
+) -> ZygotePass:
+    checked = _check_here(plan, pending, run, tree, stage)
+    if checked is not None:
+        plan = replace(plan, preload=checked.done.preload, watched=checked.done.watched)
+        if checked.done.leftover:  # rows the check's children left to a fresh scan: their modules are preloaded
+            _run_fresh(plan, checked.done.leftover, run, None)
+        if stage is not None:
+            stage(f"scanning in executor tasks, each preloading the {len(checked.done.learned)} checked module(s)")
+    pending = [m for m in pending if m not in run.rows]
     size = max(_MIN_CHUNK, math.ceil(len(pending) / (plan.jobs * _CHUNKS_PER_WORKER)))
     chunks = [list(pending[i : i + size]) for i in range(0, len(pending), size)]
     futures: dict[Future[dict[str, Any]], list[str]] = {
@@ -195,7 +234,12 @@ def _run_zygote_chunks(plan: _Plan, pending: Sequence[str], run: _Run, executor:
         used = used or chunk["used"]
         fallbacks += [chunk["fallback"]] if chunk["fallback"] and chunk["fallback"] not in fallbacks else []
     preload = min(preloads, key=len) if preloads else tuple(plan.preload or ())
-    return ZygotePass(preload if used else (), "; ".join(fallbacks), (), used)
+    done = ZygotePass(preload if used else (), "; ".join(fallbacks), (), used)
+    if checked is None:
+        return done
+    kept = tuple(name for name in checked.done.learned if name in preload)
+    libraries = tuple(name for name in checked.done.libraries if name in kept)
+    return replace(done, notes=checked.done.notes, learned=kept, libraries=libraries)
 
 
 def sweep(
@@ -245,10 +289,12 @@ def sweep(
     python
         The interpreter of the subkernels and the zygote (default: this one).
     adapt
-        In zygote mode without an executor, on a package of at least 100
-        modules: learn from a sample of children which of the package's modules
-        most of them import, and preload those too (each checked clean in the
-        zygote); ``result.preload_notes`` says what was added and why.
+        In zygote mode, on a package of at least 100 modules: learn from a
+        sample of children which of the package's modules most of them import,
+        and preload those too (each checked clean in the zygote);
+        ``result.preload_notes`` says what was added and why.  With an
+        executor the sample is scanned and each candidate checked on this
+        machine first, and every task's zygote imports the checked list.
     cuts
         After the sweep, search and verify the cut of each root cause on one of
         its modules (:func:`diagtools.scan` with ``cuts``): its nearest cut
@@ -371,5 +417,5 @@ def _dispatch(
         _run_fresh(plan, pending, run, executor)
         return ZygotePass((), "", (), used=False)
     if executor is not None:
-        return _run_zygote_chunks(plan, pending, run, executor)
+        return _run_zygote_chunks(plan, pending, run, executor, tree=tree, stage=stage)
     return _run_zygote_here(plan, pending, run, tree, stage)

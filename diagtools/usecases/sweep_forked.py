@@ -11,6 +11,7 @@ which refines the site with a line-traced rerun.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -49,6 +50,7 @@ class ZygotePass:
     passed_over: Mapping[str, str] = field(default_factory=dict)  # candidates not preloaded, and why
     learned: tuple[str, ...] = ()  # what learning added to the preload and kept (libraries among them)
     libraries: tuple[str, ...] = ()
+    watched: tuple[str, ...] = ()  # aliases the preload registered, looked up only by rows scanned fresh
 
 
 def in_package_deps(tree: SweptTree, files: Sequence[str | None]) -> tuple[str, ...]:
@@ -76,6 +78,16 @@ class _Learned(Exception):  # noqa: N818 - control flow that stops a zygote, not
     """Raised from a zygote's child callback once the sample has shown what to preload: stops that zygote."""
 
 
+class _Ready(Exception):  # noqa: N818 - control flow that stops a zygote, not an error
+    """Raised from a zygote's child callback, in a pass that only checks its preload (the rest goes elsewhere),
+    once the preload is checked and every row its candidates loaded is in: stops that zygote.  ``outcome`` says
+    what it preloaded; ``redo`` are the modules its children left to a fresh scan."""
+
+    def __init__(self, outcome: ZygoteOutcome, redo: tuple[str, ...]) -> None:
+        super().__init__("the preload was checked")
+        self.outcome, self.redo = outcome, redo
+
+
 class _Learner:
     """What the first children imported of ``package``: the candidates for a larger preload.
 
@@ -92,7 +104,7 @@ class _Learner:
         self, package: str, sample: Sequence[str] = (), share: float = 1.0, exclude: Sequence[str] = ()
     ) -> None:
         self.package, self.share, self.exclude = package, share, tuple(exclude)
-        self.waiting = set(sample)  # sample modules not yet seen
+        self.sample, self.waiting = tuple(sample), set(sample)  # the sample, and its modules not yet seen
         self.decided = False
         self.counts: dict[str, int] = {}  # first-import order: a package before its modules
         self.importers: dict[str, str | None] = {}  # who imported each module, the first time it was seen
@@ -180,13 +192,26 @@ class _Collector:
         *,
         own: tuple[str, ...] = (),
         learner: _Learner | None = None,
+        stop_when_ready: bool = False,
     ):
         self.modules, self.setup, self.tree, self.on_row, self.own = modules, setup, tree, on_row, own
-        self.learner = learner
+        self.learner, self.stop_when_ready = learner, stop_when_ready
         self.redo: list[str] = []
         self.given: set[str] = set()  # modules whose row went to ``on_row``
+        self.seen: set[int] = set()  # children (and preloaded modules) called back, by index
+        self.alias_rows: list[str] = []  # modules whose child looked up a watched alias: redone fresh
 
     def __call__(self, index: int, raw: RawRun | None, outcome: ZygoteOutcome) -> None:
+        self.seen.add(index)
+        if raw is not None and index in outcome.looked_up:  # its row looked up an alias the preload registered
+            self.alias_rows.append(self.modules[index])
+            self.redo.append(self.modules[index])
+        else:
+            self._take(index, raw, outcome)
+        if self.stop_when_ready and outcome.ready and self.seen.issuperset(outcome.forked_preloading):
+            raise _Ready(outcome, tuple(self.redo))
+
+    def _take(self, index: int, raw: RawRun | None, outcome: ZygoteOutcome) -> None:
         module = self.modules[index]
         if raw is None:
             seconds = dict(outcome.preloaded).get(module, 0.0)
@@ -229,6 +254,7 @@ class _Sweep:
     jobs: int
     on_row: Callable[[SweepRow], None]
     names_imported: tuple[str, ...] = ()  # top-level names the package's sources import (learned candidates)
+    watched: tuple[str, ...] = ()  # aliases a preload item registers, checked elsewhere (executor tasks)
     stage: Callable[[str], object] = lambda text: None  # hears which stage the next rows come from
 
 
@@ -245,6 +271,7 @@ def zygote_pass(
     stage: Callable[[str], object] | None = None,
     learned: tuple[Sequence[str], Sequence[str]] | None = None,
     failed_alone: Sequence[str] = (),
+    watched: Sequence[str] = (),
 ) -> ZygotePass:
     """Scan ``modules`` in children of a zygote that preloaded ``preload``; ``on_row`` gets each row.
 
@@ -254,9 +281,11 @@ def zygote_pass(
     With ``learned`` (what an earlier run learned: its modules and, among them,
     its libraries), those are preloaded at once, checked as learned ones are,
     whatever the number of modules; ``failed_alone`` names modules known to
-    fail to import on their own.
+    fail to import on their own; ``watched`` names the aliases the preload
+    registers (a learned preload checked elsewhere): a row that looks one up is
+    scanned again in a fresh subkernel.
     """
-    sweep = _Sweep(tree, setup, options, _request(setup, options), jobs, on_row)
+    sweep = _Sweep(tree, setup, options, _request(setup, options), jobs, on_row, watched=tuple(watched))
     if stage is not None:
         sweep = replace(sweep, stage=stage)
     if adapt and learned is not None and learned[0]:
@@ -281,6 +310,71 @@ def _spread(modules: Sequence[str], count: int) -> list[str]:
     return list(dict.fromkeys(modules[int(i * step)] for i in range(count)))
 
 
+class _Recorder:
+    """Hands each row on, remembering which modules have a row and which of them failed to import."""
+
+    def __init__(self, on_row: Callable[[SweepRow], None], failed: Iterable[str] = ()) -> None:
+        self.on_row = on_row
+        self.recorded: set[str] = set()
+        self.failed: set[str] = set(failed)
+
+    def __call__(self, row: SweepRow) -> None:
+        self.recorded.add(row.module)
+        if row.status != "ok":
+            self.failed.add(row.module)
+        self.on_row(row)
+
+
+@dataclass(frozen=True)
+class _Candidates:
+    """What a zygote checks before preloading it: ``names`` (``libraries`` first), learned by ``learner`` from
+    a sample, or remembered by the journal (no learner)."""
+
+    names: tuple[str, ...]
+    libraries: tuple[str, ...]
+    learner: _Learner | None = None
+
+    @classmethod
+    def learned_by(cls, learner: _Learner, preload: Sequence[str]) -> _Candidates:
+        libraries = tuple(name for name, _ in learner.libraries(ADAPT_SHARE, preload))
+        chosen = tuple(name for name, _ in learner.candidates(ADAPT_SHARE, preload))
+        return cls((*libraries, *chosen), libraries, learner)
+
+    @classmethod
+    def remembered(cls, learned: tuple[Sequence[str], Sequence[str]], preload: Sequence[str]) -> _Candidates:
+        names = tuple(n for n in learned[0] if n not in preload)
+        return cls(names, tuple(n for n in learned[1] if n in names))
+
+    @property
+    def checking(self) -> str:
+        """The stage that checks them."""
+        if self.learner is None:
+            return f"checking {len(self.names)} preload(s) the last run learned"
+        return f"checking {len(self.names)} learned preload(s)"
+
+    def notes(self, done: ZygotePass) -> tuple[str, ...]:
+        """What was added to the preload and why, and each candidate passed over and why."""
+        if self.learner is None:
+            kept = [name for name in self.names if name in done.preload]
+            note = f"preloaded {len(kept)} of the {len(self.names)} module(s) the journal's last run learned to preload"
+            return (note, *(f"{n} (not preloaded: {done.passed_over[n]})" for n in self.names if n in done.passed_over))
+        chosen = self.learner.candidates(ADAPT_SHARE, self.learner.exclude)
+        sampled = len(self.learner.sample)
+        return (
+            *_library_notes(self.libraries, done),
+            *_adapt_notes(self.learner, chosen, done.preload, sampled, done.passed_over),
+        )
+
+    def outcome(self, done: ZygotePass) -> ZygotePass:
+        """``done``, the checked pass, with what it kept of the candidates and why."""
+        return replace(
+            done,
+            notes=(*self.notes(done), *done.notes),
+            learned=tuple(name for name in self.names if name in done.preload),
+            libraries=tuple(name for name in self.libraries if name in done.preload),
+        )
+
+
 def _adaptive_pass(sweep: _Sweep, modules: Sequence[str], preload: list[str]) -> ZygotePass:
     """Learn from a sample of children which in-package modules most of them import, then preload those.
 
@@ -297,19 +391,9 @@ def _adaptive_pass(sweep: _Sweep, modules: Sequence[str], preload: list[str]) ->
        subkernel would give.
     """
     sample = _spread(modules, ADAPT_SAMPLE)
-    top = sweep.tree.package.split(".", 1)[0]  # a subpackage's sweep learns from its whole package
-    learner = _Learner(top, sample, ADAPT_SHARE, preload)
+    learner = _sample_learner(sweep, sample, preload)
     ordered = [*sample, *(m for m in modules if m not in set(sample))]
-    recorded: set[str] = set()
-
-    failed: set[str] = set()
-
-    def record(row: SweepRow) -> None:
-        recorded.add(row.module)
-        if row.status != "ok":
-            failed.add(row.module)
-        sweep.on_row(row)
-
+    record = _Recorder(sweep.on_row)
     sweep.stage(f"learning what to preload from {len(sample)} sampled modules")
     try:  # when nothing is worth preloading, the same zygote goes on scanning past the sample
         first = _pass(
@@ -325,44 +409,111 @@ def _adaptive_pass(sweep: _Sweep, modules: Sequence[str], preload: list[str]) ->
         pass
     else:  # nothing worth preloading: the one zygote scanned everything
         return replace(first, notes=(*_adapt_notes(learner, [], first.preload, len(sample)), *first.notes))
-    chosen = learner.candidates(ADAPT_SHARE, preload)
-    libraries = [name for name, _ in learner.libraries(ADAPT_SHARE, preload)]
-    rest = [m for m in ordered if m not in recorded]
-    learned = [*libraries, *(name for name, _ in chosen)]
-    sweep.stage(f"checking {len(learned)} learned preload(s)")
-    second = _checked_pass(sweep, rest, preload, learned, libraries=libraries, failed_alone=failed)
-    notes = _adapt_notes(learner, chosen, second.preload, len(sample), second.passed_over)
-    return replace(
-        second,
-        notes=(*_library_notes(libraries, second), *notes, *second.notes),
-        learned=tuple(name for name in learned if name in second.preload),
-        libraries=tuple(name for name in libraries if name in second.preload),
-    )
+    candidates = _Candidates.learned_by(learner, preload)
+    sweep.stage(candidates.checking)
+    rest = [m for m in ordered if m not in record.recorded]
+    return candidates.outcome(_checked_pass(sweep, rest, preload, candidates, failed_alone=record.failed))
+
+
+def _sample_learner(sweep: _Sweep, sample: Sequence[str], preload: Sequence[str]) -> _Learner:
+    top = sweep.tree.package.split(".", 1)[0]  # a subpackage's sweep learns from its whole package
+    return _Learner(top, sample, ADAPT_SHARE, preload)
+
+
+@dataclass(frozen=True)
+class CheckedPreload:
+    """A preload learned and checked on the sweeping machine, for zygotes elsewhere (executor tasks) to import
+    as given: ``done.preload`` (the list given first, then each kept candidate), with what was learned, kept
+    and why; ``done.leftover`` are modules to scan in fresh subkernels here."""
+
+    done: ZygotePass
+
+
+def check_preload_here(
+    modules: Sequence[str],
+    *,
+    tree: SweptTree,
+    options: ScanOptions,
+    setup: DriverSetup,
+    preload: Sequence[str],
+    jobs: int,
+    on_row: Callable[[SweepRow], None],
+    stage: Callable[[str], object] | None = None,
+    learned: tuple[Sequence[str], Sequence[str]] | None = None,
+    failed_alone: Sequence[str] = (),
+) -> CheckedPreload | None:
+    """Learn a larger preload from a sample of ``modules`` scanned here (or take ``learned``, what the
+    journal remembers), then check each candidate here as an adaptive sweep does, and stop once the zygote
+    is ready: the rest goes elsewhere, where every zygote imports the checked list as given.
+
+    A task could not check a candidate itself: the rows its import loads (each scanned first, and
+    failing alone keeps it out) may belong to another task's chunk.  Here every row still to do is in
+    reach.  None when there is nothing to add (a small package, nothing common, a refused zygote).
+    """
+    sweep = _Sweep(tree, setup, options, _request(setup, options), jobs, on_row)
+    record = _Recorder(on_row, failed_alone)
+    sweep = replace(sweep, on_row=record, stage=stage or sweep.stage)
+    if learned is not None and learned[0]:
+        candidates = _Candidates.remembered(learned, preload)
+    elif len(modules) >= ADAPT_MIN_MODULES:
+        candidates = _learn_from_sample(sweep, modules, preload)
+    else:
+        return None
+    if not candidates.names:
+        return None
+    sweep.stage(candidates.checking)
+    rest = [m for m in modules if m not in record.recorded]
+    try:
+        done = _checked_pass(sweep, rest, list(preload), candidates, failed_alone=record.failed, stop_when_ready=True)
+    except _Ready as ready:
+        passed = dict(ready.outcome.passed_over)
+        preloaded = {name for name, _ in ready.outcome.preloaded}
+        kept = tuple(n for n in [*preload, *candidates.names] if n in preloaded and n not in passed)
+        watched = tuple(name for _, names in ready.outcome.watching for name in names)
+        done = ZygotePass(kept, "", ready.redo, passed_over=passed, watched=watched)
+    if not done.used:  # refused here: each task starts from the list given, checked there as any preload
+        return None
+    return CheckedPreload(candidates.outcome(done))
+
+
+def _learn_from_sample(sweep: _Sweep, modules: Sequence[str], preload: Sequence[str]) -> _Candidates:
+    """Scan an evenly spread sample of ``modules`` and no more: the candidates it taught (none when nothing
+    is common enough)."""
+    sample = _spread(modules, ADAPT_SAMPLE)
+    learner = _sample_learner(sweep, sample, preload)
+    sweep.stage(f"learning what to preload from {len(sample)} sampled modules")
+    with contextlib.suppress(_Learned):  # raised once the whole sample was seen: that zygote has no more
+        _pass(sweep, sample, list(preload), learner)
+    if not learner.decided:
+        return _Candidates((), (), learner)
+    return _Candidates.learned_by(learner, preload)
 
 
 def _checked_pass(
     sweep: _Sweep,
     modules: Sequence[str],
     preload: list[str],
-    learned: Sequence[str],
+    candidates: _Candidates,
     *,
-    libraries: Sequence[str],
     failed_alone: Iterable[str],
+    stop_when_ready: bool = False,
 ) -> ZygotePass:
-    """A zygote that also preloads ``learned``, each a candidate the zygote imports once with a stopped copy of
-    itself to go back to (the rows still to do that its import loaded, its own included, scanned by that copy;
-    passed over when it does harm), then scans the rest of ``modules``."""
+    """A zygote that also preloads the candidates, each imported once with a stopped copy of the zygote to go
+    back to (the rows still to do that its import loaded, its own included, scanned by that copy; passed over
+    when it does harm), then scans the rest of ``modules`` (or, with ``stop_when_ready``, stops there)."""
+    scanning = _announcing(sweep.on_row, set(candidates.names), lambda: sweep.stage("scanning"))
     return _pass(
         replace(
             sweep,
             names_imported=tuple(sorted(sweep.tree.imported_names)),
-            on_row=_announcing(sweep.on_row, set(learned), lambda: sweep.stage("scanning")),
+            on_row=sweep.on_row if stop_when_ready else scanning,  # stopping there, it never scans the rest
         ),
         modules,
-        [*preload, *learned],
-        scan_first=learned,
+        [*preload, *candidates.names],
+        scan_first=candidates.names,
         failed_alone=sorted(failed_alone),
-        libraries=libraries,
+        libraries=candidates.libraries,
+        stop_when_ready=stop_when_ready,
     )
 
 
@@ -376,18 +527,9 @@ def _remembered_pass(
     """Preload what an earlier run learned, checked as a learned preload is (a candidate whose row is to do
     is scanned first; one that now does harm is passed over), then scan ``modules``: no sample to learn from,
     so a rerun of a few rows pays no learning."""
-    names, libraries = [n for n in learned[0] if n not in preload], [n for n in learned[1] if n in learned[0]]
-    sweep.stage(f"checking {len(names)} preload(s) the last run learned")
-    done = _checked_pass(sweep, modules, preload, names, libraries=libraries, failed_alone=failed_alone)
-    kept = tuple(name for name in names if name in done.preload)
-    note = f"preloaded {len(kept)} of the {len(names)} module(s) the journal's last run learned to preload"
-    refused = [f"{name} (not preloaded: {done.passed_over[name]})" for name in names if name in done.passed_over]
-    return replace(
-        done,
-        notes=(note, *refused, *done.notes),
-        learned=kept,
-        libraries=tuple(name for name in libraries if name in kept),
-    )
+    candidates = _Candidates.remembered(learned, preload)
+    sweep.stage(candidates.checking)
+    return candidates.outcome(_checked_pass(sweep, modules, preload, candidates, failed_alone=failed_alone))
 
 
 def _announcing(
@@ -458,6 +600,7 @@ def _pass(
     scan_first: Sequence[str] = (),
     failed_alone: Sequence[str] = (),
     libraries: Sequence[str] = (),
+    stop_when_ready: bool = False,
 ) -> ZygotePass:
     """One zygote over ``modules``, retried with a shorter preload while the zygote refuses one."""
     attempt, notes = list(preload), []
@@ -465,7 +608,7 @@ def _pass(
     tree, setup, request, on_row, own = sweep.tree, sweep.setup, sweep.request, sweep.on_row, sweep.options.own
     jobs, timeout = sweep.jobs, sweep.options.timeout
     while True:
-        collector = _Collector(modules, setup, tree, on_row, own=own, learner=learner)
+        collector = _Collector(modules, setup, tree, on_row, own=own, learner=learner, stop_when_ready=stop_when_ready)
         outcome = run_zygote(
             request,
             modules,
@@ -479,6 +622,7 @@ def _pass(
             failed_alone=failed_alone,
             libraries=libraries,
             names_imported=sweep.names_imported,
+            watched=sweep.watched,
         )
         if outcome.ready:
             break
@@ -502,7 +646,24 @@ def _pass(
         for name, names in outcome.environment_kept
     )
     return ZygotePass(
-        used, "; ".join(notes), tuple(leftover), notes=(*kept, *package_notes(outcome, modules)), passed_over=passed
+        used,
+        "; ".join(notes),
+        tuple(leftover),
+        notes=(*kept, *_alias_notes(outcome, collector.alias_rows), *package_notes(outcome, modules)),
+        passed_over=passed,
+        watched=tuple(name for _, names in outcome.watching for name in names),
+    )
+
+
+def _alias_notes(outcome: ZygoteOutcome, rows: Sequence[str]) -> tuple[str, ...]:
+    """The aliases a preload registered, watched in every row: how many rows looked one up."""
+    if not outcome.watching:
+        return ()
+    shown = ", ".join(rows[:3]) + (f" and {len(rows) - 3} more" if len(rows) > 3 else "")
+    looked = f"{len(rows)} row(s) looked one up and were scanned in fresh subkernels" + (f": {shown}" if rows else "")
+    return tuple(
+        f"{name or 'the preload'}: preloaded though its import registers a module as {', '.join(names)}; {looked}"
+        for name, names in outcome.watching
     )
 
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import uuid
+from concurrent.futures import ProcessPoolExecutor
 
 import pytest
 
@@ -110,6 +112,9 @@ def test_learning_stops_the_first_zygote_and_every_module_gets_one_row(shared_pa
     assert {row.status for row in result.rows} == {"ok"}
 
 
+FOUND_ALIAS = "try:\n    import {name}\nexcept ImportError:\n    FOUND = False\nelse:\n    FOUND = True\n"
+
+
 @pytest.fixture
 def side_effects(make_tree):
     """Candidates with side effects a fresh subkernel never sees (as on vLLM).
@@ -117,7 +122,9 @@ def side_effects(make_tree):
     ``fx.base`` imports ``fx.b``, which imports ``fx.a`` in the one order that works: ``fx.a`` alone
     fails on its circular import, as vLLM's ``flashinfer_utils`` does.  ``fx.vendor_path`` puts a
     folder on ``sys.path``, after which ``fx.uses_vendored`` imports, and ``fx.alias`` registers a
-    module under another name, as vLLM registers its ``third_party/triton_kernels`` as ``triton_kernels``.
+    module under another name, as vLLM registers its ``third_party/triton_kernels`` as ``triton_kernels``:
+    ``fx.uses_alias`` looks that name up, and ``fx.apkg``'s import does, for
+    ``fx.apkg.s1`` and ``s2``, which fail when it found the name (they never do in a fresh subkernel).
     ``fx.pkgc`` loads ``fx.m_util``, which fails on its own (it imports ``fx.pkgc`` back), so
     ``fx.user``, which imports it, fails in a fresh subkernel but not after ``fx.pkgc`` (vLLM's
     ``fused_moe``, ``flashinfer_utils`` and ``b12x_moe``).
@@ -137,6 +144,9 @@ def side_effects(make_tree):
         "fx/pkgc/act.py": "X = 1\n",
         "fx/m_util.py": "from fx.pkgc.act import X\n\n\ndef helper():\n    return X\n",
         "fx/user.py": "import fx.m_util\n",
+        "fx/apkg/__init__.py": FOUND_ALIAS.format(name="fx_alias"),
+        "fx/apkg/s1.py": "from fx.apkg import FOUND\nassert not FOUND\n",
+        "fx/apkg/s2.py": "from fx.apkg import FOUND\nassert not FOUND\n",
         "fx/leaves/__init__.py": "",
     }
     leaf = "import fx.base, fx.vendor_path, fx.alias, fx.pkgc\n"
@@ -147,19 +157,25 @@ def side_effects(make_tree):
 def test_a_candidate_is_preloaded_only_after_the_rows_its_import_would_change(side_effects):
     """Every row is a fresh subkernel's: what a candidate loads is scanned before it is preloaded,
     and a candidate is passed over when it changes what every later import finds, or when it loads
-    a module that fails on its own (a row importing that module first would fail)."""
+    a module that fails on its own (a row importing that module first would fail).  One that registers
+    an alias is preloaded, and each row whose import looks that name up is scanned again fresh."""
     options = {"path": [side_effects], "driver": "simulated", "jobs": 2, "timeout": 30, "exclude": ["fx.lib*"]}
     result = sweep("fx", **options)
     fresh = sweep("fx", fresh=True, **options)
     assert "fx.leaves" in result.preload, result.preload_notes
     assert "fx.vendor_path" not in result.preload
     notes = " ".join(result.preload_notes)
-    assert "fx.alias" not in result.preload
+    assert "fx.alias" in result.preload, notes
     assert "fx.vendor_path: imported by" in notes
     assert "fx.alias (+1 module it imports): imported by" in notes
-    assert "fx.vendor_path: imported by" in notes
     assert f"(not preloaded: it puts {side_effects / 'fx' / 'lib'} on sys.path, which every later import" in notes
-    assert "(not preloaded: it registers fx.a_target as fx_alias, which every later import would see)" in notes
+    watched = next((n for n in result.preload_notes if n.startswith("fx.alias: preloaded though")), notes)
+    assert "its import registers a module as fx_alias; " in watched, watched
+    assert " row(s) looked one up and were scanned in fresh subkernels: " in watched  # some were sampled before
+    assert {"fx.uses_alias", "fx.apkg"} <= set(watched.rpartition(": ")[2].replace(" and ", ", ").split(", "))
+    assert {row.module: row.status for row in result.rows if row.module.startswith("fx.apkg")} == dict.fromkeys(
+        ("fx.apkg", "fx.apkg.s1", "fx.apkg.s2"), "ok"
+    )
     assert not {"fx.pkgc", "fx.base"} & set(result.preload)
     assert "(not preloaded: it loads fx.m_util, which fails to import on its own" in notes
     assert "(not preloaded: it loads fx.a, which fails to import on its own" in notes
@@ -171,6 +187,32 @@ def test_a_candidate_is_preloaded_only_after_the_rows_its_import_would_change(si
     assert not any(row.preloaded for row in result.rows if row.module in ("fx.a", "fx.b"))
     fresh_deps = {row.module: set(row.deps) for row in fresh.rows}
     assert all(fresh_deps[row.module] <= set(row.deps) for row in result.rows)  # the preload's files count too
+
+
+def test_a_candidate_looking_up_an_alias_an_earlier_one_registered_is_passed_over(make_tree, monkeypatch):
+    """``lk.looker`` finds ``lk_alias`` only because ``lk.reg``, preloaded before it, registered it: it is
+    passed over, and every row importing it looks the name up itself and is scanned fresh."""
+    from diagtools.usecases import sweep_forked
+
+    monkeypatch.setattr(sweep_forked, "ADAPT_MIN_MODULES", 10)
+    monkeypatch.setattr(sweep_forked, "ADAPT_SAMPLE", 6)
+    files = {
+        "lk/__init__.py": "",
+        "lk/target.py": "VALUE = 1\n",
+        "lk/reg.py": "import sys\nimport lk.target\nsys.modules['lk_alias'] = lk.target\n",
+        "lk/looker.py": FOUND_ALIAS.format(name="lk_alias"),
+        "lk/leaves/__init__.py": "",
+    }
+    files.update({f"lk/leaves/m{n}.py": "import lk.reg, lk.looker\nassert not lk.looker.FOUND\n" for n in range(8)})
+    options = {"path": [make_tree(files)], "driver": "simulated", "jobs": 2, "timeout": 30}
+    result = sweep("lk", **options)
+    notes = " ".join(result.preload_notes)
+    assert "lk.reg" in result.preload, notes
+    assert "lk.looker" not in result.preload
+    assert "(not preloaded: its import looks up lk_alias, registered by an earlier preload)" in notes
+    fresh = sweep("lk", fresh=True, **options)
+    assert {row.module: verdict(row) for row in result.rows} == {row.module: verdict(row) for row in fresh.rows}
+    assert {row.status for row in result.rows if row.module.startswith("lk.leaves.")} == {"import-error"}
 
 
 @pytest.fixture
@@ -355,4 +397,57 @@ def test_a_candidate_loading_a_module_that_fails_alone_is_preloaded_when_no_othe
     assert statuses[f"fa.{kept}"] == statuses[f"fa.{named}"] == statuses["fa.reader"] == "import-error"
     for module in (f"fa.{kept}", "fa.reader", "fa.config", "fa.hub", "fa.leaves.m000", f"fa.leaves.m{LEAVES - 1:03}"):
         fresh = scan(module, path=[root], driver="simulated", timeout=60)
+        assert verdict(result.row(module)) == verdict(SweepRow.from_scan(module, fresh, 0.0, 0.0)), module
+
+
+def test_executor_tasks_preload_what_a_sample_scanned_here_taught(shared_package, tmp_path):
+    """Across machines each task's zygote preloads what the sample taught (learned and checked once, on the
+    sweeping machine), the journal remembers it, and the rows stay a fresh subkernel's."""
+    stages: list[str] = []
+    journal = tmp_path / "sweep.jsonl"
+    with ProcessPoolExecutor(2) as pool:
+        result = sweep(
+            "ad",
+            path=[shared_package],
+            driver="simulated",
+            jobs=2,
+            timeout=30,
+            executor=pool,
+            stage=stages.append,
+            json_path=journal,
+        )
+    assert result.mode == "zygote", result.fallback
+    assert {"ad.common", "ad.config"} <= set(result.preload), (result.preload, result.preload_notes)
+    assert stages[0] == "learning what to preload from 24 sampled modules"
+    assert stages[1].startswith("checking ")
+    assert stages[2].startswith("scanning in executor tasks, each preloading the ")
+    assert any(note.startswith("ad.config (+1 module it imports): imported by ") for note in result.preload_notes)
+    assert len(result.rows) == LEAVES + 8
+    remembered = [json.loads(line)["preload"] for line in journal.read_text().splitlines() if '"preload"' in line]
+    assert remembered
+    assert {"ad.common", "ad.config"} <= set(remembered[-1]["learned"]), remembered
+    for module in ("ad.config", "ad.gpu_a", "ad.gpu", "ad.worker", "ad.leaves.m000", f"ad.leaves.m{LEAVES - 1:03}"):
+        fresh = scan(module, path=[shared_package], driver="simulated", timeout=30)
+        assert verdict(result.row(module)) == verdict(SweepRow.from_scan(module, fresh, 0.0, 0.0)), module
+
+
+def test_executor_tasks_preload_only_what_was_checked_against_every_row(side_effects):
+    """A candidate is checked on the sweeping machine against the rows its import loads, whichever task
+    would have scanned them: ``fx.pkgc`` loads ``fx.m_util``, which fails alone, and stays out, so
+    ``fx.user`` (which imports ``fx.m_util`` first) fails as in a fresh subkernel, in whatever task; the
+    alias ``fx.alias`` registers is watched in every task."""
+    with ProcessPoolExecutor(2) as pool:
+        result = sweep(
+            "fx", path=[side_effects], driver="simulated", jobs=2, timeout=30, executor=pool, exclude=["fx.lib*"]
+        )
+    assert result.mode == "zygote", result.fallback
+    assert "fx.leaves" in result.preload, result.preload_notes
+    assert not {"fx.pkgc", "fx.base", "fx.vendor_path"} & set(result.preload), result.preload
+    assert "fx.alias" in result.preload  # each task watches the name it registers, as the check here did
+    statuses = {row.module: row.status for row in result.rows}
+    assert statuses["fx.a"] == statuses["fx.m_util"] == statuses["fx.user"] == "import-error"
+    assert statuses["fx.uses_vendored"] == statuses["fx.uses_alias"] == "import-error"
+    assert statuses["fx.apkg"] == statuses["fx.apkg.s1"] == statuses["fx.apkg.s2"] == "ok"
+    for module in ("fx.user", "fx.pkgc", "fx.uses_alias", "fx.apkg.s1", "fx.leaves.m000", f"fx.leaves.m{LEAVES - 1}"):
+        fresh = scan(module, path=[side_effects], driver="simulated", timeout=30)
         assert verdict(result.row(module)) == verdict(SweepRow.from_scan(module, fresh, 0.0, 0.0)), module
