@@ -1,8 +1,9 @@
 """Time the vLLM sweep on a dask LocalCluster, as ``diagtools.sweep(executor=...)`` runs it across machines.
 
-A LocalCluster of ``--workers`` worker processes (one thread each) gets the sweep's chunks (each chunk a
-zygote of its own that preloads torch and vllm; no adaptive preload on an executor); the rows go to a new
-journal as chunks finish.  Stopped after ``--limit-s`` seconds (SIGALRM, as Ctrl-C would), it still
+A LocalCluster of ``--workers`` worker processes (one thread each) gets the sweep's chunks; before any is
+sent, the preload is learned from a sample and checked on this machine (the rows its candidates load are
+scanned here), and each chunk is a zygote of its own that imports the checked list; the rows go to a new
+journal as they come.  Stopped after ``--limit-s`` seconds (SIGALRM, as Ctrl-C would), it still
 reports the rows done by then.  Compare with ``diagtools sweep vllm --jobs 2`` timed in the same session
 (sweep_vllm_noflag.sh).
 
@@ -72,6 +73,7 @@ def main() -> None:
         "modules": len(result.rows) + result.interrupted,
         "mode": result.mode,
         "preload": list(result.preload),
+        "preload_notes": list(result.preload_notes),
         "fallback": result.fallback,
         "initialize_cuda": len(result.culprits),
         "failed_to_import": len(result.failures),
