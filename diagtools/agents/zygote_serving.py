@@ -56,6 +56,11 @@ def _serve(modules, order):
                 return child
             continue
         module = modules[index]
+        if index in z._served:  # scanned before a candidate's import, which was then passed over
+            child = state.descend_served(index)
+            if child is not None:
+                return child
+            continue
         state.done.add(index)  # its row is this zygote's now: no package zygote below scans it again
         if module in z._explicit:
             z._channel.emit("present", i=index)  # preloaded: its row says so, no child needed
@@ -150,12 +155,25 @@ class _Serving:
         while self.position < len(self.order):
             index = self.order[self.position]
             self.position += 1
-            if index in z._served or index in self.done:
-                continue
-            if index in self.held:
+            if index in self.done or index in self.held:
                 continue  # if its package zygote leaves it, it comes back through ``released``
+            if index in z._served and not self._worth_descending(index):
+                continue
             return index
         return None
+
+    def _worth_descending(self, index):
+        module = self.modules[index]
+        return len(self.inside(module)) >= z._descent.DESCEND_MIN and module not in sys.modules
+
+    def descend_served(self, index):
+        """A package whose row was scanned before a candidate's import (its import not kept here): a zygote
+        that imports it once serves the modules below, as after its row in this loop; ``(index, module)`` in
+        a scan child of that zygote, else None."""
+        self.done.add(index)
+        inside = self.inside(self.modules[index])
+        self.held.update(inside)
+        return z._descent._Descent(index, inside).start(self)
 
     def inside(self, module):
         taken = (self.done, z._served, self.held)

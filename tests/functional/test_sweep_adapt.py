@@ -142,6 +142,8 @@ def side_effects(make_tree):
         "fx/uses_alias.py": "import fx_alias\n",
         "fx/pkgc/__init__.py": "from fx.m_util import helper\n",
         "fx/pkgc/act.py": "X = 1\n",
+        "fx/pkgc/more1.py": "from fx.pkgc import helper\n",  # below fx.pkgc, not loaded by its import
+        "fx/pkgc/more2.py": "from fx.pkgc import helper\n",
         "fx/m_util.py": "from fx.pkgc.act import X\n\n\ndef helper():\n    return X\n",
         "fx/user.py": "import fx.m_util\n",
         "fx/apkg/__init__.py": FOUND_ALIAS.format(name="fx_alias"),
@@ -451,3 +453,34 @@ def test_executor_tasks_preload_only_what_was_checked_against_every_row(side_eff
     for module in ("fx.user", "fx.pkgc", "fx.uses_alias", "fx.apkg.s1", "fx.leaves.m000", f"fx.leaves.m{LEAVES - 1}"):
         fresh = scan(module, path=[side_effects], driver="simulated", timeout=30)
         assert verdict(result.row(module)) == verdict(SweepRow.from_scan(module, fresh, 0.0, 0.0)), module
+
+
+def test_a_package_scanned_before_a_candidate_that_was_passed_over_still_serves_the_modules_below(side_effects):
+    """``fx.pkgc``'s row is scanned before its import is tried as a preload, which is then passed over: the
+    modules below it that its import did not load are still served by one zygote that imports it once,
+    not each by a child importing it again."""
+    from diagtools.driver import resolve_driver
+    from diagtools.usecases.options import ScanOptions
+    from diagtools.usecases.sweep_discover import discover_modules, locate_tree
+    from diagtools.usecases.sweep_forked import zygote_pass
+
+    roots, exclude = [str(side_effects)], ["fx.lib*", "fx.leaves*"]
+    rows: list[SweepRow] = []
+    done = zygote_pass(
+        discover_modules("fx", roots, exclude=exclude),
+        tree=locate_tree("fx", roots, exclude=exclude),
+        options=ScanOptions.of(path=roots, driver="simulated", timeout=30),
+        setup=resolve_driver("simulated"),
+        preload=["fx"],
+        jobs=2,
+        on_row=rows.append,
+        adapt=True,
+        learned=(("fx.pkgc",), ()),  # as a journal remembers it: checked first, then passed over
+    )
+    assert "fx.pkgc" in done.passed_over, done.notes
+    assert "1 package(s) imported once in a zygote of their own for the 2 module(s) below them" in " ".join(
+        done.notes
+    ), done.notes
+    assert {row.module: row.status for row in rows if row.module.startswith("fx.pkgc.")} == dict.fromkeys(
+        ("fx.pkgc.act", "fx.pkgc.more1", "fx.pkgc.more2"), "ok"
+    )
