@@ -6,7 +6,8 @@ learned to preload; how many rows the incremental rerun reused and why it rescan
 row-by-row comparisons (``sweep_vllm_compare.compare``): the incremental rerun against the full sweep of
 the edited tree, and the no-flag sweep against the tuned one.
 
-Run: ``python benchmarks/sweep_vllm_noflag.py OUT --save-path benchmarks/sweep_vllm_noflag.json``.
+Run: ``python benchmarks/sweep_vllm_noflag.py OUT --save-path benchmarks/sweep_vllm_noflag.json`` (after a
+``pair`` run, only the two sweeps and their rows against each other).
 """
 
 from __future__ import annotations
@@ -82,14 +83,18 @@ def main() -> None:
     report = {
         "machine": {"python": platform.python_version(), "cpus": os.cpu_count()},
         "runs": runs(out),
+        "tuned_stages": stages(out / "tuned.err"),
         "no_flag": summary(out / "f0.json"),
         "no_flag_stages": stages(out / "f0.err"),
         "no_flag_rows_written": rows_written(out / "f0.jsonl"),
-        "incremental": summary(out / "inc.json"),
-        "full_after_edit": summary(out / "f1.json"),
-        "incremental_against_full_after_edit": compare(load_rows(out / "inc.jsonl"), load_rows(out / "f1.jsonl")),
         "no_flag_against_tuned": compare(load_rows(out / "f0.jsonl"), load_rows(out / "tuned.jsonl")),
     }
+    if (out / "inc.json").exists():  # not a "pair" run: the incremental rerun and the full sweep it must equal
+        report.update(
+            incremental=summary(out / "inc.json"),
+            full_after_edit=summary(out / "f1.json"),
+            incremental_against_full_after_edit=compare(load_rows(out / "inc.jsonl"), load_rows(out / "f1.jsonl")),
+        )
     emit(report, args.save_path)
 
 

@@ -155,23 +155,27 @@ def _row_of(module: str, future: Future[dict[str, Any]]) -> SweepRow:
         return SweepRow(module, ScanStatus.ERROR, False, None, 0.0, error=f"{type(exc).__name__}: {exc}")
 
 
+def _zygote_arguments(plan: _Plan, run: _Run, tree: SweptTree, stage: Callable[[str], object] | None) -> dict[str, Any]:
+    """What every zygote pass of this sweep is given: the tree, the driver, the preload, where rows go, which
+    stage they come from, what the journal's last run learned, and which modules already failed alone."""
+    assert plan.preload is not None
+    return {
+        "tree": tree,
+        "options": plan.options,
+        "setup": resolve_driver(plan.options.driver),
+        "preload": plan.preload,
+        "jobs": plan.jobs,
+        "on_row": run.record,
+        "stage": stage,
+        "learned": (plan.learned.learned, plan.learned.libraries) if plan.learned else None,  # used when adapting
+        "failed_alone": [m for m, row in run.rows.items() if row.status != "ok"],
+    }
+
+
 def _run_zygote_here(
     plan: _Plan, pending: Sequence[str], run: _Run, tree: SweptTree, stage: Callable[[str], object] | None
 ) -> ZygotePass:
-    assert plan.preload is not None
-    done = zygote_pass(
-        pending,
-        tree=tree,
-        options=plan.options,
-        setup=resolve_driver(plan.options.driver),
-        preload=plan.preload,
-        jobs=plan.jobs,
-        on_row=run.record,
-        adapt=plan.adapt,
-        stage=stage,
-        learned=(plan.learned.learned, plan.learned.libraries) if plan.learned else None,  # used when adapting
-        failed_alone=[m for m, row in run.rows.items() if row.status != "ok"],
-    )
+    done = zygote_pass(pending, adapt=plan.adapt, **_zygote_arguments(plan, run, tree, stage))
     if done.leftover:
         _run_fresh(plan, done.leftover, run, None)
     return done
@@ -184,18 +188,7 @@ def _check_here(
     one the journal remembers) and check it here, so that every task's zygote imports it as given."""
     if not plan.adapt or plan.preload is None:
         return None
-    return check_preload_here(
-        pending,
-        tree=tree,
-        options=plan.options,
-        setup=resolve_driver(plan.options.driver),
-        preload=plan.preload,
-        jobs=plan.jobs,
-        on_row=run.record,
-        stage=stage,
-        learned=(plan.learned.learned, plan.learned.libraries) if plan.learned else None,
-        failed_alone=[m for m, row in run.rows.items() if row.status != "ok"],
-    )
+    return check_preload_here(pending, **_zygote_arguments(plan, run, tree, stage))
 
 
 def _run_zygote_chunks(
