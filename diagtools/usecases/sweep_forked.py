@@ -28,6 +28,15 @@ from diagtools.usecases.assemble import assemble
 from diagtools.usecases.options import ScanOptions
 from diagtools.usecases.scan import DEFAULT_SETTLE_S, SCAN_PROBE, probe_request
 from diagtools.usecases.sweep_discover import SweptTree
+from diagtools.usecases.sweep_learning import (
+    ADAPT_SHARE,
+    Candidates,
+    Learned,
+    Learner,
+    Recorder,
+    adapt_notes,
+    spread,
+)
 
 __all__ = ["ADAPT_MIN_MODULES", "SWEEP_ZYGOTE", "ZygotePass", "in_package_deps", "package_notes", "zygote_pass"]
 
@@ -74,10 +83,6 @@ def _row(
     return _with_deps(row, in_package_deps(tree, files)), result
 
 
-class _Learned(Exception):  # noqa: N818 - control flow that stops a zygote, not an error
-    """Raised from a zygote's child callback once the sample has shown what to preload: stops that zygote."""
-
-
 class _Ready(Exception):  # noqa: N818 - control flow that stops a zygote, not an error
     """Raised from a zygote's child callback, in a pass that only checks its preload (the rest goes elsewhere),
     once the preload is checked and every row its candidates loaded is in: stops that zygote.  ``outcome`` says
@@ -86,90 +91,6 @@ class _Ready(Exception):  # noqa: N818 - control flow that stops a zygote, not a
     def __init__(self, outcome: ZygoteOutcome, redo: tuple[str, ...]) -> None:
         super().__init__("the preload was checked")
         self.outcome, self.redo = outcome, redo
-
-
-class _Learner:
-    """What the first children imported of ``package``: the candidates for a larger preload.
-
-    It learns from the children of the ``sample`` modules only, and decides
-    once every one of them has ended (or was found preloaded): the first
-    children to end are the quick ones, and learning from them alone would
-    see fewer of the heavy shared imports.  When some module of the package
-    was imported by at least ``share`` of them, :meth:`decide` raises
-    :class:`_Learned` (the zygote is stopped and a larger one started);
-    otherwise the same zygote goes on.
-    """
-
-    def __init__(
-        self, package: str, sample: Sequence[str] = (), share: float = 1.0, exclude: Sequence[str] = ()
-    ) -> None:
-        self.package, self.share, self.exclude = package, share, tuple(exclude)
-        self.sample, self.waiting = tuple(sample), set(sample)  # the sample, and its modules not yet seen
-        self.decided = False
-        self.counts: dict[str, int] = {}  # first-import order: a package before its modules
-        self.importers: dict[str, str | None] = {}  # who imported each module, the first time it was seen
-        self.outside: dict[str, int] = {}  # the same for modules outside the package (libraries)
-        self.seconds: dict[str, float] = {}  # the seconds the children spent importing each module (either kind)
-        self.children = 0
-        self.unsafe: set[str] = set()
-
-    def observe(self, module: str, result: ScanResult | None) -> None:
-        """Count what a sample module's child imported (``result`` None: the module was preloaded)."""
-        if self.decided or module not in self.waiting:
-            return
-        self.waiting.discard(module)
-        if result is None:
-            return
-        self.children += 1
-        for culprit in result.culprits:
-            self.unsafe.update(culprit.chain)
-        for node in result.modules:
-            if node.name == module or not node.complete or node.phase != "import":
-                continue
-            inside = node.name == self.package or node.name.startswith(self.package + ".")
-            counts = self.counts if inside else self.outside
-            counts[node.name] = counts.get(node.name, 0) + 1
-            self.importers.setdefault(node.name, node.parent)
-            self.seconds[node.name] = self.seconds.get(node.name, 0.0) + node.cumulative_s
-
-    def decide(self) -> None:
-        """Once every sample module was seen: raise :class:`_Learned` when there is something to preload."""
-        if self.decided or self.waiting:
-            return
-        self.decided = True
-        if self.candidates(self.share, self.exclude) or self.libraries(self.share, self.exclude):
-            raise _Learned
-
-    def worth(self, names: Sequence[str]) -> float:
-        """Seconds an average child spent importing ``names`` (and what they import)."""
-        return sum(self.seconds.get(name, 0.0) for name in names) / max(1, self.children)
-
-    def candidates(self, share: float, exclude: Sequence[str]) -> list[tuple[str, int]]:
-        """Modules most children imported (at least ``share`` of them), clean in every child, in import order."""
-        return self._common(self.counts, share, exclude)
-
-    def libraries(self, share: float, exclude: Sequence[str]) -> list[tuple[str, int]]:
-        """The modules outside the package most children imported, each the first of its subtree to be
-        imported (a library's own modules follow it), in import order: only those worth preloading (each
-        :data:`ADAPT_LIBRARY_EACH_S`, together :data:`ADAPT_LIBRARY_MIN_S`), since every library preloaded
-        is one whose own import-time changes the rows are scanned after."""
-        common = self._common(self.outside, share, exclude)
-        names = {name for name, _ in common}
-        roots = [(name, count) for name, count in common if self.importers.get(name) not in names]
-        roots = [(name, count) for name, count in roots if self.worth([name]) >= ADAPT_LIBRARY_EACH_S]
-        return roots if self.worth([name for name, _ in roots]) >= ADAPT_LIBRARY_MIN_S else []
-
-    def _common(self, counts: dict[str, int], share: float, exclude: Sequence[str]) -> list[tuple[str, int]]:
-        """The modules at least ``share`` of the children imported, and those a smaller share imported
-        (:data:`ADAPT_COSTLY_SHARE`) that cost an average child :data:`ADAPT_COSTLY_S`: preloading a slow
-        module a third of the rows import saves more than a quick one they all import."""
-        common, costly = max(2, share * self.children), max(2, ADAPT_COSTLY_SHARE * self.children)
-        skip = set(exclude) | self.unsafe
-        return [
-            (name, count)
-            for name, count in counts.items()
-            if name not in skip and (count >= common or (count >= costly and self.worth([name]) >= ADAPT_COSTLY_S))
-        ]
 
 
 def _with_deps(row: SweepRow, deps: tuple[str, ...]) -> SweepRow:
@@ -191,7 +112,7 @@ class _Collector:
         on_row: Callable[[SweepRow], None],
         *,
         own: tuple[str, ...] = (),
-        learner: _Learner | None = None,
+        learner: Learner | None = None,
         stop_when_ready: bool = False,
     ):
         self.modules, self.setup, self.tree, self.on_row, self.own = modules, setup, tree, on_row, own
@@ -297,82 +218,6 @@ def zygote_pass(
 
 ADAPT_MIN_MODULES = 100  # below this, learning costs more zygote starts than it saves
 ADAPT_SAMPLE = 24  # children observed before choosing what else to preload
-ADAPT_SHARE = 0.5  # a module at least this share of them imported is preloaded
-ADAPT_COSTLY_SHARE = 0.25  # and one this share imported, when importing it costs an average child
-ADAPT_COSTLY_S = 0.05  # this long (its share of the children times its own import time)
-ADAPT_LIBRARY_MIN_S = 0.1  # libraries are learned when an average child spends this long importing them
-ADAPT_LIBRARY_EACH_S = 0.005  # and each of them only when it costs an average child this long
-
-
-def _spread(modules: Sequence[str], count: int) -> list[str]:
-    """``count`` modules spread evenly over the sorted list, so every part of the package is seen."""
-    step = len(modules) / count
-    return list(dict.fromkeys(modules[int(i * step)] for i in range(count)))
-
-
-class _Recorder:
-    """Hands each row on, remembering which modules have a row and which of them failed to import."""
-
-    def __init__(self, on_row: Callable[[SweepRow], None], failed: Iterable[str] = ()) -> None:
-        self.on_row = on_row
-        self.recorded: set[str] = set()
-        self.failed: set[str] = set(failed)
-
-    def __call__(self, row: SweepRow) -> None:
-        self.recorded.add(row.module)
-        if row.status != "ok":
-            self.failed.add(row.module)
-        self.on_row(row)
-
-
-@dataclass(frozen=True)
-class _Candidates:
-    """What a zygote checks before preloading it: ``names`` (``libraries`` first), learned by ``learner`` from
-    a sample, or remembered by the journal (no learner)."""
-
-    names: tuple[str, ...]
-    libraries: tuple[str, ...]
-    learner: _Learner | None = None
-
-    @classmethod
-    def learned_by(cls, learner: _Learner, preload: Sequence[str]) -> _Candidates:
-        libraries = tuple(name for name, _ in learner.libraries(ADAPT_SHARE, preload))
-        chosen = tuple(name for name, _ in learner.candidates(ADAPT_SHARE, preload))
-        return cls((*libraries, *chosen), libraries, learner)
-
-    @classmethod
-    def remembered(cls, learned: tuple[Sequence[str], Sequence[str]], preload: Sequence[str]) -> _Candidates:
-        names = tuple(n for n in learned[0] if n not in preload)
-        return cls(names, tuple(n for n in learned[1] if n in names))
-
-    @property
-    def checking(self) -> str:
-        """The stage that checks them."""
-        if self.learner is None:
-            return f"checking {len(self.names)} preload(s) the last run learned"
-        return f"checking {len(self.names)} learned preload(s)"
-
-    def notes(self, done: ZygotePass) -> tuple[str, ...]:
-        """What was added to the preload and why, and each candidate passed over and why."""
-        if self.learner is None:
-            kept = [name for name in self.names if name in done.preload]
-            note = f"preloaded {len(kept)} of the {len(self.names)} module(s) the journal's last run learned to preload"
-            return (note, *(f"{n} (not preloaded: {done.passed_over[n]})" for n in self.names if n in done.passed_over))
-        chosen = self.learner.candidates(ADAPT_SHARE, self.learner.exclude)
-        sampled = len(self.learner.sample)
-        return (
-            *_library_notes(self.libraries, done),
-            *_adapt_notes(self.learner, chosen, done.preload, sampled, done.passed_over),
-        )
-
-    def outcome(self, done: ZygotePass) -> ZygotePass:
-        """``done``, the checked pass, with what it kept of the candidates and why."""
-        return replace(
-            done,
-            notes=(*self.notes(done), *done.notes),
-            learned=tuple(name for name in self.names if name in done.preload),
-            libraries=tuple(name for name in self.libraries if name in done.preload),
-        )
 
 
 def _adaptive_pass(sweep: _Sweep, modules: Sequence[str], preload: list[str]) -> ZygotePass:
@@ -390,10 +235,10 @@ def _adaptive_pass(sweep: _Sweep, modules: Sequence[str], preload: list[str]) ->
        preloads it, so no row is a preloaded one and every row is what a fresh
        subkernel would give.
     """
-    sample = _spread(modules, ADAPT_SAMPLE)
+    sample = spread(modules, ADAPT_SAMPLE)
     learner = _sample_learner(sweep, sample, preload)
     ordered = [*sample, *(m for m in modules if m not in set(sample))]
-    record = _Recorder(sweep.on_row)
+    record = Recorder(sweep.on_row)
     sweep.stage(f"learning what to preload from {len(sample)} sampled modules")
     try:  # when nothing is worth preloading, the same zygote goes on scanning past the sample
         first = _pass(
@@ -405,19 +250,19 @@ def _adaptive_pass(sweep: _Sweep, modules: Sequence[str], preload: list[str]) ->
             preload,
             learner,
         )
-    except _Learned:
+    except Learned:
         pass
     else:  # nothing worth preloading: the one zygote scanned everything
-        return replace(first, notes=(*_adapt_notes(learner, [], first.preload, len(sample)), *first.notes))
-    candidates = _Candidates.learned_by(learner, preload)
+        return replace(first, notes=(*adapt_notes(learner, [], first.preload, len(sample)), *first.notes))
+    candidates = Candidates.learned_by(learner, preload)
     sweep.stage(candidates.checking)
     rest = [m for m in ordered if m not in record.recorded]
     return candidates.outcome(_checked_pass(sweep, rest, preload, candidates, failed_alone=record.failed))
 
 
-def _sample_learner(sweep: _Sweep, sample: Sequence[str], preload: Sequence[str]) -> _Learner:
+def _sample_learner(sweep: _Sweep, sample: Sequence[str], preload: Sequence[str]) -> Learner:
     top = sweep.tree.package.split(".", 1)[0]  # a subpackage's sweep learns from its whole package
-    return _Learner(top, sample, ADAPT_SHARE, preload)
+    return Learner(top, sample, ADAPT_SHARE, preload)
 
 
 @dataclass(frozen=True)
@@ -451,10 +296,10 @@ def check_preload_here(
     reach.  None when there is nothing to add (a small package, nothing common, a refused zygote).
     """
     sweep = _Sweep(tree, setup, options, _request(setup, options), jobs, on_row)
-    record = _Recorder(on_row, failed_alone)
+    record = Recorder(on_row, failed_alone)
     sweep = replace(sweep, on_row=record, stage=stage or sweep.stage)
     if learned is not None and learned[0]:
-        candidates = _Candidates.remembered(learned, preload)
+        candidates = Candidates.remembered(learned, preload)
     elif len(modules) >= ADAPT_MIN_MODULES:
         candidates = _learn_from_sample(sweep, modules, preload)
     else:
@@ -476,24 +321,24 @@ def check_preload_here(
     return CheckedPreload(candidates.outcome(done))
 
 
-def _learn_from_sample(sweep: _Sweep, modules: Sequence[str], preload: Sequence[str]) -> _Candidates:
+def _learn_from_sample(sweep: _Sweep, modules: Sequence[str], preload: Sequence[str]) -> Candidates:
     """Scan an evenly spread sample of ``modules`` and no more: the candidates it taught (none when nothing
     is common enough)."""
-    sample = _spread(modules, ADAPT_SAMPLE)
+    sample = spread(modules, ADAPT_SAMPLE)
     learner = _sample_learner(sweep, sample, preload)
     sweep.stage(f"learning what to preload from {len(sample)} sampled modules")
-    with contextlib.suppress(_Learned):  # raised once the whole sample was seen: that zygote has no more
+    with contextlib.suppress(Learned):  # raised once the whole sample was seen: that zygote has no more
         _pass(sweep, sample, list(preload), learner)
     if not learner.decided:
-        return _Candidates((), (), learner)
-    return _Candidates.learned_by(learner, preload)
+        return Candidates((), (), learner)
+    return Candidates.learned_by(learner, preload)
 
 
 def _checked_pass(
     sweep: _Sweep,
     modules: Sequence[str],
     preload: list[str],
-    candidates: _Candidates,
+    candidates: Candidates,
     *,
     failed_alone: Iterable[str],
     stop_when_ready: bool = False,
@@ -527,7 +372,7 @@ def _remembered_pass(
     """Preload what an earlier run learned, checked as a learned preload is (a candidate whose row is to do
     is scanned first; one that now does harm is passed over), then scan ``modules``: no sample to learn from,
     so a rerun of a few rows pays no learning."""
-    candidates = _Candidates.remembered(learned, preload)
+    candidates = Candidates.remembered(learned, preload)
     sweep.stage(candidates.checking)
     return candidates.outcome(_checked_pass(sweep, modules, preload, candidates, failed_alone=failed_alone))
 
@@ -550,52 +395,11 @@ def _announcing(
     return record
 
 
-def _library_notes(libraries: Sequence[str], done: ZygotePass) -> tuple[str, ...]:
-    """The libraries learned and preloaded first (their own import-time changes accepted, as torch's are)."""
-    if not libraries:
-        return ()
-    kept = [name for name in libraries if name in done.preload]
-    shown = ", ".join(kept[:8]) + (f" and {len(kept) - 8} more" if len(kept) > 8 else "")
-    notes = [
-        f"{len(kept)} librar{'y' if len(kept) == 1 else 'ies'} most sampled children import, preloaded first: "
-        f"{shown or 'none'}"
-    ]
-    notes += [f"{name} (not preloaded: {done.passed_over[name]})" for name in libraries if name in done.passed_over]
-    return tuple(notes)
-
-
-def _adapt_notes(
-    learner: _Learner,
-    chosen: list[tuple[str, int]],
-    used: Sequence[str],
-    sampled: int,
-    passed_over: Mapping[str, str] | None = None,
-) -> tuple[str, ...]:
-    if not chosen:
-        return (f"learned from {learner.children} of {sampled} sampled children: no module most of them import",)
-    kept, names, passed_over = set(used), {name for name, _ in chosen}, passed_over or {}
-    roots: dict[str, int] = {}
-    for name, _ in chosen:
-        root = name
-        while learner.importers.get(root) in names and learner.importers.get(root) != root:
-            root = str(learner.importers[root])
-        roots[root] = roots.get(root, 0) + (root != name)
-    counts = dict(chosen)
-    notes = [
-        f"{root}"
-        + (f" (+{below} module{'s' if below > 1 else ''} it imports)" if below else "")
-        + f": imported by {counts[root]} of {learner.children} sampled children"
-        + ("" if root in kept else f" (not preloaded: {passed_over.get(root, 'refused by the zygote check')})")
-        for root, below in roots.items()
-    ]
-    return tuple(notes)
-
-
 def _pass(
     sweep: _Sweep,
     modules: Sequence[str],
     preload: list[str],
-    learner: _Learner | None = None,
+    learner: Learner | None = None,
     *,
     scan_first: Sequence[str] = (),
     failed_alone: Sequence[str] = (),
