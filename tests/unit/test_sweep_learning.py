@@ -6,7 +6,7 @@ import pytest
 
 from diagtools.model.driver import DriverInfo
 from diagtools.model.scan import ImportNode, ScanResult
-from diagtools.usecases.sweep_forked import _Learned, _Learner
+from diagtools.usecases.sweep_learning import Learned, Learner
 
 SAMPLE = [f"pk.s{n}" for n in range(4)]
 
@@ -19,7 +19,7 @@ def child(module: str, *imported: str) -> ScanResult:
 
 
 def test_it_waits_for_every_sample_child_and_counts_none_other():
-    learner = _Learner("pk", SAMPLE, 0.5)
+    learner = Learner("pk", SAMPLE, 0.5)
     for n in range(6):  # quick children of modules outside the sample end first: never counted
         learner.observe(f"pk.other{n}", child(f"pk.other{n}"))
         learner.decide()
@@ -29,13 +29,13 @@ def test_it_waits_for_every_sample_child_and_counts_none_other():
     assert not learner.decided
     assert learner.children == 3
     learner.observe(SAMPLE[3], child(SAMPLE[3]))
-    with pytest.raises(_Learned):
+    with pytest.raises(Learned):
         learner.decide()
     assert learner.candidates(0.5, ()) == [("pk.heavy", 3)]
 
 
 def test_a_preloaded_sample_module_counts_as_seen_not_as_a_child():
-    learner = _Learner("pk", SAMPLE, 0.5)
+    learner = Learner("pk", SAMPLE, 0.5)
     learner.observe(SAMPLE[0], None)
     for module in SAMPLE[1:]:
         learner.observe(module, child(module))
