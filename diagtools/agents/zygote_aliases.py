@@ -74,9 +74,14 @@ def watch(names):
     return sorted(name for name in names if name in _hidden)
 
 
+def outermost(names):
+    """``names`` in order, less each one below another of them (``a.b`` goes with ``a``)."""
+    return sorted(name for name in names if not any(name.startswith(other + ".") for other in names))
+
+
 def watched():
     """The names watched in this process (not those below them), in order."""
-    return sorted(name for name in _hidden if not any(name.startswith(other + ".") for other in _hidden))
+    return outermost(_hidden)
 
 
 def looked_up():

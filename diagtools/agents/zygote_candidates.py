@@ -81,8 +81,7 @@ def _registered_aliases(added):
     """The names among ``added`` that the import registered a module under, not its own, and that a row
     could look up (vLLM registers its vendored triton_kernels so): watched, not refused (:mod:`zygote_aliases`).
     A name below another one listed goes with it."""
-    names = sorted(name for name in added if _registered_alias(name))
-    return [name for name in names if not any(name.startswith(other + ".") for other in names)]
+    return z._aliases.outermost([name for name in added if _registered_alias(name)])
 
 
 _environ = []  # the search's file, once loaded
