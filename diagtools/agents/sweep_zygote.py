@@ -175,11 +175,7 @@ def _preload(items, modules):
                 _channel.emit("refused", reason=outcome.why, item=name)
                 return outcome.why, None
             else:
-                _channel.emit("preloaded", n=name, s=outcome.seconds)
-                if outcome.variables:
-                    _channel.emit("environment-kept", n=name, names=list(outcome.variables))
-                if outcome.aliases:
-                    _channel.emit("watching", n=name, names=list(outcome.aliases))
+                _kept(name, outcome)
             continue
         started = _clock()
         try:
@@ -195,6 +191,17 @@ def _preload(items, modules):
     return "", None
 
 
+def _kept(name, outcome):
+    """Report a candidate kept: its seconds, and what it is kept though (variables, watched modules)."""
+    _channel.emit("preloaded", n=name, s=outcome.seconds)
+    if outcome.variables:
+        _channel.emit("environment-kept", n=name, names=list(outcome.variables))
+    if outcome.aliases:
+        _channel.emit("watching", n=name, names=list(outcome.aliases))
+    if outcome.guarded:
+        _channel.emit("guarding", n=name, names=list(outcome.guarded), why=list(outcome.guarded.values()))
+
+
 _served = set()  # indices whose child ran during the preload
 _failed_alone = set(_lines(protocol.SWEEP_FAILED_ALONE))  # modules whose row failed to import (more found here)
 _candidates = protocol.load_source("_diagtools_zygote_candidates", _HERE + "/zygote_candidates.py")
@@ -204,7 +211,7 @@ _aliases = protocol.load_source("_diagtools_zygote_aliases", _HERE + "/zygote_al
 def _scan_before_preloading(due, modules):
     """Scan the modules ``due`` (indices) in children, ``_JOBS`` at a time, and wait for them all;
     ``(index, module)`` in a child, else None."""
-    inside = _inside(_ENV.get(protocol.SWEEP_PACKAGE, ""), list(sys.modules)) if due else []
+    inside = _inside(_ENV.get(protocol.SWEEP_PACKAGE, ""), [*sys.modules, *_aliases.hidden()]) if due else []
     running = []
     for index in due:
         if len(running) >= _JOBS:
@@ -244,9 +251,9 @@ def _inside(package, names):
     it, or whose file lies in its directory under another name (a folder of it put on ``sys.path``);
     read from module dicts only."""
     folders = _folders_of(sys.modules.get(package))
-    found = []
+    found, hidden = [], _aliases.hidden()  # watched modules are loaded too, out of sys.modules
     for name in names:
-        module = sys.modules.get(name)
+        module = sys.modules.get(name, hidden.get(name))
         try:
             file = vars(module).get("__file__")
         except TypeError:
@@ -482,12 +489,14 @@ def main():
         return (probe, *child)
     if problem:
         return None
-    watched = _aliases.watch(_lines(protocol.SWEEP_WATCHED))  # what a preload checked elsewhere registered
+    watched, guarded = _aliases.watch_lines(_lines(protocol.SWEEP_WATCHED))  # as a preload checked elsewhere did
     if watched:
         _channel.emit("watching", n="", names=watched)
-    _channel.emit(
-        "ready", count=len(sys.modules), inside=_inside(_ENV.get(protocol.SWEEP_PACKAGE, ""), list(sys.modules))
-    )
+    for candidate, names in guarded.items():
+        _channel.emit("guarding", n=candidate, names=names, why=[""] * len(names))
+    _aliases.rewatch()
+    loaded = [*sys.modules, *_aliases.hidden()]
+    _channel.emit("ready", count=len(sys.modules), inside=_inside(_ENV.get(protocol.SWEEP_PACKAGE, ""), loaded))
     try:
         _cuprobe.become_subreaper()  # a row's continuing zygote is orphaned to this one
     except OSError:

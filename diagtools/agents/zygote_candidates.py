@@ -94,15 +94,17 @@ def _environ_search():
     return _environ[0]
 
 
-def _held_elsewhere(names, added):
+def _held_elsewhere(names, added, every=False):
     """:func:`zygote_environ.held_elsewhere`, run in a throwaway child (what the search loads stays there), for
-    the names no earlier search of this sweep found held; what every search found is kept in a file, which a
-    zygote's copy going on after a candidate was passed over reads too."""
+    the names no earlier search of this sweep found held (``every``: each of them, else none once one is);
+    what every search found is kept in a file, which a zygote's copy going on after a candidate was passed
+    over reads too."""
     known_path = z._own_path("environ", "known")
     known = dict(line.split("\t", 1) for line in z._lines_of(known_path) if "\t" in line)
     files = _environ_search().allowed_files(added)
     held = {name: f"{known[name]} holds its name" for name in names if known.get(name, "") not in ("", *files)}
-    if held:
+    names = [name for name in names if name not in held]
+    if (held and not every) or not names:
         return held
     path = z._own_path("environ", "held")
     z._serving._flush_stdio()
@@ -118,11 +120,11 @@ def _held_elsewhere(names, added):
     _, status = posix.waitpid(pid, 0)
     lines = z._lines_of(path)
     if posix.waitstatus_to_exitcode(status):
-        return dict.fromkeys(names, lines[0] if lines else "the search for its name did not finish")
+        return {**held, **dict.fromkeys(names, lines[0] if lines else "the search for its name did not finish")}
     found = [line.split("\t") for line in lines if line.count("\t") == 2]
     known.update((name, where) for name, _, where in found if where)
     z._write_file(known_path, "\n".join(f"{name}\t{where}" for name, where in known.items()))
-    return {name: why for name, why, _ in found}
+    return {**held, **{name: why for name, why, _ in found}}
 
 
 class Outcome:
@@ -138,11 +140,11 @@ class Outcome:
     back, and the host retries with a shorter preload).
     """
 
-    __slots__ = ("aliases", "child", "kind", "seconds", "variables", "why")
+    __slots__ = ("aliases", "child", "guarded", "kind", "seconds", "variables", "why")
 
-    def __init__(self, kind, *, why="", seconds=0.0, variables=(), child=None, aliases=()):
+    def __init__(self, kind, *, why="", seconds=0.0, variables=(), child=None, aliases=(), guarded=None):
         self.kind, self.why, self.seconds, self.variables, self.child = kind, why, seconds, variables, child
-        self.aliases = aliases
+        self.aliases, self.guarded = aliases, guarded or {}
 
 
 def attempt(name, library, modules, due_at):
@@ -157,7 +159,7 @@ def attempt(name, library, modules, due_at):
         return _as_backup(modules)
     if not _stopped(backup):
         return Outcome("passed", why="its backup copy ended before the import")  # nothing imported yet: go on
-    before, hooks = set(sys.modules), _import_hooks()
+    before, hooks = {*sys.modules, *z._aliases.hidden()}, _import_hooks()
     started = z._clock()
     try:
         __import__(name)
@@ -168,8 +170,8 @@ def attempt(name, library, modules, due_at):
     problem = z._problem_after("its import")
     if problem:
         _go_back(backup, problem)
-    if z._aliases.looked_up():
-        _go_back(backup, f"its import looks up {', '.join(z._aliases.watched())}, registered by an earlier preload")
+    if z._aliases.marked():
+        _go_back(backup, z._aliases.marked())
     kept, aliases = (), ()
     if not library:
         change, kept = _side_effect(hooks, _import_hooks(), added)
@@ -184,16 +186,24 @@ def attempt(name, library, modules, due_at):
         z._failed_alone.update(answer)
         z._served.update(due)
     named = _named_elsewhere([m for m in (name, *added) if m in z._failed_alone], added)
-    if named:
-        _go_back(backup, f"it loads {named}: a row importing that first would differ")
+    if name in named or (named and library):
+        failing = _failing(name if name in named else min(named), named)
+        _go_back(backup, f"it loads {failing}: a row importing that first would differ")
     posix.kill(backup, _SIGKILL)
     posix.waitpid(backup, 0)
-    return Outcome("kept", seconds=seconds, variables=kept, aliases=tuple(z._aliases.watch(aliases)))
+    watched = tuple(z._aliases.watch(aliases))
+    guarded = {module: _failing(module, named) for module in z._aliases.guard(sorted(named), name)} if named else {}
+    z._aliases.rewatch()
+    return Outcome("kept", seconds=seconds, variables=kept, aliases=watched, guarded=guarded)
+
+
+def _failing(module, named):
+    return f"{module}, which fails to import on its own ({named[module]})"
 
 
 def _named_elsewhere(alone, added):
-    """Which of the modules ``alone`` (each fails to import on its own) a row could still import first, in
-    words, or ``""``.
+    """The modules among ``alone`` (each fails to import on its own) that a row could still import first,
+    each with the file that names it.
 
     With the candidate preloaded such a module imports cleanly in every row, where a fresh subkernel
     that reaches it first fails (a circular import, entered from the wrong side).  A row reaches it only
@@ -202,12 +212,11 @@ def _named_elsewhere(alone, added):
     zygote, not in the rows), no row can reach it first.  A short, common part is held somewhere and
     keeps the candidate out.
     """
-    parts = {module.rpartition(".")[2]: module for module in alone}
-    held = _held_elsewhere(sorted(parts), added) if parts else {}
-    if not held:
-        return ""
-    part = min(held)
-    return f"{parts[part]}, which fails to import on its own ({held[part]})"
+    parts = {}
+    for module in alone:
+        parts.setdefault(module.rpartition(".")[2], []).append(module)
+    held = _held_elsewhere(sorted(parts), added, every=True) if parts else {}
+    return {module: why for part, why in held.items() for module in parts[part]}
 
 
 def _stopped(pid):

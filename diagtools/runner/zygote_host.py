@@ -68,8 +68,15 @@ class ZygoteOutcome:
     child_inside: dict[int, list[tuple[str, str | None]]] = field(default_factory=dict)
     forked_preloading: list[int] = field(default_factory=list)  # children forked before a candidate's import
     watching: list[tuple[str, tuple[str, ...]]] = field(default_factory=list)  # (candidate or "", aliases watched)
-    looked_up: set[int] = field(default_factory=set)  # children whose row looked a watched alias up
+    guarding: list[tuple[str, tuple[tuple[str, str], ...]]] = field(default_factory=list)  # candidate, (module, why)
+    looked_up: dict[int, str] = field(default_factory=dict)  # child -> the watched module its lookup was of
     packages: dict[int, PackageZygote] = field(default_factory=dict)
+
+    def watched_lines(self) -> tuple[str, ...]:
+        """What this zygote watched, for zygotes elsewhere that preload the same list: each alias, and each
+        guarded module with its guard (``MODULE<TAB>CANDIDATE``)."""
+        aliases = [name for _, names in self.watching for name in names]
+        return (*aliases, *(f"{module}\t{candidate}" for candidate, guarded in self.guarding for module, _ in guarded))
 
     def inside_of(self, index: int) -> list[tuple[str, str | None]]:
         """The package's modules loaded in the zygote that forked child ``index``, before it ran."""
@@ -124,7 +131,7 @@ class _Zygote:
 
     def handle(self, event: dict[str, Any]) -> None:
         kind = event["e"]
-        if kind in ("preloaded", "passed-over", "environment-kept", "watching"):
+        if kind in ("preloaded", "passed-over", "environment-kept", "watching", "guarding"):
             self.preload_event(kind, event)
         elif kind == "refused":
             self.outcome.refused, self.outcome.refused_item = str(event["reason"]), event["item"]
@@ -159,6 +166,9 @@ class _Zygote:
             self.outcome.passed_over.append((name, str(event["reason"])))
         elif kind == "watching":
             self.outcome.watching.append((name, tuple(str(alias) for alias in event["names"])))
+        elif kind == "guarding":
+            guarded = tuple((str(module), str(why)) for module, why in zip(event["names"], event["why"], strict=False))
+            self.outcome.guarding.append((name, guarded))
         else:
             self.outcome.environment_kept.append((name, tuple(str(variable) for variable in event["names"])))
 
@@ -190,8 +200,9 @@ class _Zygote:
         if child is None:
             return
         self.finished.add(index)
-        if (self.workdir / f"{index}.alias").exists():
-            self.outcome.looked_up.add(index)
+        marked = self.workdir / f"{index}.alias"
+        if marked.exists():
+            self.outcome.looked_up[index] = marked.read_text(encoding="utf-8", errors="replace").strip()
         self.on_child(index, self.raw_run(child, code), self.outcome)
 
     def raw_run(self, child: _Child, code: int) -> RawRun:
@@ -294,8 +305,8 @@ def run_zygote(
     ``libraries`` are learned candidates outside the package: their own changes to what later imports
     find are accepted, as for an explicit preload.  ``names_imported``: the top-level names the
     package's sources import, by which a module registered under another name could be looked up.
-    ``watched``: aliases a preload item registers (as a learned candidate checked elsewhere did), watched
-    as a kept candidate's are: a child whose row looks one up is in ``outcome.looked_up``.
+    ``watched``: what a checked preload's zygote watched (:meth:`ZygoteOutcome.watched_lines`), watched
+    as a kept candidate's are: a child whose row made a lookup that calls for it is in ``outcome.looked_up``.
     """
     candidates, outside = set(scan_first), set(libraries)
     first = {name: index for index, name in enumerate(modules) if name in candidates}

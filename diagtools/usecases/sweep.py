@@ -74,7 +74,7 @@ class _Plan:
     preload: tuple[str, ...] | None  # None: fresh subkernels only
     adapt: bool = True  # grow the preload from what the first children import
     learned: Learned | None = None  # what the journal's last adaptive run learned to preload
-    watched: tuple[str, ...] = ()  # aliases the preload registers, watched in every row (a checked preload)
+    watched: tuple[str, ...] = ()  # what the checked preload's zygote watched, watched in every row
 
     @property
     def tree(self) -> SweptTree:

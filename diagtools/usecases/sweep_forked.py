@@ -59,7 +59,7 @@ class ZygotePass:
     passed_over: Mapping[str, str] = field(default_factory=dict)  # candidates not preloaded, and why
     learned: tuple[str, ...] = ()  # what learning added to the preload and kept (libraries among them)
     libraries: tuple[str, ...] = ()
-    watched: tuple[str, ...] = ()  # aliases the preload registered, looked up only by rows scanned fresh
+    watched: tuple[str, ...] = ()  # what the preload's zygote watched (ZygoteOutcome.watched_lines), for others
 
 
 def in_package_deps(tree: SweptTree, files: Sequence[str | None]) -> tuple[str, ...]:
@@ -120,12 +120,12 @@ class _Collector:
         self.redo: list[str] = []
         self.given: set[str] = set()  # modules whose row went to ``on_row``
         self.seen: set[int] = set()  # children (and preloaded modules) called back, by index
-        self.alias_rows: list[str] = []  # modules whose child looked up a watched alias: redone fresh
+        self.alias_rows: list[tuple[str, str]] = []  # (module, the watched module its child looked up): redone
 
     def __call__(self, index: int, raw: RawRun | None, outcome: ZygoteOutcome) -> None:
         self.seen.add(index)
-        if raw is not None and index in outcome.looked_up:  # its row looked up an alias the preload registered
-            self.alias_rows.append(self.modules[index])
+        if raw is not None and index in outcome.looked_up:  # its row made a lookup that calls for a fresh scan
+            self.alias_rows.append((self.modules[index], outcome.looked_up[index]))
             self.redo.append(self.modules[index])
         else:
             self._take(index, raw, outcome)
@@ -175,7 +175,7 @@ class _Sweep:
     jobs: int
     on_row: Callable[[SweepRow], None]
     names_imported: tuple[str, ...] = ()  # top-level names the package's sources import (learned candidates)
-    watched: tuple[str, ...] = ()  # aliases a preload item registers, checked elsewhere (executor tasks)
+    watched: tuple[str, ...] = ()  # what a preload checked elsewhere watched (executor tasks)
     stage: Callable[[str], object] = lambda text: None  # hears which stage the next rows come from
 
 
@@ -202,9 +202,10 @@ def zygote_pass(
     With ``learned`` (what an earlier run learned: its modules and, among them,
     its libraries), those are preloaded at once, checked as learned ones are,
     whatever the number of modules; ``failed_alone`` names modules known to
-    fail to import on their own; ``watched`` names the aliases the preload
-    registers (a learned preload checked elsewhere): a row that looks one up is
-    scanned again in a fresh subkernel.
+    fail to import on their own; ``watched`` is what the zygote that checked
+    the preload watched (the aliases it registers, the modules that fail alone
+    it guards): a row whose lookup of one calls for it is scanned again in a
+    fresh subkernel.
     """
     sweep = _Sweep(tree, setup, options, _request(setup, options), jobs, on_row, watched=tuple(watched))
     if stage is not None:
@@ -314,8 +315,7 @@ def check_preload_here(
         passed = dict(ready.outcome.passed_over)
         preloaded = {name for name, _ in ready.outcome.preloaded}
         kept = tuple(n for n in [*preload, *candidates.names] if n in preloaded and n not in passed)
-        watched = tuple(name for _, names in ready.outcome.watching for name in names)
-        done = ZygotePass(kept, "", ready.redo, passed_over=passed, watched=watched)
+        done = ZygotePass(kept, "", ready.redo, passed_over=passed, watched=ready.outcome.watched_lines())
     if not done.used:  # refused here: each task starts from the list given, checked there as any preload
         return None
     return CheckedPreload(candidates.outcome(done))
@@ -455,20 +455,33 @@ def _pass(
         tuple(leftover),
         notes=(*kept, *_alias_notes(outcome, collector.alias_rows), *package_notes(outcome, modules)),
         passed_over=passed,
-        watched=tuple(name for _, names in outcome.watching for name in names),
+        watched=outcome.watched_lines(),
     )
 
 
-def _alias_notes(outcome: ZygoteOutcome, rows: Sequence[str]) -> tuple[str, ...]:
-    """The aliases a preload registered, watched in every row: how many rows looked one up."""
-    if not outcome.watching:
-        return ()
-    shown = ", ".join(rows[:3]) + (f" and {len(rows) - 3} more" if len(rows) > 3 else "")
-    looked = f"{len(rows)} row(s) looked one up and were scanned in fresh subkernels" + (f": {shown}" if rows else "")
-    return tuple(
-        f"{name or 'the preload'}: preloaded though its import registers a module as {', '.join(names)}; {looked}"
+def _alias_notes(outcome: ZygoteOutcome, rows: Sequence[tuple[str, str]]) -> tuple[str, ...]:
+    """The modules a preload loaded that are watched in every row (the aliases it registered, the modules
+    that fail alone it guards): which rows made a lookup of them that sent them to a fresh subkernel."""
+    aliases = tuple(
+        f"{name or 'the preload'}: preloaded though its import registers a module as {', '.join(names)}; "
+        + _looked(row for row, looked in rows if looked in names)
         for name, names in outcome.watching
     )
+    guarded = tuple(
+        f"{name}: preloaded though it loads {'; '.join(why or module for module, why in modules)}; "
+        + _looked(
+            (row for row, looked in rows if looked in {module for module, _ in modules}),
+            f"imported {'it' if len(modules) == 1 else 'one'} before {name}",
+        )
+        for name, modules in outcome.guarding
+    )
+    return (*aliases, *guarded)
+
+
+def _looked(rows: Iterable[str], did: str = "looked one up") -> str:
+    shown = list(rows)
+    names = ", ".join(shown[:3]) + (f" and {len(shown) - 3} more" if len(shown) > 3 else "")
+    return f"{len(shown)} row(s) {did} and were scanned in fresh subkernels" + (f": {names}" if shown else "")
 
 
 def package_notes(outcome: ZygoteOutcome, modules: Sequence[str]) -> tuple[str, ...]:

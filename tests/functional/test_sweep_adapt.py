@@ -127,7 +127,9 @@ def side_effects(make_tree):
     ``fx.apkg.s1`` and ``s2``, which fail when it found the name (they never do in a fresh subkernel).
     ``fx.pkgc`` loads ``fx.m_util``, which fails on its own (it imports ``fx.pkgc`` back), so
     ``fx.user``, which imports it, fails in a fresh subkernel but not after ``fx.pkgc`` (vLLM's
-    ``fused_moe``, ``flashinfer_utils`` and ``b12x_moe``).
+    ``fused_moe``, ``flashinfer_utils`` and ``b12x_moe``); so does ``fx.user_attr``, which takes it
+    from its package (``from fx import m_util``), while ``fx.user_after`` imports ``fx.pkgc`` first and
+    never fails.
     """
     files = {
         "fx/__init__.py": "",
@@ -146,6 +148,10 @@ def side_effects(make_tree):
         "fx/pkgc/more2.py": "from fx.pkgc import helper\n",
         "fx/m_util.py": "from fx.pkgc.act import X\n\n\ndef helper():\n    return X\n",
         "fx/user.py": "import fx.m_util\n",
+        "fx/user_attr.py": "from fx import m_util\n",
+        "fx/user_after.py": "import fx.pkgc\nimport fx.m_util\nfrom fx import m_util\n"
+        "assert fx.pkgc.__spec__.name == 'fx.pkgc' and fx.pkgc.__spec__.origin.endswith('__init__.py')\n",
+
         "fx/apkg/__init__.py": FOUND_ALIAS.format(name="fx_alias"),
         "fx/apkg/s1.py": "from fx.apkg import FOUND\nassert not FOUND\n",
         "fx/apkg/s2.py": "from fx.apkg import FOUND\nassert not FOUND\n",
@@ -157,10 +163,11 @@ def side_effects(make_tree):
 
 
 def test_a_candidate_is_preloaded_only_after_the_rows_its_import_would_change(side_effects):
-    """Every row is a fresh subkernel's: what a candidate loads is scanned before it is preloaded,
-    and a candidate is passed over when it changes what every later import finds, or when it loads
-    a module that fails on its own (a row importing that module first would fail).  One that registers
-    an alias is preloaded, and each row whose import looks that name up is scanned again fresh."""
+    """Every row is a fresh subkernel's: what a candidate loads is scanned before it is preloaded, and a
+    candidate is passed over when it changes what every later import finds.  One that registers an alias
+    is preloaded, and each row whose import looks that name up is scanned again fresh; so is one that
+    loads a module that fails on its own, and each row that imports that module before the candidate
+    (where a fresh subkernel would fail) is scanned again fresh."""
     options = {"path": [side_effects], "driver": "simulated", "jobs": 2, "timeout": 30, "exclude": ["fx.lib*"]}
     result = sweep("fx", **options)
     fresh = sweep("fx", fresh=True, **options)
@@ -174,21 +181,31 @@ def test_a_candidate_is_preloaded_only_after_the_rows_its_import_would_change(si
     watched = next((n for n in result.preload_notes if n.startswith("fx.alias: preloaded though")), notes)
     assert "its import registers a module as fx_alias; " in watched, watched
     assert " row(s) looked one up and were scanned in fresh subkernels: " in watched  # some were sampled before
-    assert {"fx.uses_alias", "fx.apkg"} <= set(watched.rpartition(": ")[2].replace(" and ", ", ").split(", "))
+    assert {"fx.uses_alias", "fx.apkg"} <= _rows_named(watched)
     assert {row.module: row.status for row in result.rows if row.module.startswith("fx.apkg")} == dict.fromkeys(
         ("fx.apkg", "fx.apkg.s1", "fx.apkg.s2"), "ok"
     )
-    assert not {"fx.pkgc", "fx.base"} & set(result.preload)
-    assert "(not preloaded: it loads fx.m_util, which fails to import on its own" in notes
-    assert "(not preloaded: it loads fx.a, which fails to import on its own" in notes
+    assert {"fx.pkgc", "fx.base"} <= set(result.preload), notes
+    guarded = next((n for n in result.preload_notes if n.startswith("fx.pkgc: preloaded though")), notes)
+    assert "it loads fx.m_util, which fails to import on its own (" in guarded, guarded
+    assert " row(s) imported it before fx.pkgc and were scanned in fresh subkernels: " in guarded, guarded
+    assert _rows_named(guarded) <= {"fx.user", "fx.user_attr"}  # or sampled before fx.pkgc was preloaded
+    assert "fx.user_after" not in guarded
+    assert "fx.base: preloaded though it loads fx.a, which fails to import on its own (" in notes
     assert {row.module: verdict(row) for row in result.rows} == {row.module: verdict(row) for row in fresh.rows}
     statuses = {row.module: row.status for row in result.rows}
     assert statuses["fx.a"] == "import-error"  # its circular import, as alone in a fresh subkernel
     assert statuses["fx.uses_vendored"] == statuses["fx.uses_alias"] == "import-error"
-    assert statuses["fx.m_util"] == statuses["fx.user"] == "import-error"
+    assert statuses["fx.m_util"] == statuses["fx.user"] == statuses["fx.user_attr"] == "import-error"
+    assert statuses["fx.user_after"] == statuses["fx.pkgc.more1"] == "ok"
     assert not any(row.preloaded for row in result.rows if row.module in ("fx.a", "fx.b"))
     fresh_deps = {row.module: set(row.deps) for row in fresh.rows}
     assert all(fresh_deps[row.module] <= set(row.deps) for row in result.rows)  # the preload's files count too
+
+
+def _rows_named(note: str) -> set[str]:
+    """The rows a note names at its end (``...: a, b and 2 more``)."""
+    return set(note.rpartition(": ")[2].replace(" and ", ", ").split(", ")) - {"1 more", "2 more", "3 more"}
 
 
 def test_a_candidate_looking_up_an_alias_an_earlier_one_registered_is_passed_over(make_tree, monkeypatch):
@@ -369,8 +386,9 @@ def test_a_candidate_is_imported_once_by_the_zygote_never_first_by_a_child_of_it
 def test_a_candidate_loading_a_module_that_fails_alone_is_preloaded_when_no_other_file_names_it(make_tree):
     """vLLM's ``vllm.config`` loads ``model_arch_config_convertor``, which fails alone on its circular import,
     and only ``vllm/config/model.py``, loaded with it, names it: no row can import it first, so the candidates
-    that load it are kept.  A module that fails alone and that another file names keeps its loader out: that
-    file's row would import it cleanly after the preload, where a fresh subkernel fails."""
+    that load it are kept as they are.  A module that fails alone and that another file names is guarded by
+    its loader: that file's row would import it cleanly after the preload, where a fresh subkernel fails, so
+    it is scanned again fresh."""
     kept, named = f"conv_{uuid.uuid4().hex}", f"conv_{uuid.uuid4().hex}"
     files = {
         "fa/__init__.py": "",
@@ -391,9 +409,11 @@ def test_a_candidate_loading_a_module_that_fails_alone_is_preloaded_when_no_othe
     result = sweep("fa", path=[root], driver="simulated", jobs=2, timeout=60)
     notes = " ".join(result.preload_notes)
     assert {"fa.hub", "fa.config"} & set(result.preload), notes
-    assert not {"fa.hub2", "fa.other"} & set(result.preload), notes
+    assert {"fa.hub2", "fa.other"} & set(result.preload), notes
     reader = root / "fa" / "reader.py"
-    assert f"it loads fa.{named}, which fails to import on its own ({reader} holds its name)" in notes
+    guarded = f"preloaded though it loads fa.{named}, which fails to import on its own ({reader} holds its name); "
+    assert guarded in notes, notes
+    assert " row(s) imported it before fa." in notes
     assert f"fa.{kept}, which fails" not in notes
     statuses = {row.module: row.status for row in result.rows}
     assert statuses[f"fa.{kept}"] == statuses[f"fa.{named}"] == statuses["fa.reader"] == "import-error"
@@ -435,30 +455,36 @@ def test_executor_tasks_preload_what_a_sample_scanned_here_taught(shared_package
 
 def test_executor_tasks_preload_only_what_was_checked_against_every_row(side_effects):
     """A candidate is checked on the sweeping machine against the rows its import loads, whichever task
-    would have scanned them: ``fx.pkgc`` loads ``fx.m_util``, which fails alone, and stays out, so
-    ``fx.user`` (which imports ``fx.m_util`` first) fails as in a fresh subkernel, in whatever task; the
-    alias ``fx.alias`` registers is watched in every task."""
+    would have scanned them: ``fx.vendor_path`` stays out; ``fx.pkgc`` loads ``fx.m_util``, which fails
+    alone, and each task guards it as the check here did, so ``fx.user`` (which imports ``fx.m_util``
+    first) fails as in a fresh subkernel, in whatever task; the alias ``fx.alias`` registers is watched in
+    every task."""
     with ProcessPoolExecutor(2) as pool:
         result = sweep(
             "fx", path=[side_effects], driver="simulated", jobs=2, timeout=30, executor=pool, exclude=["fx.lib*"]
         )
     assert result.mode == "zygote", result.fallback
     assert "fx.leaves" in result.preload, result.preload_notes
-    assert not {"fx.pkgc", "fx.base", "fx.vendor_path"} & set(result.preload), result.preload
+    assert "fx.vendor_path" not in result.preload, result.preload
+    assert {"fx.pkgc", "fx.base"} <= set(result.preload), result.preload_notes
     assert "fx.alias" in result.preload  # each task watches the name it registers, as the check here did
     statuses = {row.module: row.status for row in result.rows}
-    assert statuses["fx.a"] == statuses["fx.m_util"] == statuses["fx.user"] == "import-error"
+    assert (
+        statuses["fx.a"] == statuses["fx.m_util"] == statuses["fx.user"] == statuses["fx.user_attr"] == "import-error"
+    )
+    assert statuses["fx.user_after"] == "ok"
     assert statuses["fx.uses_vendored"] == statuses["fx.uses_alias"] == "import-error"
     assert statuses["fx.apkg"] == statuses["fx.apkg.s1"] == statuses["fx.apkg.s2"] == "ok"
-    for module in ("fx.user", "fx.pkgc", "fx.uses_alias", "fx.apkg.s1", "fx.leaves.m000", f"fx.leaves.m{LEAVES - 1}"):
+    for module in ("fx.user", "fx.user_attr", "fx.pkgc", "fx.uses_alias", "fx.apkg.s1", "fx.leaves.m000"):
         fresh = scan(module, path=[side_effects], driver="simulated", timeout=30)
         assert verdict(result.row(module)) == verdict(SweepRow.from_scan(module, fresh, 0.0, 0.0)), module
 
 
 def test_a_package_scanned_before_a_candidate_that_was_passed_over_still_serves_the_modules_below(side_effects):
-    """``fx.pkgc``'s row is scanned before its import is tried as a preload, which is then passed over: the
-    modules below it that its import did not load are still served by one zygote that imports it once,
-    not each by a child importing it again."""
+    """``fx.pkgc``'s row is scanned before its import is tried as a preload, which is then passed over (as a
+    library, it loads a module that fails alone, which no library is guarded for): the modules below it that
+    its import did not load are still served by one zygote that imports it once, not each by a child
+    importing it again."""
     from diagtools.driver import resolve_driver
     from diagtools.usecases.options import ScanOptions
     from diagtools.usecases.sweep_discover import discover_modules, locate_tree
@@ -475,7 +501,7 @@ def test_a_package_scanned_before_a_candidate_that_was_passed_over_still_serves_
         jobs=2,
         on_row=rows.append,
         adapt=True,
-        learned=(("fx.pkgc",), ()),  # as a journal remembers it: checked first, then passed over
+        learned=(("fx.pkgc",), ("fx.pkgc",)),  # as a journal remembers it: checked first, then passed over
     )
     assert "fx.pkgc" in done.passed_over, done.notes
     assert "1 package(s) imported once in a zygote of their own for the 2 module(s) below them" in " ".join(
