@@ -23,14 +23,18 @@ from typing import Any
 
 from sweep_vllm_compare import compare, emit, load_rows
 
+_FIELD = re.compile(r"(\w+)=(.*?)(?=\s+\w+=|$)")
 
-def runs(out: Path) -> dict[str, dict[str, str]]:
-    """Each run's line of results.txt, as its fields (the last line of a name wins)."""
+
+def runs(out: Path) -> dict[str, dict[str, Any]]:
+    """Each run's line of results.txt, as its fields (the last line of a name wins); a field of several
+    words (the 1, 5 and 15 minute load averages) as the list of them."""
     found = {}
     for line in (out / "results.txt").read_text().splitlines():
-        name, *fields = line.split()
+        name, _, rest = line.strip().partition(" ")
+        fields = {key: value.split() for key, value in _FIELD.findall(rest)}
         if fields:
-            found[name] = dict(field.split("=", 1) for field in fields if "=" in field)
+            found[name] = {key: words[0] if len(words) == 1 else words for key, words in fields.items()}
     return found
 
 

@@ -489,11 +489,11 @@ def main():
         return (probe, *child)
     if problem:
         return None
-    watched, guarded = _aliases.watch_lines(_lines(protocol.SWEEP_WATCHED))  # as a preload checked elsewhere did
-    if watched:
-        _channel.emit("watching", n="", names=watched)
-    for candidate, names in guarded.items():
-        _channel.emit("guarding", n=candidate, names=names, why=[""] * len(names))
+    for candidate, (aliases, alone) in _aliases.watch_lines(_lines(protocol.SWEEP_WATCHED)).items():
+        if aliases:  # as the zygote that checked the preload did
+            _channel.emit("watching", n=candidate, names=aliases)
+        if alone:
+            _channel.emit("guarding", n=candidate, names=alone, why=[""] * len(alone))
     _aliases.rewatch()
     loaded = [*sys.modules, *_aliases.hidden()]
     _channel.emit("ready", count=len(sys.modules), inside=_inside(_ENV.get(protocol.SWEEP_PACKAGE, ""), loaded))

@@ -1,21 +1,25 @@
 """The sweep zygote's watched names: modules a kept preload loaded that a row must not simply find.
 
 Part of the sweep zygote (:mod:`sweep_zygote`), in a file of its own for its
-one role.  Two kinds of module are watched.
+one role.  Two kinds of module are watched, each guarded by the candidate
+whose import loaded it.
 
 *Aliases.*  A learned candidate may register a module under a name not its own
-(vLLM registers its vendored ``triton_kernels`` so, and ``import
-triton_kernels`` then finds it).  A fresh subkernel has that name only once
-its row imported the candidate; a row whose own import looks the name up
-might find what the fresh one would not.  Every lookup marks the row.
+(vLLM's ``fused_moe`` registers its vendored ``triton_kernels`` so, and
+``import triton_kernels`` then finds it).  A fresh subkernel has that name
+only once its row imported the candidate.
 
-*Guarded modules.*  A candidate may load a module that fails to import on its
-own (vLLM's ``fused_moe`` loads ``flashinfer_utils``, whose circular import
-fails when it is entered first), and some file a row could run names it.  A
-fresh subkernel finds it loaded only when its row imported the candidate
-first.  So the candidate (with the modules below it) is watched too, as the
-module's *guard*: a lookup of the guard is noted, and a lookup of the guarded
-module marks the row unless its guard was looked up before it in that row.
+*Modules that fail alone.*  A candidate may load a module that fails to
+import on its own (``fused_moe`` loads ``flashinfer_utils``, whose circular
+import fails when it is entered first), and some file a row could run names
+it.  A fresh subkernel finds it loaded only when its row imported the
+candidate first.
+
+So the candidate (with the modules below it) is watched too, as their
+*guard*: a lookup of the guard is noted, and a lookup of a module it guards
+marks the row unless the guard was looked up before it in that row (a fresh
+subkernel would then have imported the candidate, and found the module as the
+candidate left it).
 
 A watched module is taken out of ``sys.modules`` (and a guarded one out of
 its package's attributes, reached through that package's ``__getattr__``
@@ -36,7 +40,8 @@ z = sys.modules["__main__"]  # the zygote itself: its files
 
 _hidden: dict = {}  # watched name -> the module, out of sys.modules until looked up
 _specs: dict = {}  # watched name -> the module's own __spec__, kept when it is handed back
-_guard_of: dict = {}  # guarded name -> the candidate that loaded it (its guard)
+_guard_of: dict = {}  # watched name -> the candidate that loaded it (its guard)
+_aliases: set = set()  # the watched names that are aliases (the others fail to import on their own)
 _guards: set = set()  # the guards: a lookup of one (or of a module below it) is noted, not marked
 _hooks: list = []  # the packages' __getattr__ functions put in by this file
 
@@ -96,12 +101,16 @@ def _looked_up(name):
     if guard is not None:
         _State.entered = _State.entered | {guard}
         return
-    guarded = _within(name, _guard_of)
-    if guarded is None:
-        alias = outermost([key for key in _hidden if name == key or name.startswith(key + ".")])[0]
-        _mark(alias, f"its import looks up {alias}, registered by an earlier preload")
-    elif _guard_of[guarded] not in _State.entered:
-        _mark(guarded, f"its import looks up {guarded}, which fails to import on its own, before {_guard_of[guarded]}")
+    guarded = _within(name, _guard_of) or _within(name, _hidden)
+    candidate = _guard_of.get(guarded)
+    if candidate is not None and candidate in _State.entered:
+        return  # a fresh subkernel had imported the candidate too, and found the module as loaded by it
+    if guarded not in _aliases:
+        _mark(guarded, f"its import looks up {guarded}, which fails to import on its own, before {candidate}")
+    elif candidate:
+        _mark(guarded, f"its import looks up {guarded} before {candidate}, which registered it")
+    else:
+        _mark(guarded, f"its import looks up {guarded}, which the preload registered")
 
 
 def _mark(name, why):
@@ -136,7 +145,7 @@ def _hide(name):
         _hidden[key] = module
         if hasattr(module, "__spec__"):
             _specs[key] = module.__spec__
-    if name in _guard_of:
+    if name in _guard_of and name not in _aliases:
         _out_of_package(name)
 
 
@@ -157,34 +166,33 @@ def _install():
         sys.meta_path.insert(0, _Watch)
 
 
-def watch(names):
-    """Watch each of ``names`` (registered aliases) and the modules below it; the names now watched."""
-    for name in names:
-        _hide(name)
-    _install()
-    return sorted(name for name in names if name in _hidden)
-
-
-def guard(names, candidate):
-    """Watch each of ``names`` (modules ``candidate`` loaded that fail to import on their own) with
-    ``candidate`` (and the modules below it) as their guard; the names now guarded."""
-    _guards.add(candidate)
-    _guard_of.update(dict.fromkeys(names, candidate))
-    for name in (candidate, *names):
+def guard(names, candidate, alias=False):
+    """Watch each of ``names`` (modules ``candidate`` loaded that fail to import on their own, or with
+    ``alias`` the names it registered a module under) with ``candidate`` (and the modules below it) as
+    their guard; the names now watched.  No ``candidate``: each lookup marks the row."""
+    if candidate:
+        _guards.add(candidate)
+        _guard_of.update(dict.fromkeys(names, candidate))
+    if alias:
+        _aliases.update(names)
+    for name in (candidate, *names) if candidate else names:
         _hide(name)
     _install()
     return sorted(name for name in names if name in _hidden)
 
 
 def watch_lines(lines):
-    """What a preload checked elsewhere watched (:func:`lines`): ``(aliases, {guard: guarded names})``."""
-    aliases = watch([line for line in lines if "\t" not in line])
-    guarded: dict = {}
+    """Watch what a preload checked elsewhere watched (``NAME<TAB>CANDIDATE[<TAB>alias]`` lines, from
+    ``ZygoteOutcome.watched_lines``); ``{candidate: (aliases, modules that fail alone)}`` now watched."""
+    found: dict = {}
     for line in lines:
-        name, _, candidate = line.partition("\t")
-        if candidate:
-            guarded.setdefault(candidate, []).append(name)
-    return aliases, {candidate: guard(names, candidate) for candidate, names in guarded.items()}
+        name, _, rest = line.partition("\t")
+        candidate, _, kind = rest.partition("\t")
+        found.setdefault(candidate, ([], []))[kind != "alias"].append(name)
+    return {
+        candidate: (guard(aliases, candidate, alias=True), guard(alone, candidate))
+        for candidate, (aliases, alone) in found.items()
+    }
 
 
 def rewatch():
@@ -193,7 +201,7 @@ def rewatch():
     for name in list(_hidden):
         if sys.modules.get(name) is _hidden[name]:
             del sys.modules[name]
-    for name in _guard_of:
+    for name in _guard_of.keys() - _aliases:
         _out_of_package(name)
     _State.entered = frozenset()
 

@@ -191,7 +191,7 @@ def attempt(name, library, modules, due_at):
         _go_back(backup, f"it loads {failing}: a row importing that first would differ")
     posix.kill(backup, _SIGKILL)
     posix.waitpid(backup, 0)
-    watched = tuple(z._aliases.watch(aliases))
+    watched = tuple(z._aliases.guard(aliases, name, alias=True)) if aliases else ()
     guarded = {module: _failing(module, named) for module in z._aliases.guard(sorted(named), name)} if named else {}
     z._aliases.rewatch()
     return Outcome("kept", seconds=seconds, variables=kept, aliases=watched, guarded=guarded)

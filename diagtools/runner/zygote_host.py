@@ -66,16 +66,15 @@ class ZygoteOutcome:
     unfinished: tuple[int, ...] = ()
     detail: str = ""
     child_inside: dict[int, list[tuple[str, str | None]]] = field(default_factory=dict)
-    forked_preloading: list[int] = field(default_factory=list)  # children forked before a candidate's import
     watching: list[tuple[str, tuple[str, ...]]] = field(default_factory=list)  # (candidate or "", aliases watched)
     guarding: list[tuple[str, tuple[tuple[str, str], ...]]] = field(default_factory=list)  # candidate, (module, why)
     looked_up: dict[int, str] = field(default_factory=dict)  # child -> the watched module its lookup was of
     packages: dict[int, PackageZygote] = field(default_factory=dict)
 
     def watched_lines(self) -> tuple[str, ...]:
-        """What this zygote watched, for zygotes elsewhere that preload the same list: each alias, and each
-        guarded module with its guard (``MODULE<TAB>CANDIDATE``)."""
-        aliases = [name for _, names in self.watching for name in names]
+        """What this zygote watched, for zygotes elsewhere that preload the same list: each module watched
+        with the candidate that guards it, an alias marked so (``NAME<TAB>CANDIDATE[<TAB>alias]``)."""
+        aliases = [f"{name}\t{candidate}\talias" for candidate, names in self.watching for name in names]
         return (*aliases, *(f"{module}\t{candidate}" for candidate, guarded in self.guarding for module, _ in guarded))
 
     def inside_of(self, index: int) -> list[tuple[str, str | None]]:
@@ -143,7 +142,6 @@ class _Zygote:
             self.children[index] = _Child(index, int(event["pid"]), time.monotonic(), time.time())
             if "inside" in event:  # forked while the zygote preloads: what was loaded by then
                 self.outcome.child_inside[index] = [(str(name), file) for name, file in event["inside"]]
-                self.outcome.forked_preloading.append(index)
             else:
                 self.outcome.child_inside[index] = self.insides.get(zygote, self.outcome.inside)
             if zygote in self.outcome.packages:

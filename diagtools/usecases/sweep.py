@@ -33,7 +33,14 @@ from diagtools.usecases.options import ScanOptions, validate_targets
 from diagtools.usecases.scan import scan_with
 from diagtools.usecases.sweep_discover import SweptTree, discover_modules, locate_tree
 from diagtools.usecases.sweep_environment import environment_of
-from diagtools.usecases.sweep_forked import CheckedPreload, ZygotePass, check_preload_here, in_package_deps, zygote_pass
+from diagtools.usecases.sweep_forked import (
+    CheckedPreload,
+    ZygoteJob,
+    ZygotePass,
+    check_preload_here,
+    in_package_deps,
+    zygote_pass,
+)
 from diagtools.usecases.sweep_journal import Fingerprints, Journal, Learned, Reused
 
 __all__ = ["default_preload", "discover_modules", "sweep"]
@@ -96,16 +103,9 @@ def _sweep_one(module: str, plan: _Plan) -> dict[str, Any]:
 def _zygote_chunk(modules: list[str], plan: _Plan) -> dict[str, Any]:
     """One executor task: a zygote over ``modules``, one child at a time, fresh scans for what it left."""
     rows: list[SweepRow] = []
-    done = zygote_pass(
-        modules,
-        tree=plan.tree,
-        options=plan.options,
-        setup=resolve_driver(plan.options.driver),
-        preload=plan.preload or (),
-        jobs=1,
-        on_row=rows.append,
-        watched=plan.watched,
-    )
+    setup = resolve_driver(plan.options.driver)
+    job = ZygoteJob(plan.tree, plan.options, setup, plan.preload or (), 1, rows.append, watched=plan.watched)
+    done = zygote_pass(modules, job)
     rows += [_scan_fresh(m, plan) for m in done.leftover]
     return {
         "rows": [row.to_json() for row in rows],
@@ -155,27 +155,27 @@ def _row_of(module: str, future: Future[dict[str, Any]]) -> SweepRow:
         return SweepRow(module, ScanStatus.ERROR, False, None, 0.0, error=f"{type(exc).__name__}: {exc}")
 
 
-def _zygote_arguments(plan: _Plan, run: _Run, tree: SweptTree, stage: Callable[[str], object] | None) -> dict[str, Any]:
+def _zygote_job(plan: _Plan, run: _Run, tree: SweptTree, stage: Callable[[str], object] | None) -> ZygoteJob:
     """What every zygote pass of this sweep is given: the tree, the driver, the preload, where rows go, which
     stage they come from, what the journal's last run learned, and which modules already failed alone."""
     assert plan.preload is not None
-    return {
-        "tree": tree,
-        "options": plan.options,
-        "setup": resolve_driver(plan.options.driver),
-        "preload": plan.preload,
-        "jobs": plan.jobs,
-        "on_row": run.record,
-        "stage": stage,
-        "learned": (plan.learned.learned, plan.learned.libraries) if plan.learned else None,  # used when adapting
-        "failed_alone": [m for m, row in run.rows.items() if row.status != "ok"],
-    }
+    return ZygoteJob(
+        tree,
+        plan.options,
+        resolve_driver(plan.options.driver),
+        plan.preload,
+        plan.jobs,
+        run.record,
+        stage=stage,
+        learned=(plan.learned.learned, plan.learned.libraries) if plan.learned else None,  # used when adapting
+        failed_alone=[m for m, row in run.rows.items() if row.status != "ok"],
+    )
 
 
 def _run_zygote_here(
     plan: _Plan, pending: Sequence[str], run: _Run, tree: SweptTree, stage: Callable[[str], object] | None
 ) -> ZygotePass:
-    done = zygote_pass(pending, adapt=plan.adapt, **_zygote_arguments(plan, run, tree, stage))
+    done = zygote_pass(pending, _zygote_job(plan, run, tree, stage), adapt=plan.adapt)
     if done.leftover:
         _run_fresh(plan, done.leftover, run, None)
     return done
@@ -188,7 +188,7 @@ def _check_here(
     one the journal remembers) and check it here, so that every task's zygote imports it as given."""
     if not plan.adapt or plan.preload is None:
         return None
-    return check_preload_here(pending, **_zygote_arguments(plan, run, tree, stage))
+    return check_preload_here(pending, _zygote_job(plan, run, tree, stage))
 
 
 def _run_zygote_chunks(

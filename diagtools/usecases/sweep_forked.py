@@ -38,7 +38,16 @@ from diagtools.usecases.sweep_learning import (
     spread,
 )
 
-__all__ = ["ADAPT_MIN_MODULES", "SWEEP_ZYGOTE", "ZygotePass", "in_package_deps", "package_notes", "zygote_pass"]
+__all__ = [
+    "ADAPT_MIN_MODULES",
+    "SWEEP_ZYGOTE",
+    "ZygoteJob",
+    "ZygotePass",
+    "check_preload_here",
+    "in_package_deps",
+    "package_notes",
+    "zygote_pass",
+]
 
 SWEEP_ZYGOTE = agents.program("sweep_zygote")
 PRELOAD_TIMEOUT_MIN_S = 300.0
@@ -119,17 +128,15 @@ class _Collector:
         self.learner, self.stop_when_ready = learner, stop_when_ready
         self.redo: list[str] = []
         self.given: set[str] = set()  # modules whose row went to ``on_row``
-        self.seen: set[int] = set()  # children (and preloaded modules) called back, by index
         self.alias_rows: list[tuple[str, str]] = []  # (module, the watched module its child looked up): redone
 
     def __call__(self, index: int, raw: RawRun | None, outcome: ZygoteOutcome) -> None:
-        self.seen.add(index)
         if raw is not None and index in outcome.looked_up:  # its row made a lookup that calls for a fresh scan
             self.alias_rows.append((self.modules[index], outcome.looked_up[index]))
             self.redo.append(self.modules[index])
         else:
             self._take(index, raw, outcome)
-        if self.stop_when_ready and outcome.ready and self.seen.issuperset(outcome.forked_preloading):
+        if self.stop_when_ready and outcome.ready:  # the children forked while preloading were all reaped before
             raise _Ready(outcome, tuple(self.redo))
 
     def _take(self, index: int, raw: RawRun | None, outcome: ZygoteOutcome) -> None:
@@ -179,42 +186,55 @@ class _Sweep:
     stage: Callable[[str], object] = lambda text: None  # hears which stage the next rows come from
 
 
-def zygote_pass(
-    modules: Sequence[str],
-    *,
-    tree: SweptTree,
-    options: ScanOptions,
-    setup: DriverSetup,
-    preload: Sequence[str],
-    jobs: int,
-    on_row: Callable[[SweepRow], None],
-    adapt: bool = False,
-    stage: Callable[[str], object] | None = None,
-    learned: tuple[Sequence[str], Sequence[str]] | None = None,
-    failed_alone: Sequence[str] = (),
-    watched: Sequence[str] = (),
-) -> ZygotePass:
-    """Scan ``modules`` in children of a zygote that preloaded ``preload``; ``on_row`` gets each row.
+@dataclass(frozen=True)
+class ZygoteJob:
+    """What a zygote pass is given: the tree, each child's options, the driver, the preload, how many
+    children at once, where rows go; ``stage`` hears which stage (learning, checking the candidates,
+    scanning) the next rows come from; ``learned`` is what an earlier run learned (its modules and, among
+    them, its libraries); ``failed_alone`` names modules known to fail to import on their own; ``watched``
+    is what the zygote that checked the preload watched (:meth:`ZygoteOutcome.watched_lines`)."""
+
+    tree: SweptTree
+    options: ScanOptions
+    setup: DriverSetup
+    preload: Sequence[str]
+    jobs: int
+    on_row: Callable[[SweepRow], None]
+    stage: Callable[[str], object] | None = None
+    learned: tuple[Sequence[str], Sequence[str]] | None = None
+    failed_alone: Sequence[str] = ()
+    watched: Sequence[str] = ()
+
+    def sweep(self) -> _Sweep:
+        """What every pass of this job shares."""
+        request = _request(self.setup, self.options)
+        shared = _Sweep(
+            self.tree, self.setup, self.options, request, self.jobs, self.on_row, watched=tuple(self.watched)
+        )
+        return shared if self.stage is None else replace(shared, stage=self.stage)
+
+    @property
+    def remembered(self) -> bool:
+        """Whether an earlier run's learned preload is given (checked as learned, no sample to learn from)."""
+        return self.learned is not None and bool(self.learned[0])
+
+
+def zygote_pass(modules: Sequence[str], job: ZygoteJob, *, adapt: bool = False) -> ZygotePass:
+    """Scan ``modules`` in children of a zygote that preloaded ``job.preload``; ``job.on_row`` gets each row.
 
     With ``adapt`` (and at least :data:`ADAPT_MIN_MODULES` modules), the
-    preload grows: see :func:`_adaptive_pass`; ``stage`` hears which of its
-    stages (learning, checking the candidates, scanning) the next rows come from.
-    With ``learned`` (what an earlier run learned: its modules and, among them,
-    its libraries), those are preloaded at once, checked as learned ones are,
-    whatever the number of modules; ``failed_alone`` names modules known to
-    fail to import on their own; ``watched`` is what the zygote that checked
-    the preload watched (the aliases it registers, the modules that fail alone
-    it guards): a row whose lookup of one calls for it is scanned again in a
-    fresh subkernel.
+    preload grows: see :func:`_adaptive_pass`.  With ``job.learned``, those are
+    preloaded at once, checked as learned ones are, whatever the number of
+    modules.  A row whose lookup of a module ``job.watched`` names calls for it
+    is scanned again in a fresh subkernel.
     """
-    sweep = _Sweep(tree, setup, options, _request(setup, options), jobs, on_row, watched=tuple(watched))
-    if stage is not None:
-        sweep = replace(sweep, stage=stage)
-    if adapt and learned is not None and learned[0]:
-        return _remembered_pass(sweep, modules, list(preload), learned, failed_alone)
+    sweep = job.sweep()
+    if adapt and job.remembered:
+        assert job.learned is not None
+        return _remembered_pass(sweep, modules, list(job.preload), job.learned, job.failed_alone)
     if adapt and len(modules) >= ADAPT_MIN_MODULES:
-        return _adaptive_pass(sweep, modules, list(preload))
-    return _pass(sweep, modules, list(preload))
+        return _adaptive_pass(sweep, modules, list(job.preload))
+    return _pass(sweep, modules, list(job.preload))
 
 
 ADAPT_MIN_MODULES = 100  # below this, learning costs more zygote starts than it saves
@@ -275,20 +295,8 @@ class CheckedPreload:
     done: ZygotePass
 
 
-def check_preload_here(
-    modules: Sequence[str],
-    *,
-    tree: SweptTree,
-    options: ScanOptions,
-    setup: DriverSetup,
-    preload: Sequence[str],
-    jobs: int,
-    on_row: Callable[[SweepRow], None],
-    stage: Callable[[str], object] | None = None,
-    learned: tuple[Sequence[str], Sequence[str]] | None = None,
-    failed_alone: Sequence[str] = (),
-) -> CheckedPreload | None:
-    """Learn a larger preload from a sample of ``modules`` scanned here (or take ``learned``, what the
+def check_preload_here(modules: Sequence[str], job: ZygoteJob) -> CheckedPreload | None:
+    """Learn a larger preload from a sample of ``modules`` scanned here (or take ``job.learned``, what the
     journal remembers), then check each candidate here as an adaptive sweep does, and stop once the zygote
     is ready: the rest goes elsewhere, where every zygote imports the checked list as given.
 
@@ -296,11 +304,11 @@ def check_preload_here(
     failing alone keeps it out) may belong to another task's chunk.  Here every row still to do is in
     reach.  None when there is nothing to add (a small package, nothing common, a refused zygote).
     """
-    sweep = _Sweep(tree, setup, options, _request(setup, options), jobs, on_row)
-    record = Recorder(on_row, failed_alone)
-    sweep = replace(sweep, on_row=record, stage=stage or sweep.stage)
-    if learned is not None and learned[0]:
-        candidates = Candidates.remembered(learned, preload)
+    sweep, preload = job.sweep(), job.preload
+    record = Recorder(job.on_row, job.failed_alone)
+    sweep = replace(sweep, on_row=record)
+    if job.learned is not None and job.remembered:
+        candidates = Candidates.remembered(job.learned, preload)
     elif len(modules) >= ADAPT_MIN_MODULES:
         candidates = _learn_from_sample(sweep, modules, preload)
     else:
@@ -464,7 +472,10 @@ def _alias_notes(outcome: ZygoteOutcome, rows: Sequence[tuple[str, str]]) -> tup
     that fail alone it guards): which rows made a lookup of them that sent them to a fresh subkernel."""
     aliases = tuple(
         f"{name or 'the preload'}: preloaded though its import registers a module as {', '.join(names)}; "
-        + _looked(row for row, looked in rows if looked in names)
+        + _looked(
+            (row for row, looked in rows if looked in names),
+            f"looked {'it' if len(names) == 1 else 'one'} up" + (f" before {name}" if name else ""),
+        )
         for name, names in outcome.watching
     )
     guarded = tuple(

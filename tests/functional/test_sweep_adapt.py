@@ -151,7 +151,6 @@ def side_effects(make_tree):
         "fx/user_attr.py": "from fx import m_util\n",
         "fx/user_after.py": "import fx.pkgc\nimport fx.m_util\nfrom fx import m_util\n"
         "assert fx.pkgc.__spec__.name == 'fx.pkgc' and fx.pkgc.__spec__.origin.endswith('__init__.py')\n",
-
         "fx/apkg/__init__.py": FOUND_ALIAS.format(name="fx_alias"),
         "fx/apkg/s1.py": "from fx.apkg import FOUND\nassert not FOUND\n",
         "fx/apkg/s2.py": "from fx.apkg import FOUND\nassert not FOUND\n",
@@ -180,7 +179,7 @@ def test_a_candidate_is_preloaded_only_after_the_rows_its_import_would_change(si
     assert f"(not preloaded: it puts {side_effects / 'fx' / 'lib'} on sys.path, which every later import" in notes
     watched = next((n for n in result.preload_notes if n.startswith("fx.alias: preloaded though")), notes)
     assert "its import registers a module as fx_alias; " in watched, watched
-    assert " row(s) looked one up and were scanned in fresh subkernels: " in watched  # some were sampled before
+    assert " row(s) looked it up before fx.alias and were scanned in fresh subkernels: " in watched
     assert {"fx.uses_alias", "fx.apkg"} <= _rows_named(watched)
     assert {row.module: row.status for row in result.rows if row.module.startswith("fx.apkg")} == dict.fromkeys(
         ("fx.apkg", "fx.apkg.s1", "fx.apkg.s2"), "ok"
@@ -210,7 +209,8 @@ def _rows_named(note: str) -> set[str]:
 
 def test_a_candidate_looking_up_an_alias_an_earlier_one_registered_is_passed_over(make_tree, monkeypatch):
     """``lk.looker`` finds ``lk_alias`` only because ``lk.reg``, preloaded before it, registered it: it is
-    passed over, and every row importing it looks the name up itself and is scanned fresh."""
+    passed over.  Every row imports ``lk.reg`` before ``lk.looker`` looks the name up, as in a fresh
+    subkernel, so none is scanned again."""
     from diagtools.usecases import sweep_forked
 
     monkeypatch.setattr(sweep_forked, "ADAPT_MIN_MODULES", 10)
@@ -228,7 +228,8 @@ def test_a_candidate_looking_up_an_alias_an_earlier_one_registered_is_passed_ove
     notes = " ".join(result.preload_notes)
     assert "lk.reg" in result.preload, notes
     assert "lk.looker" not in result.preload
-    assert "(not preloaded: its import looks up lk_alias, registered by an earlier preload)" in notes
+    assert "(not preloaded: its import looks up lk_alias before lk.reg, which registered it)" in notes
+    assert "lk.reg: preloaded though its import registers a module as lk_alias; 0 row(s) looked it up before" in notes
     fresh = sweep("lk", fresh=True, **options)
     assert {row.module: verdict(row) for row in result.rows} == {row.module: verdict(row) for row in fresh.rows}
     assert {row.status for row in result.rows if row.module.startswith("lk.leaves.")} == {"import-error"}
@@ -488,21 +489,20 @@ def test_a_package_scanned_before_a_candidate_that_was_passed_over_still_serves_
     from diagtools.driver import resolve_driver
     from diagtools.usecases.options import ScanOptions
     from diagtools.usecases.sweep_discover import discover_modules, locate_tree
-    from diagtools.usecases.sweep_forked import zygote_pass
+    from diagtools.usecases.sweep_forked import ZygoteJob, zygote_pass
 
     roots, exclude = [str(side_effects)], ["fx.lib*", "fx.leaves*"]
     rows: list[SweepRow] = []
-    done = zygote_pass(
-        discover_modules("fx", roots, exclude=exclude),
-        tree=locate_tree("fx", roots, exclude=exclude),
-        options=ScanOptions.of(path=roots, driver="simulated", timeout=30),
-        setup=resolve_driver("simulated"),
-        preload=["fx"],
-        jobs=2,
-        on_row=rows.append,
-        adapt=True,
+    job = ZygoteJob(
+        locate_tree("fx", roots, exclude=exclude),
+        ScanOptions.of(path=roots, driver="simulated", timeout=30),
+        resolve_driver("simulated"),
+        ["fx"],
+        2,
+        rows.append,
         learned=(("fx.pkgc",), ("fx.pkgc",)),  # as a journal remembers it: checked first, then passed over
     )
+    done = zygote_pass(discover_modules("fx", roots, exclude=exclude), job, adapt=True)
     assert "fx.pkgc" in done.passed_over, done.notes
     assert "1 package(s) imported once in a zygote of their own for the 2 module(s) below them" in " ".join(
         done.notes
