@@ -148,7 +148,7 @@ class _Collector:
             self.on_row(_with_deps(row, in_package_deps(self.tree, [f for _, f in outcome.inside])))
             if self.learner is not None:
                 self.learner.observe(module, None)
-                self.learner.decide()
+                self._decide(outcome)
             return
         inside = outcome.inside_of(index)
         row, result = _row(module, raw, self.setup, self.tree, inside, own=self.own)
@@ -160,7 +160,14 @@ class _Collector:
             self.given.add(module)
             self.on_row(row)
         if self.learner is not None:
-            self.learner.decide()
+            self._decide(outcome)
+
+    def _decide(self, outcome: ZygoteOutcome) -> None:
+        """Let the learner decide, given what this zygote passed over and what starting another would cost."""
+        assert self.learner is not None
+        restart_s = sum(seconds for _, seconds in outcome.preloaded)
+        rows_left = len(self.modules) - len(self.given) - len(self.redo)
+        self.learner.decide(dict(outcome.passed_over), restart_s, rows_left)
 
 
 def _request(setup: DriverSetup, options: ScanOptions) -> SubkernelRequest:
@@ -238,7 +245,8 @@ def zygote_pass(modules: Sequence[str], job: ZygoteJob, *, adapt: bool = False) 
 
 
 ADAPT_MIN_MODULES = 100  # below this, learning costs more zygote starts than it saves
-ADAPT_SAMPLE = 24  # children observed before choosing what else to preload
+ADAPT_SAMPLE = 8  # children observed before choosing what else to preload
+ADAPT_MORE_SAMPLE = 16  # children of the zygote that preloads it, observed before choosing more
 
 
 def _adaptive_pass(sweep: _Sweep, modules: Sequence[str], preload: list[str]) -> ZygotePass:
@@ -255,6 +263,14 @@ def _adaptive_pass(sweep: _Sweep, modules: Sequence[str], preload: list[str]) ->
        row is still to do is scanned by a child forked just before the zygote
        preloads it, so no row is a preloaded one and every row is what a fresh
        subkernel would give.
+    3. That zygote scans a second, larger sample first, whose children cost
+       little now that the heavy imports are preloaded.  What most of them
+       still import is preloaded by a third zygote (the candidates checked
+       again, then these), only when it saves the rows left more than that
+       zygote's start costs; otherwise the second zygote goes on.
+
+    The first sample is small because each of its children imports the heavy
+    modules itself; the second, cheap, catches what a small sample missed.
     """
     sample = spread(modules, ADAPT_SAMPLE)
     learner = _sample_learner(sweep, sample, preload)
@@ -275,10 +291,23 @@ def _adaptive_pass(sweep: _Sweep, modules: Sequence[str], preload: list[str]) ->
         pass
     else:  # nothing worth preloading: the one zygote scanned everything
         return replace(first, notes=(*adapt_notes(learner, [], first.preload, len(sample)), *first.notes))
-    candidates = Candidates.learned_by(learner, preload)
+    candidates = Candidates.learned_by(learner)
+    recording = replace(sweep, on_row=record)
     sweep.stage(candidates.checking)
     rest = [m for m in ordered if m not in record.recorded]
-    return candidates.outcome(_checked_pass(sweep, rest, preload, candidates, failed_alone=record.failed))
+    more = spread([m for m in rest if m not in set(candidates.names)], ADAPT_MORE_SAMPLE) if rest else []
+    again = Learner(learner.package, more, ADAPT_SHARE, [*preload, *candidates.names], jobs=sweep.jobs)
+    rest = [*more, *(m for m in rest if m not in set(more))]
+    try:
+        done = _checked_pass(recording, rest, preload, candidates, failed_alone=record.failed, learner=again)
+    except Learned:
+        pass
+    else:
+        return candidates.outcome(done)
+    candidates = candidates.then(Candidates.learned_by(again))
+    sweep.stage(candidates.checking)
+    rest = [m for m in rest if m not in record.recorded]
+    return candidates.outcome(_checked_pass(recording, rest, preload, candidates, failed_alone=record.failed))
 
 
 def _sample_learner(sweep: _Sweep, sample: Sequence[str], preload: Sequence[str]) -> Learner:
@@ -339,7 +368,7 @@ def _learn_from_sample(sweep: _Sweep, modules: Sequence[str], preload: Sequence[
         _pass(sweep, sample, list(preload), learner)
     if not learner.decided:
         return Candidates((), (), learner)
-    return Candidates.learned_by(learner, preload)
+    return Candidates.learned_by(learner)
 
 
 def _checked_pass(
@@ -350,11 +379,14 @@ def _checked_pass(
     *,
     failed_alone: Iterable[str],
     stop_when_ready: bool = False,
+    learner: Learner | None = None,
 ) -> ZygotePass:
     """A zygote that also preloads the candidates, each imported once with a stopped copy of the zygote to go
     back to (the rows still to do that its import loaded, its own included, scanned by that copy; passed over
-    when it does harm), then scans the rest of ``modules`` (or, with ``stop_when_ready``, stops there)."""
-    scanning = _announcing(sweep.on_row, set(candidates.names), lambda: sweep.stage("scanning"))
+    when it does harm), then scans the rest of ``modules`` (or, with ``stop_when_ready``, stops there);
+    ``learner`` learns from its children what more to preload."""
+    learned = (lambda: learner.decided) if learner is not None else (lambda: True)  # its sample is checking
+    scanning = _announcing(sweep.on_row, set(candidates.names), lambda: sweep.stage("scanning"), learned)
     return _pass(
         replace(
             sweep,
@@ -363,6 +395,7 @@ def _checked_pass(
         ),
         modules,
         [*preload, *candidates.names],
+        learner,
         scan_first=candidates.names,
         failed_alone=sorted(failed_alone),
         libraries=candidates.libraries,

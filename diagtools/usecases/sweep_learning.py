@@ -38,13 +38,21 @@ class Learner:
     see fewer of the heavy shared imports.  When some module of the package
     was imported by at least ``share`` of them, :meth:`decide` raises
     :class:`Learned` (the zygote is stopped and a larger one started);
-    otherwise the same zygote goes on.
+    otherwise the same zygote goes on.  A learner given ``jobs`` learns in a
+    zygote that already preloads what an earlier one learned: it stops that
+    zygote only when what it learned saves the rows left more than starting
+    another zygote costs (:meth:`pays`).
     """
 
     def __init__(
-        self, package: str, sample: Sequence[str] = (), share: float = 1.0, exclude: Sequence[str] = ()
+        self,
+        package: str,
+        sample: Sequence[str] = (),
+        share: float = 1.0,
+        exclude: Sequence[str] = (),
+        jobs: int | None = None,
     ) -> None:
-        self.package, self.share, self.exclude = package, share, tuple(exclude)
+        self.package, self.share, self.exclude, self.jobs = package, share, tuple(exclude), jobs
         self.sample, self.waiting = tuple(sample), set(sample)  # the sample, and its modules not yet seen
         self.decided = False
         self.counts: dict[str, int] = {}  # first-import order: a package before its modules
@@ -73,13 +81,24 @@ class Learner:
             self.importers.setdefault(node.name, node.parent)
             self.seconds[node.name] = self.seconds.get(node.name, 0.0) + node.cumulative_s
 
-    def decide(self) -> None:
-        """Once every sample module was seen: raise :class:`Learned` when there is something to preload."""
+    def decide(self, passed_over: Iterable[str] = (), restart_s: float = 0.0, rows_left: int = 0) -> None:
+        """Once every sample module was seen: raise :class:`Learned` when there is something to preload (never
+        one its zygote passed over) and, for a learner given ``jobs``, when it :meth:`pays`."""
         if self.decided or self.waiting:
             return
         self.decided = True
-        if self.candidates(self.share, self.exclude) or self.libraries(self.share, self.exclude):
+        self.exclude = (*self.exclude, *(name for name in passed_over if name not in self.exclude))
+        names = [name for name, _ in self.candidates(self.share, self.exclude)]
+        names += [name for name, _ in self.libraries(self.share, self.exclude)]
+        if names and self.pays(names, restart_s, rows_left):
             raise Learned
+
+    def pays(self, names: Sequence[str], restart_s: float, rows_left: int) -> bool:
+        """Whether preloading ``names`` saves the ``rows_left`` rows, ``jobs`` at a time, more than the
+        ``restart_s`` seconds a zygote that preloads them takes to start (always, for a first learner)."""
+        chosen = set(names)
+        roots = [name for name in names if self.importers.get(name) not in chosen]  # each counted once
+        return self.jobs is None or self.worth(roots) * rows_left / self.jobs > restart_s
 
     def worth(self, names: Sequence[str]) -> float:
         """Seconds an average child spent importing ``names`` (and what they import)."""
@@ -137,17 +156,24 @@ class Recorder:
 @dataclass(frozen=True)
 class Candidates:
     """What a zygote checks before preloading it: ``names`` (``libraries`` first), learned by ``learner`` from
-    a sample, or remembered by the journal (no learner)."""
+    a sample, or remembered by the journal (no learner); ``earlier`` are those an earlier learner chose, checked
+    again first."""
 
     names: tuple[str, ...]
     libraries: tuple[str, ...]
     learner: Learner | None = None
+    earlier: Candidates | None = None
 
     @classmethod
-    def learned_by(cls, learner: Learner, preload: Sequence[str]) -> Candidates:
-        libraries = tuple(name for name, _ in learner.libraries(ADAPT_SHARE, preload))
-        chosen = tuple(name for name, _ in learner.candidates(ADAPT_SHARE, preload))
+    def learned_by(cls, learner: Learner) -> Candidates:
+        libraries = tuple(name for name, _ in learner.libraries(ADAPT_SHARE, learner.exclude))
+        chosen = tuple(name for name, _ in learner.candidates(ADAPT_SHARE, learner.exclude))
         return cls((*libraries, *chosen), libraries, learner)
+
+    def then(self, later: Candidates) -> Candidates:
+        """These candidates, then ``later``'s (learned in a zygote that preloaded these)."""
+        names = (*self.names, *(name for name in later.names if name not in self.names))
+        return replace(later, names=names, libraries=(*self.libraries, *later.libraries), earlier=self)
 
     @classmethod
     def remembered(cls, learned: tuple[Sequence[str], Sequence[str]], preload: Sequence[str]) -> Candidates:
@@ -159,6 +185,8 @@ class Candidates:
         """The stage that checks them."""
         if self.learner is None:
             return f"checking {len(self.names)} preload(s) the last run learned"
+        if self.earlier is not None:
+            return f"checking {len(self.names) - len(self.earlier.names)} more learned preload(s)"
         return f"checking {len(self.names)} learned preload(s)"
 
     def notes(self, done: ZygotePass) -> tuple[str, ...]:
@@ -169,8 +197,14 @@ class Candidates:
             return (note, *(f"{n} (not preloaded: {done.passed_over[n]})" for n in self.names if n in done.passed_over))
         chosen = self.learner.candidates(ADAPT_SHARE, self.learner.exclude)
         sampled = len(self.learner.sample)
+        if self.earlier is None:
+            own, libraries = (), self.libraries
+        else:
+            own = self.earlier.notes(done)
+            libraries = tuple(name for name in self.libraries if name not in self.earlier.libraries)
         return (
-            *library_notes(self.libraries, done),
+            *own,
+            *library_notes(libraries, done, again=self.earlier is not None),
             *adapt_notes(self.learner, chosen, done.preload, sampled, done.passed_over),
         )
 
@@ -184,15 +218,16 @@ class Candidates:
         )
 
 
-def library_notes(libraries: Sequence[str], done: ZygotePass) -> tuple[str, ...]:
-    """The libraries learned and preloaded first (their own import-time changes accepted, as torch's are)."""
+def library_notes(libraries: Sequence[str], done: ZygotePass, *, again: bool = False) -> tuple[str, ...]:
+    """The libraries learned and preloaded first (their own import-time changes accepted, as torch's are);
+    ``again``: learned by a later sample, from children of a zygote that preloaded the earlier ones."""
     if not libraries:
         return ()
     kept = [name for name in libraries if name in done.preload]
     shown = ", ".join(kept[:8]) + (f" and {len(kept) - 8} more" if len(kept) > 8 else "")
+    which = "more sampled children" if again else "sampled children"
     notes = [
-        f"{len(kept)} librar{'y' if len(kept) == 1 else 'ies'} most sampled children import, preloaded first: "
-        f"{shown or 'none'}"
+        f"{len(kept)} librar{'y' if len(kept) == 1 else 'ies'} most {which} import, preloaded first: {shown or 'none'}"
     ]
     notes += [f"{name} (not preloaded: {done.passed_over[name]})" for name in libraries if name in done.passed_over]
     return tuple(notes)

@@ -11,7 +11,7 @@ import pytest
 from diagtools.model.sweep import SweepRow, cuda_source
 from diagtools.usecases.scan import scan
 from diagtools.usecases.sweep import sweep
-from diagtools.usecases.sweep_forked import ADAPT_MIN_MODULES
+from diagtools.usecases.sweep_forked import ADAPT_MIN_MODULES, ADAPT_SAMPLE
 
 CUINIT = "import ctypes\nctypes.CDLL('libcuda.so.1').cuInit(0)\n"
 LEAVES = ADAPT_MIN_MODULES + 10
@@ -84,11 +84,13 @@ def test_nothing_to_learn_costs_no_second_zygote(make_tree, monkeypatch):
     monkeypatch.setattr(sweep_forked, "run_zygote", lambda *a, **k: started.append(1) or real(*a, **k))
     stages = []
     result = sweep("pl", path=[root], driver="simulated", jobs=2, timeout=30, stage=stages.append)
-    assert stages == ["learning what to preload from 24 sampled modules", "scanning"]
+    assert stages == [f"learning what to preload from {ADAPT_SAMPLE} sampled modules", "scanning"]
     assert len(started) == 1
     assert result.preload == ("pl",)
     # "pl" is sampled too; preloaded, it has no child to learn from
-    assert result.preload_notes == ("learned from 23 of 24 sampled children: no module most of them import",)
+    assert result.preload_notes == (
+        f"learned from {ADAPT_SAMPLE - 1} of {ADAPT_SAMPLE} sampled children: no module most of them import",
+    )
     assert len(result.rows) == LEAVES + 1
     assert all(row.mode == "zygote" for row in result.rows)
 
@@ -102,7 +104,7 @@ def test_learning_stops_the_first_zygote_and_every_module_gets_one_row(shared_pa
     stages = []
     result = sweep("ad", path=[shared_package], driver="simulated", jobs=2, timeout=30, stage=stages.append)
     assert stages == [
-        "learning what to preload from 24 sampled modules",
+        f"learning what to preload from {ADAPT_SAMPLE} sampled modules",
         f"checking {len(started[1]) - len(started[0])} learned preload(s)",
         "scanning",
     ]
@@ -180,7 +182,8 @@ def test_a_candidate_is_preloaded_only_after_the_rows_its_import_would_change(si
     watched = next((n for n in result.preload_notes if n.startswith("fx.alias: preloaded though")), notes)
     assert "its import registers a module as fx_alias; " in watched, watched
     assert " row(s) looked it up before fx.alias and were scanned in fresh subkernels: " in watched
-    assert {"fx.uses_alias", "fx.apkg"} <= _rows_named(watched)
+    named = _rows_named(watched)  # fx.uses_alias too, unless sampled before fx.alias was preloaded
+    assert "fx.apkg" in named and named <= {"fx.uses_alias", "fx.apkg", "fx.apkg.s1", "fx.apkg.s2"}, watched
     assert {row.module: row.status for row in result.rows if row.module.startswith("fx.apkg")} == dict.fromkeys(
         ("fx.apkg", "fx.apkg.s1", "fx.apkg.s2"), "ok"
     )
@@ -441,7 +444,7 @@ def test_executor_tasks_preload_what_a_sample_scanned_here_taught(shared_package
         )
     assert result.mode == "zygote", result.fallback
     assert {"ad.common", "ad.config"} <= set(result.preload), (result.preload, result.preload_notes)
-    assert stages[0] == "learning what to preload from 24 sampled modules"
+    assert stages[0] == f"learning what to preload from {ADAPT_SAMPLE} sampled modules"
     assert stages[1].startswith("checking ")
     assert stages[2].startswith("scanning in executor tasks, each preloading the ")
     assert any(note.startswith("ad.config (+1 module it imports): imported by ") for note in result.preload_notes)
@@ -510,3 +513,70 @@ def test_a_package_scanned_before_a_candidate_that_was_passed_over_still_serves_
     assert {row.module: row.status for row in rows if row.module.startswith("fx.pkgc.")} == dict.fromkeys(
         ("fx.pkgc.act", "fx.pkgc.more1", "fx.pkgc.more2"), "ok"
     )
+
+
+def _two_groups(make_tree, *, package_s: float, slow_s: float):
+    """``tw``: 40 leaves import ``tw.config``; 70 more import ``tw.slow`` too.  A first sample of 3 (``tw``
+    itself, preloaded, and one leaf of each group) sees ``tw.slow`` in one child only."""
+    files = {
+        "tw/__init__.py": f"import time\ntime.sleep({package_s})\n",
+        "tw/config.py": "SETTINGS = {n: n for n in range(100)}\n",
+        "tw/slow.py": f"import time\ntime.sleep({slow_s})\n",
+        "tw/p/__init__.py": "",
+        "tw/q/__init__.py": "",
+    }
+    files.update({f"tw/p/m{n:03}.py": "import tw.config\n" for n in range(40)})
+    files.update({f"tw/q/m{n:03}.py": "import tw.config, tw.slow\n" for n in range(70)})
+    return make_tree(files)
+
+
+def _counting_zygotes(monkeypatch) -> list[tuple[str, ...]]:
+    from diagtools.usecases import sweep_forked
+
+    started: list[tuple[str, ...]] = []
+    real = sweep_forked.run_zygote
+    monkeypatch.setattr(
+        sweep_forked, "run_zygote", lambda *a, **k: started.append(tuple(k["preload"])) or real(*a, **k)
+    )
+    monkeypatch.setattr(sweep_forked, "ADAPT_SAMPLE", 3)
+    return started
+
+
+def test_a_second_sample_learns_what_the_first_missed_when_it_pays(make_tree, monkeypatch):
+    """The first, small sample learns ``tw.config``; the second, scanned by the zygote that preloads it,
+    finds ``tw.q`` and ``tw.slow`` in most children, worth a third zygote: every row is still a fresh
+    subkernel's."""
+    started = _counting_zygotes(monkeypatch)
+    root = _two_groups(make_tree, package_s=0.0, slow_s=0.2)
+    stages: list[str] = []
+    result = sweep("tw", path=[root], driver="simulated", jobs=2, timeout=30, stage=stages.append)
+    assert stages == [
+        "learning what to preload from 3 sampled modules",
+        "checking 1 learned preload(s)",
+        "checking 2 more learned preload(s)",  # tw.q, which the 70 leaves below it import, and tw.slow
+        "scanning",
+    ]
+    assert started == [("tw",), ("tw", "tw.config"), ("tw", "tw.config", "tw.q", "tw.slow")]
+    assert result.preload == ("tw", "tw.config", "tw.q", "tw.slow"), result.preload_notes
+    assert any(note.startswith("tw.config: imported by 2 of 2 sampled children") for note in result.preload_notes)
+    assert any(
+        note.startswith("tw.slow: imported by ") and note.endswith(" of 16 sampled children")
+        for note in result.preload_notes
+    ), result.preload_notes
+    assert len(result.rows) == 115 and len({row.module for row in result.rows}) == 115  # each row once
+    assert not result.row("tw.slow").preloaded and not result.row("tw.config").preloaded
+    fresh = sweep("tw", path=[root], driver="simulated", jobs=2, timeout=30, fresh=True)
+    assert {row.module: verdict(row) for row in result.rows} == {row.module: verdict(row) for row in fresh.rows}
+
+
+def test_a_second_sample_starts_no_zygote_that_would_not_pay_for_itself(make_tree, monkeypatch):
+    """Here ``tw.slow`` is quick and the preload slow (``tw`` takes a second): a third zygote would cost more
+    than it saves the rows left, so the second goes on, and the second sample's rows are ordinary rows."""
+    started = _counting_zygotes(monkeypatch)
+    root = _two_groups(make_tree, package_s=1.0, slow_s=0.0)
+    stages: list[str] = []
+    result = sweep("tw", path=[root], driver="simulated", jobs=2, timeout=30, stage=stages.append)
+    assert stages == ["learning what to preload from 3 sampled modules", "checking 1 learned preload(s)", "scanning"]
+    assert started == [("tw",), ("tw", "tw.config")]
+    assert result.preload == ("tw", "tw.config"), result.preload_notes
+    assert len(result.rows) == 115 and {row.status for row in result.rows} == {"ok"}
