@@ -197,13 +197,10 @@ class Candidates:
             return (note, *(f"{n} (not preloaded: {done.passed_over[n]})" for n in self.names if n in done.passed_over))
         chosen = self.learner.candidates(ADAPT_SHARE, self.learner.exclude)
         sampled = len(self.learner.sample)
-        if self.earlier is None:
-            own, libraries = (), self.libraries
-        else:
-            own = self.earlier.notes(done)
-            libraries = tuple(name for name in self.libraries if name not in self.earlier.libraries)
+        earlier: tuple[str, ...] = () if self.earlier is None else self.earlier.notes(done)
+        libraries = tuple(n for n in self.libraries if self.earlier is None or n not in self.earlier.libraries)
         return (
-            *own,
+            *earlier,
             *library_notes(libraries, done, again=self.earlier is not None),
             *adapt_notes(self.learner, chosen, done.preload, sampled, done.passed_over),
         )

@@ -183,7 +183,8 @@ def test_a_candidate_is_preloaded_only_after_the_rows_its_import_would_change(si
     assert "its import registers a module as fx_alias; " in watched, watched
     assert " row(s) looked it up before fx.alias and were scanned in fresh subkernels: " in watched
     named = _rows_named(watched)  # fx.uses_alias too, unless sampled before fx.alias was preloaded
-    assert "fx.apkg" in named and named <= {"fx.uses_alias", "fx.apkg", "fx.apkg.s1", "fx.apkg.s2"}, watched
+    assert "fx.apkg" in named, watched
+    assert named <= {"fx.uses_alias", "fx.apkg", "fx.apkg.s1", "fx.apkg.s2"}, watched
     assert {row.module: row.status for row in result.rows if row.module.startswith("fx.apkg")} == dict.fromkeys(
         ("fx.apkg", "fx.apkg.s1", "fx.apkg.s2"), "ok"
     )
@@ -563,8 +564,10 @@ def test_a_second_sample_learns_what_the_first_missed_when_it_pays(make_tree, mo
         note.startswith("tw.slow: imported by ") and note.endswith(" of 16 sampled children")
         for note in result.preload_notes
     ), result.preload_notes
-    assert len(result.rows) == 115 and len({row.module for row in result.rows}) == 115  # each row once
-    assert not result.row("tw.slow").preloaded and not result.row("tw.config").preloaded
+    assert len(result.rows) == 115
+    assert len({row.module for row in result.rows}) == 115  # each row once
+    assert not result.row("tw.slow").preloaded
+    assert not result.row("tw.config").preloaded
     fresh = sweep("tw", path=[root], driver="simulated", jobs=2, timeout=30, fresh=True)
     assert {row.module: verdict(row) for row in result.rows} == {row.module: verdict(row) for row in fresh.rows}
 
@@ -579,4 +582,5 @@ def test_a_second_sample_starts_no_zygote_that_would_not_pay_for_itself(make_tre
     assert stages == ["learning what to preload from 3 sampled modules", "checking 1 learned preload(s)", "scanning"]
     assert started == [("tw",), ("tw", "tw.config")]
     assert result.preload == ("tw", "tw.config"), result.preload_notes
-    assert len(result.rows) == 115 and {row.status for row in result.rows} == {"ok"}
+    assert len(result.rows) == 115
+    assert {row.status for row in result.rows} == {"ok"}
