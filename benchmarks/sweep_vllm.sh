@@ -18,7 +18,7 @@
 #
 # Usage: benchmarks/sweep_vllm.sh [CACHE_DIR] [JOBS]      (defaults: ~/.cache/diagtools/vllm, 2)
 # Environment: VENV (default the repository's .venv), DIAGTOOLS, VLLM_VERSION (default 0.34.*),
-# PRELOAD (default below), JOURNAL.
+# PRELOAD (default below), JOURNAL, TIMEOUT (each child's --timeout, default 60).
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 venv="${VENV:-$here/../.venv}/bin"
@@ -64,7 +64,7 @@ echo "sweeping vllm from $vllm_dir ($modules .py files) with --jobs $jobs, prelo
 rm -f "$journal"  # a measurement, not a resumed run
 start=$(date +%s.%N)
 set +e
-"$diagtools" sweep vllm "${path_args[@]}" --driver simulated --jobs "$jobs" --timeout 60 \
+"$diagtools" sweep vllm "${path_args[@]}" --driver simulated --jobs "$jobs" --timeout "${TIMEOUT:-60}" \
     --preload "$preload" --json "$journal" > "${journal%.jsonl}.txt"
 status=$?
 set -e

@@ -4,7 +4,7 @@
 #
 # In an environment where vllm is installed with the CUDA torch it pins (vllm_env.sh), one after another,
 # each from a new journal, the machine otherwise quiet:
-#   1. tuned:  sweep_vllm.sh (the hand-tuned --preload list);
+#   1. tuned:  sweep_vllm.sh (the hand-tuned --preload list), with the sweep's default --timeout;
 #   2. f0:     diagtools sweep vllm --jobs 2 --driver simulated --json J (no other flag);
 #   3. inc:    one line added to vllm/model_executor/models/transformers/__init__.py, then the same command
 #              on a copy of f0's journal, with --baseline f0's summary;
@@ -38,7 +38,10 @@ timed() {
 
 sweep=("$diagtools" sweep vllm --jobs 2 --driver simulated)
 rm -f "$out"/{tuned,f0,inc,f1}.jsonl
-timed tuned env VENV="$venv" JOURNAL="$out/tuned.jsonl" "$here/sweep_vllm.sh" "$out/cache" 2
+# the tuned run differs from the no-flag one by its --preload only: each child gets the default timeout, as there
+# (a vLLM module that hangs at import costs each run that timeout)
+timeout="$("$venv/bin/python" -c 'from diagtools.model.options import DEFAULT_TIMEOUT_S as t; print(t)')"
+timed tuned env VENV="$venv" JOURNAL="$out/tuned.jsonl" TIMEOUT="$timeout" "$here/sweep_vllm.sh" "$out/cache" 2
 timed f0 "${sweep[@]}" --json "$out/f0.jsonl" --summary "$out/f0.json"
 [ "${3:-}" = pair ] && exit 0
 cp "$edited" "$out/edited.orig"

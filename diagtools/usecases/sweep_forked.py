@@ -303,7 +303,8 @@ def _adaptive_pass(sweep: _Sweep, modules: Sequence[str], preload: list[str]) ->
     except Learned:
         pass
     else:
-        return candidates.outcome(done)
+        checked = candidates.outcome(done)
+        return replace(checked, notes=(*checked.notes, again.declined)) if again.declined else checked
     candidates = candidates.then(Candidates.learned_by(again))
     sweep.stage(candidates.checking)
     rest = [m for m in rest if m not in record.recorded]

@@ -61,6 +61,7 @@ class Learner:
         self.seconds: dict[str, float] = {}  # the seconds the children spent importing each module (either kind)
         self.children = 0
         self.unsafe: set[str] = set()
+        self.declined = ""  # why what it learned was not preloaded (it would not pay for another zygote)
 
     def observe(self, module: str, result: ScanResult | None) -> None:
         """Count what a sample module's child imported (``result`` None: the module was preloaded)."""
@@ -92,13 +93,24 @@ class Learner:
         names += [name for name, _ in self.libraries(self.share, self.exclude)]
         if names and self.pays(names, restart_s, rows_left):
             raise Learned
+        if names:
+            shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+            self.declined = (
+                f"learned {shown} from {self.children} more sampled children, not preloaded: they would save the "
+                f"{rows_left} rows left about {self.saving(names, rows_left):.0f} s, and another zygote takes "
+                f"{restart_s:.0f} s to start"
+            )
 
     def pays(self, names: Sequence[str], restart_s: float, rows_left: int) -> bool:
         """Whether preloading ``names`` saves the ``rows_left`` rows, ``jobs`` at a time, more than the
         ``restart_s`` seconds a zygote that preloads them takes to start (always, for a first learner)."""
+        return self.jobs is None or self.saving(names, rows_left) > restart_s
+
+    def saving(self, names: Sequence[str], rows_left: int) -> float:
+        """Seconds preloading ``names`` saves ``rows_left`` rows, ``jobs`` at a time."""
         chosen = set(names)
         roots = [name for name in names if self.importers.get(name) not in chosen]  # each counted once
-        return self.jobs is None or self.worth(roots) * rows_left / self.jobs > restart_s
+        return self.worth(roots) * rows_left / (self.jobs or 1)
 
     def worth(self, names: Sequence[str]) -> float:
         """Seconds an average child spent importing ``names`` (and what they import)."""

@@ -582,5 +582,9 @@ def test_a_second_sample_starts_no_zygote_that_would_not_pay_for_itself(make_tre
     assert stages == ["learning what to preload from 3 sampled modules", "checking 1 learned preload(s)", "scanning"]
     assert started == [("tw",), ("tw", "tw.config")]
     assert result.preload == ("tw", "tw.config"), result.preload_notes
+    declined = [note for note in result.preload_notes if note.startswith("learned tw.q, tw.slow from 16 more")]
+    assert declined, result.preload_notes
+    assert declined[0].endswith(" s to start")
+    assert ", not preloaded: they would save the " in declined[0]
     assert len(result.rows) == 115
     assert {row.status for row in result.rows} == {"ok"}

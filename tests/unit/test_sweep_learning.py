@@ -64,6 +64,10 @@ def test_a_later_learner_stops_its_zygote_only_when_the_rows_left_pay_for_anothe
     learner = _seen_heavy(2)
     learner.decide(restart_s=6.0, rows_left=100)  # not worth it: the same zygote goes on
     assert learner.decided
+    assert learner.declined == (
+        "learned pk.heavy, pk.heavy.sub from 4 more sampled children, not preloaded: they would save the 100 rows "
+        "left about 5 s, and another zygote takes 6 s to start"
+    )
     with pytest.raises(Learned):
         _seen_heavy(2).decide(restart_s=4.0, rows_left=100)
 
