@@ -165,6 +165,8 @@ class _Collector:
     def _decide(self, outcome: ZygoteOutcome) -> None:
         """Let the learner decide, given what this zygote passed over and what starting another would cost."""
         assert self.learner is not None
+        if self.learner.decided:  # every row after the sample's: nothing to add up
+            return
         restart_s = sum(seconds for _, seconds in outcome.preloaded)
         rows_left = len(self.modules) - len(self.given) - len(self.redo)
         self.learner.decide(dict(outcome.passed_over), restart_s, rows_left)
@@ -295,16 +297,19 @@ def _adaptive_pass(sweep: _Sweep, modules: Sequence[str], preload: list[str]) ->
     recording = replace(sweep, on_row=record)
     sweep.stage(candidates.checking)
     rest = [m for m in ordered if m not in record.recorded]
-    more = spread([m for m in rest if m not in set(candidates.names)], ADAPT_MORE_SAMPLE) if rest else []
+    checked = set(candidates.names)
+    pool = [m for m in rest if m not in checked]  # empty when the candidates' rows are all that is left
+    more = spread(pool, ADAPT_MORE_SAMPLE) if pool else []
     again = Learner(learner.package, more, ADAPT_SHARE, [*preload, *candidates.names], jobs=sweep.jobs)
-    rest = [*more, *(m for m in rest if m not in set(more))]
+    first_of_rest = set(more)
+    rest = [*more, *(m for m in rest if m not in first_of_rest)]
     try:
         done = _checked_pass(recording, rest, preload, candidates, failed_alone=record.failed, learner=again)
     except Learned:
         pass
     else:
-        checked = candidates.outcome(done)
-        return replace(checked, notes=(*checked.notes, again.declined)) if again.declined else checked
+        outcome = candidates.outcome(done)
+        return replace(outcome, notes=(*outcome.notes, again.declined)) if again.declined else outcome
     candidates = candidates.then(Candidates.learned_by(again))
     sweep.stage(candidates.checking)
     rest = [m for m in rest if m not in record.recorded]

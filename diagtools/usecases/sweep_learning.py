@@ -89,8 +89,8 @@ class Learner:
             return
         self.decided = True
         self.exclude = (*self.exclude, *(name for name in passed_over if name not in self.exclude))
-        names = [name for name, _ in self.candidates(self.share, self.exclude)]
-        names += [name for name, _ in self.libraries(self.share, self.exclude)]
+        libraries, modules = self.chosen()
+        names = [*libraries, *modules]
         if names and self.pays(names, restart_s, rows_left):
             raise Learned
         if names:
@@ -100,6 +100,11 @@ class Learner:
                 f"{rows_left} rows left about {self.saving(names, rows_left):.0f} s, and another zygote takes "
                 f"{restart_s:.0f} s to start"
             )
+
+    def chosen(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """What it would preload: the libraries, then the package's modules (never one it excludes)."""
+        libraries = tuple(name for name, _ in self.libraries(self.share, self.exclude))
+        return libraries, tuple(name for name, _ in self.candidates(self.share, self.exclude))
 
     def pays(self, names: Sequence[str], restart_s: float, rows_left: int) -> bool:
         """Whether preloading ``names`` saves the ``rows_left`` rows, ``jobs`` at a time, more than the
@@ -178,9 +183,8 @@ class Candidates:
 
     @classmethod
     def learned_by(cls, learner: Learner) -> Candidates:
-        libraries = tuple(name for name, _ in learner.libraries(ADAPT_SHARE, learner.exclude))
-        chosen = tuple(name for name, _ in learner.candidates(ADAPT_SHARE, learner.exclude))
-        return cls((*libraries, *chosen), libraries, learner)
+        libraries, modules = learner.chosen()
+        return cls((*libraries, *modules), libraries, learner)
 
     def then(self, later: Candidates) -> Candidates:
         """These candidates, then ``later``'s (learned in a zygote that preloaded these)."""

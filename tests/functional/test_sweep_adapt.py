@@ -588,3 +588,20 @@ def test_a_second_sample_starts_no_zygote_that_would_not_pay_for_itself(make_tre
     assert ", not preloaded: they would save the " in declined[0]
     assert len(result.rows) == 115
     assert {row.status for row in result.rows} == {"ok"}
+
+
+def test_no_second_sample_when_the_candidates_rows_are_all_that_is_left(make_tree, monkeypatch):
+    """The first sample is every module but ``cv.e``, a candidate: the second sample has nothing to draw from,
+    and the checked zygote scans ``cv.e`` first, as a candidate's row."""
+    from diagtools.usecases import sweep_forked
+
+    monkeypatch.setattr(sweep_forked, "ADAPT_MIN_MODULES", 5)
+    monkeypatch.setattr(sweep_forked, "ADAPT_SAMPLE", 5)
+    files = {"cv/__init__.py": "", "cv/d.py": "VALUE = 1\n", "cv/e.py": "VALUE = 2\n"}
+    files.update({f"cv/{name}.py": "import cv.d, cv.e\n" for name in "abc"})
+    stages: list[str] = []
+    result = sweep("cv", path=[make_tree(files)], driver="simulated", jobs=2, timeout=30, stage=stages.append)
+    assert stages == ["learning what to preload from 5 sampled modules", "checking 2 learned preload(s)"]
+    assert result.preload == ("cv", "cv.d", "cv.e"), result.preload_notes
+    assert sorted(row.module for row in result.rows) == ["cv", "cv.a", "cv.b", "cv.c", "cv.d", "cv.e"]
+    assert not result.row("cv.e").preloaded
