@@ -7,7 +7,7 @@ preloaded.  Each size is run in turn, from a new zygote, and the candidate lists
 first size's.
 
 Run (the machine otherwise quiet):
-``VENV/bin/python benchmarks/sweep_vllm_learn.py 8 24 8 --save-path benchmarks/sweep_vllm_learn.json``
+``VENV/bin/python benchmarks/sweep_vllm_learn.py 24 8 --save-path benchmarks/sweep_vllm_learn.json``
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ def learn(size: int, package: str) -> dict[str, Any]:
         "preload_given": list(preload),
         "libraries": list(candidates.libraries),
         "modules": [name for name in candidates.names if name not in candidates.libraries],
-        "average_child_s_saved": round(learner.worth(list(candidates.names)), 3),
+        "average_child_s_saved": round(learner.saving(candidates.names, 1), 3),
     }
 
 
