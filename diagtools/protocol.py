@@ -131,6 +131,7 @@ EVENTS = {
     "watching": ("n", "names"),  # aliases a candidate ("": the preload given) registered, watched in every row
     "guarding": ("n", "names", "why"),  # modules a candidate loaded that fail alone (why each), guarded by it
     "ready": ("count", "inside"),
+    "preloading-inside": ("inside",),  # what of the package is loaded where a candidate's rows are scanned
     "forked": ("i", "pid"),
     "present": ("i",),
     "reaped": ("i", "code"),

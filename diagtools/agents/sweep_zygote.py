@@ -209,35 +209,33 @@ _aliases = protocol.load_source("_diagtools_zygote_aliases", _HERE + "/zygote_al
 
 
 def _scan_before_preloading(due, modules):
-    """Scan the modules ``due`` (indices) in children, ``_JOBS`` at a time, and wait for them all;
-    ``(index, module)`` in a child, else None."""
-    inside = _inside(_ENV.get(protocol.SWEEP_PACKAGE, ""), [*sys.modules, *_aliases.hidden()]) if due else []
-    running = []
-    for index in due:
-        if len(running) >= _JOBS:
-            _await_scan(*running.pop(0), modules)
-        _serving._flush_stdio()
-        pid = posix.fork()
-        if pid == 0:
-            return index, modules[index]
-        _served.add(index)
-        _channel.emit("forked", i=index, pid=pid, m=modules[index], inside=inside)
-        running.append((index, pid))
-    for index, pid in running:
-        _await_scan(index, pid, modules)
+    """Scan the modules ``due`` (indices) in children and wait for them all: ``(index, module)`` in a child,
+    else None.
+
+    They are served as the ready zygote serves its modules (:func:`zygote_serving._serve`): a package among
+    them is imported once, by its own row, for the modules below it, so a candidate that loads a package and
+    its hundred modules costs one import of that package, not one in every row.  Its descendants are orphaned
+    to this process, which reaps them; every module that failed (or whose child ended badly) is remembered.
+    """
+    inside = _inside(_ENV.get(protocol.SWEEP_PACKAGE, ""), [*sys.modules, *_aliases.hidden()])
+    _channel.emit("preloading-inside", inside=inside)
+    try:
+        _cuprobe.become_subreaper()
+    except OSError:
+        pass
+    child = _serving._serve(modules, due)
+    if child is not None:
+        return child
+    _served.update(due)
+    _failed_alone.update(modules[index] for index in due if _reported_failure(index))
     return None
 
 
-def _await_scan(index, pid, modules):
-    _, status = posix.waitpid(pid, 0)  # this child only: the preload's own subprocesses are not ours to reap
-    code = posix.waitstatus_to_exitcode(status)
-    _channel.emit("reaped", i=index, pid=pid, code=code)
-    if code or _reported_failure(index):
-        _failed_alone.add(modules[index])
-
-
 def _reported_failure(index):
-    """Whether the child that scanned module ``index`` reported its import failing (an error or an exit)."""
+    """Whether the child that scanned module ``index`` ended with a non-zero status (the serving loop notes
+    it) or reported its import failing (an error or an exit)."""
+    if _exists(_own_path(index, "code")):
+        return True
     try:
         with open(_own_path(index, "events"), "rb") as handle:
             data = handle.read()
@@ -482,6 +480,7 @@ def main():
     sys.path[0:0] = _lines(protocol.SCAN_PATH)
     with open(_ENV[protocol.SWEEP_MODULES_FILE], encoding="utf-8") as handle:
         modules = handle.read().split()
+    _tokens.create()  # before the preload: the rows a candidate loads are scanned while it is checked
     _ExitHandlers.watch()
     problem, child = _preload(_lines(protocol.SWEEP_PRELOAD), modules)
     _ExitHandlers.stop()
@@ -503,7 +502,6 @@ def main():
         pass
     _explicit.update(name for name in sys.modules if name not in _ExitHandlers.modules())
     __import__("gc").freeze()  # the preloaded objects stay out of the children's collections
-    _tokens.create()
     child = _serving._serve(modules, range(len(modules)))
     if child is None:
         _channel.emit("done")

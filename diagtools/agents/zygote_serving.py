@@ -197,7 +197,10 @@ class _Serving:
         code = posix.waitstatus_to_exitcode(status)
         if pid in self.running:
             z._tokens.give()
-            z._channel.emit("reaped", i=self.running.pop(pid), pid=pid, code=code)
+            index = self.running.pop(pid)
+            if code:  # read by a zygote that checks a candidate: the row failed, whoever reaped its child
+                z._write_own(index, "code", str(code))
+            z._channel.emit("reaped", i=index, pid=pid, code=code)
             descent = self.descents.pop(pid, None)
             return descent.start(self) if descent is not None else None
         descent = self.zygotes.pop(pid, None)

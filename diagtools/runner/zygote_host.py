@@ -118,7 +118,9 @@ class _Zygote:
         self.finished: set[int] = set()
         self.count = count
         self.pending = b""
-        self.insides: dict[int, list[tuple[str, str | None]]] = {}  # per package zygote, by package index
+        self.insides: dict[
+            int, list[tuple[str, str | None]]
+        ] = {}  # per package zygote, by package index (-1: a candidate's rows)
         self.parents: dict[int, int] = {}
         self.importing: dict[int, _Child] = {}  # package zygotes still importing their package
 
@@ -137,13 +139,13 @@ class _Zygote:
         elif kind == "ready":
             self.outcome.ready, self.outcome.loaded = True, int(event["count"])
             self.outcome.inside = [(str(name), file) for name, file in event["inside"]]
+            self.insides.pop(-1, None)  # the zygote's own, from now on
+        elif kind == "preloading-inside":  # rows scanned while a candidate is checked: what was loaded by then
+            self.insides[-1] = [(str(name), file) for name, file in event["inside"]]
         elif kind == "forked":
             index, zygote = int(event["i"]), int(event.get("z", -1))
             self.children[index] = _Child(index, int(event["pid"]), time.monotonic(), time.time())
-            if "inside" in event:  # forked while the zygote preloads: what was loaded by then
-                self.outcome.child_inside[index] = [(str(name), file) for name, file in event["inside"]]
-            else:
-                self.outcome.child_inside[index] = self.insides.get(zygote, self.outcome.inside)
+            self.outcome.child_inside[index] = self.insides.get(zygote, self.outcome.inside)
             if zygote in self.outcome.packages:
                 self.outcome.packages[zygote].served += 1
         elif kind in ("descend", "descended", "descent-refused", "ascended"):
