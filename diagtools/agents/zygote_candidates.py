@@ -58,23 +58,27 @@ def _registered_alias(name):
 
 
 def _side_effect(before, after, added):
-    """What an import changed that every later import would see, in words, or ``""``; and the environment
-    variables it set that no file a row could run holds the name of (kept: no later import can tell)."""
+    """What an import changed that every later import would see, in words, or ``""``; when it set environment
+    variables instead, the :class:`_Search` (started, not awaited) for the files that hold their names."""
     path, meta_path, path_hooks, environ = before
     new_path, new_meta_path, new_path_hooks, new_environ = after
     if new_path != path:
         extra = [entry for entry in new_path if entry not in path]
-        return (f"it puts {extra[0]} on sys.path" if extra else "it changes sys.path"), ()
+        return (f"it puts {extra[0]} on sys.path" if extra else "it changes sys.path"), None
     if new_meta_path != meta_path or new_path_hooks != path_hooks:
-        return "it changes the import hooks (sys.meta_path, sys.path_hooks)", ()
+        return "it changes the import hooks (sys.meta_path, sys.path_hooks)", None
     changed = sorted(key for key in set(environ) | set(new_environ) if environ.get(key) != new_environ.get(key))
-    if not changed:
-        return "", ()
-    held = _held_elsewhere(changed, added)
+    return "", (_Search(changed, added) if changed else None)
+
+
+def _variables_held(search):
+    """The awaited :class:`_Search` for the variables an import set: why it must not stay, or ``""``; and the
+    variables no file a row could run holds the name of (kept: no later import can tell)."""
+    held = search.result()
     if held:
         name = sorted(held)[0]
         return f"it sets the environment variable {name} ({held[name]})", ()
-    return "", tuple(changed)
+    return "", tuple(search.names)
 
 
 def _registered_aliases(added):
@@ -94,37 +98,64 @@ def _environ_search():
     return _environ[0]
 
 
-def _held_elsewhere(names, added, every=False):
-    """:func:`zygote_environ.held_elsewhere`, run in a throwaway child (what the search loads stays there), for
-    the names no earlier search of this sweep found held (``every``: each of them, else none once one is);
-    what every search found is kept in a file, which a zygote's copy going on after a candidate was passed
-    over reads too."""
-    known_path = z._own_path("environ", "known")
-    known = dict(line.split("\t", 1) for line in z._lines_of(known_path) if "\t" in line)
-    files = _environ_search().allowed_files(added)
-    held = {name: f"{known[name]} holds its name" for name in names if known.get(name, "") not in ("", *files)}
-    names = [name for name in names if name not in held]
-    if (held and not every) or not names:
-        return held
-    path = z._own_path("environ", "held")
-    z._serving._flush_stdio()
-    pid = posix.fork()
-    if pid == 0:
-        try:
-            found = _environ_search().held_elsewhere(names, added)
-            z._write_file(path, "\n".join(f"{name}\t{why}\t{where}" for name, (why, where) in found.items()))
-        except BaseException as exc:
-            z._write_file(path, f"the search for its name failed: {protocol.describe(exc)}")
-            posix._exit(_SEARCH_FAILED)
-        posix._exit(0)
-    _, status = posix.waitpid(pid, 0)
-    lines = z._lines_of(path)
-    if posix.waitstatus_to_exitcode(status):
-        return {**held, **dict.fromkeys(names, lines[0] if lines else "the search for its name did not finish")}
-    found = [line.split("\t") for line in lines if line.count("\t") == 2]
-    known.update((name, where) for name, _, where in found if where)
-    z._write_file(known_path, "\n".join(f"{name}\t{where}" for name, where in known.items()))
-    return {**held, **{name: why for name, why, _ in found}}
+class _Search:
+    """:func:`zygote_environ.held_elsewhere` for ``names``, run in a throwaway child (what the search loads
+    stays there) that starts at once, so the zygote's rows are scanned meanwhile; :meth:`result` awaits it.
+
+    Only the names no earlier search of this sweep found held are searched for (``every``: each of them,
+    else none once one is); what every search found is kept in a file, which a zygote's copy going on
+    after a candidate was passed over reads too.
+    """
+
+    def __init__(self, names, added, every=False):
+        self.names, self.pid = tuple(names), None
+        known = dict(line.split("\t", 1) for line in z._lines_of(self._known_path) if "\t" in line)
+        files = _environ_search().allowed_files(added)
+        self.held = {name: f"{known[name]} holds its name" for name in names if known.get(name, "") not in ("", *files)}
+        self.searched = [name for name in names if name not in self.held]
+        if (self.held and not every) or not self.searched:
+            return
+        z._serving._flush_stdio()
+        self.pid = posix.fork()
+        if self.pid == 0:
+            _search_child(self.searched, added, self._path)
+
+    _path = property(lambda self: z._own_path("environ", "held"))
+    _known_path = property(lambda self: z._own_path("environ", "known"))
+
+    def result(self):
+        """For each name held by a file a row could run, why it may not stay; ``{}`` when every one may."""
+        if self.pid is None:
+            return self.held
+        _, status = posix.waitpid(self.pid, 0)
+        self.pid, lines = None, z._lines_of(self._path)
+        if posix.waitstatus_to_exitcode(status):
+            why = lines[0] if lines else "the search for its name did not finish"
+            return {**self.held, **dict.fromkeys(self.searched, why)}
+        found = [line.split("\t") for line in lines if line.count("\t") == 2]
+        known = dict(line.split("\t", 1) for line in z._lines_of(self._known_path) if "\t" in line)
+        known.update((name, where) for name, _, where in found if where)
+        z._write_file(self._known_path, "\n".join(f"{name}\t{where}" for name, where in known.items()))
+        return {**self.held, **{name: why for name, why, _ in found}}
+
+    def abandon(self):
+        """End a search whose answer no longer matters (the zygote cannot go on)."""
+        if self.pid is not None:
+            posix.kill(self.pid, _SIGKILL)
+            posix.waitpid(self.pid, 0)
+            self.pid = None
+
+
+def _search_child(names, added, path):
+    """In the search's child: search, write what was found to ``path``, and end."""
+    try:
+        package = sys.modules.get(z._ENV.get(protocol.SWEEP_PACKAGE, "").partition(".")[0])
+        found = _environ_search().held_elsewhere(names, added, first=z._folders_of(package))
+        z._write_file(path, "\n".join(f"{name}\t{why}\t{where}" for name, (why, where) in found.items()))
+    except BaseException as exc:
+        z._write_file(path, f"the search for its name failed: {protocol.describe(exc)}")
+        posix._exit(_SEARCH_FAILED)
+    posix._exit(0)
 
 
 class Outcome:
@@ -172,19 +203,20 @@ def attempt(name, library, modules, due_at):
         _go_back(backup, problem)
     if z._aliases.marked():
         _go_back(backup, z._aliases.marked())
-    kept, aliases = (), ()
+    kept, aliases, search = (), (), None
     if not library:
-        change, kept = _side_effect(hooks, _import_hooks(), added)
+        change, search = _side_effect(hooks, _import_hooks(), added)
         if change:
             _go_back(backup, f"{change}, which every later import would see")
         aliases = _registered_aliases(added)
-    due = list(dict.fromkeys(due_at[m] for m in (name, *added) if m in due_at and due_at[m] not in z._served))
-    if due:
-        answer = _order(backup, "scan", " ".join(map(str, due)))
-        if answer is None:
-            return Outcome("refused", why=f"the copy that scanned the rows {name} loads ended (rows not all scanned)")
-        z._failed_alone.update(answer)
-        z._served.update(due)
+    if not _rows_scanned(backup, [due_at[m] for m in (name, *added) if m in due_at]):
+        if search is not None:
+            search.abandon()
+        return Outcome("refused", why=f"the copy that scanned the rows {name} loads ended (rows not all scanned)")
+    if search is not None:
+        change, kept = _variables_held(search)
+        if change:
+            _go_back(backup, f"{change}, which every later import would see")
     named = _named_elsewhere([m for m in (name, *added) if m in z._failed_alone], added)
     if name in named or (named and library):
         failing = _failing(name if name in named else min(named), named)
@@ -195,6 +227,21 @@ def attempt(name, library, modules, due_at):
     guarded = {module: _failing(module, named) for module in z._aliases.guard(sorted(named), name)} if named else {}
     z._aliases.rewatch()
     return Outcome("kept", seconds=seconds, variables=kept, aliases=watched, guarded=guarded)
+
+
+def _rows_scanned(backup, indices):
+    """Have the backup scan the rows among ``indices`` still to do (from the state before the candidate's
+    import, which they need whether it stays or not; a search for its variables runs meanwhile); False when
+    the backup ended instead."""
+    due = list(dict.fromkeys(index for index in indices if index not in z._served))
+    if not due:
+        return True
+    answer = _order(backup, "scan", " ".join(map(str, due)))
+    if answer is None:
+        return False
+    z._failed_alone.update(answer)
+    z._served.update(due)
+    return True
 
 
 def _failing(module, named):
@@ -215,7 +262,7 @@ def _named_elsewhere(alone, added):
     parts = {}
     for module in alone:
         parts.setdefault(module.rpartition(".")[2], []).append(module)
-    held = _held_elsewhere(sorted(parts), added, every=True) if parts else {}
+    held = _Search(sorted(parts), added, every=True).result() if parts else {}
     return {module: why for part, why in held.items() for module in parts[part]}
 
 
