@@ -15,7 +15,8 @@ from diagtools import agents
 @pytest.fixture(scope="module")
 def environ_search():
     spec = importlib.util.spec_from_file_location("_test_zygote_environ", agents.AGENTS_DIR / "zygote_environ.py")
-    assert spec is not None and spec.loader is not None
+    assert spec is not None
+    assert spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
