@@ -12,8 +12,9 @@
 # the edit is then undone.  Each run's wall time, exit code and the load average before and after are
 # appended to OUT/results.txt; sweep_vllm_noflag.py turns OUT into the JSON committed here.
 #
-# Usage: benchmarks/sweep_vllm_noflag.sh VENV OUT [pair]
-# With "pair", only runs 1 and 2 (the tuned and the no-flag sweep, side by side: about 20 minutes).
+# Usage: benchmarks/sweep_vllm_noflag.sh VENV OUT [pair|rest]
+# With "pair", only runs 1 and 2 (the tuned and the no-flag sweep, side by side: about 20 minutes); with
+# "rest", only runs 3 and 4, from the journals a pair left in OUT (about 10 minutes).
 set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 venv="${1:?usage: sweep_vllm_noflag.sh VENV OUT}"
@@ -37,13 +38,17 @@ timed() {
 }
 
 sweep=("$diagtools" sweep vllm --jobs 2 --driver simulated)
-rm -f "$out"/{tuned,f0,inc,f1}.jsonl
+mode="${3:-}"
+rm -f "$out"/{inc,f1}.jsonl
+[ "$mode" = rest ] || rm -f "$out"/{tuned,f0}.jsonl
 # the tuned run differs from the no-flag one by its --preload only: each child gets the default timeout, as there
 # (a vLLM module that hangs at import costs each run that timeout)
 timeout="$("$venv/bin/python" -c 'from diagtools.model.options import DEFAULT_TIMEOUT_S as t; print(t)')"
-timed tuned env VENV="$venv" JOURNAL="$out/tuned.jsonl" TIMEOUT="$timeout" "$here/sweep_vllm.sh" "$out/cache" 2
-timed f0 "${sweep[@]}" --json "$out/f0.jsonl" --summary "$out/f0.json"
-[ "${3:-}" = pair ] && exit 0
+if [ "$mode" != rest ]; then
+    timed tuned env VENV="$venv" JOURNAL="$out/tuned.jsonl" TIMEOUT="$timeout" "$here/sweep_vllm.sh" "$out/cache" 2
+    timed f0 "${sweep[@]}" --json "$out/f0.jsonl" --summary "$out/f0.json"
+fi
+[ "$mode" = pair ] && exit 0
 cp "$edited" "$out/edited.orig"
 trap 'cp "$out/edited.orig" "$edited"' EXIT
 printf '\nTRANSFORMERS_BACKEND = "transformers"  # one line added, as a pull request would\n' >> "$edited"
