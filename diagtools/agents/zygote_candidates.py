@@ -109,7 +109,7 @@ class _Search:
 
     def __init__(self, names, added, every=False):
         self.names, self.pid = tuple(names), None
-        known = dict(line.split("\t", 1) for line in z._lines_of(self._known_path) if "\t" in line)
+        known = _known_holders()
         files = _environ_search().allowed_files(added)
         self.held = {name: f"{known[name]} holds its name" for name in names if known.get(name, "") not in ("", *files)}
         self.searched = [name for name in names if name not in self.held]
@@ -118,24 +118,21 @@ class _Search:
         z._serving._flush_stdio()
         self.pid = posix.fork()
         if self.pid == 0:
-            _search_child(self.searched, added, self._path)
-
-    _path = property(lambda self: z._own_path("environ", "held"))
-    _known_path = property(lambda self: z._own_path("environ", "known"))
+            _search_child(self.searched, added, z._own_path("environ", "held"))
 
     def result(self):
         """For each name held by a file a row could run, why it may not stay; ``{}`` when every one may."""
         if self.pid is None:
             return self.held
         _, status = posix.waitpid(self.pid, 0)
-        self.pid, lines = None, z._lines_of(self._path)
+        self.pid, lines = None, z._lines_of(z._own_path("environ", "held"))
         if posix.waitstatus_to_exitcode(status):
             why = lines[0] if lines else "the search for its name did not finish"
             return {**self.held, **dict.fromkeys(self.searched, why)}
         found = [line.split("\t") for line in lines if line.count("\t") == 2]
-        known = dict(line.split("\t", 1) for line in z._lines_of(self._known_path) if "\t" in line)
+        known = _known_holders()
         known.update((name, where) for name, _, where in found if where)
-        z._write_file(self._known_path, "\n".join(f"{name}\t{where}" for name, where in known.items()))
+        z._write_file(z._own_path("environ", "known"), "\n".join(f"{name}\t{where}" for name, where in known.items()))
         return {**self.held, **{name: why for name, why, _ in found}}
 
     def abandon(self):
@@ -144,6 +141,12 @@ class _Search:
             posix.kill(self.pid, _SIGKILL)
             posix.waitpid(self.pid, 0)
             self.pid = None
+
+
+def _known_holders():
+    """The file found holding each name some earlier search of this sweep found held."""
+    lines = z._lines_of(z._own_path("environ", "known"))
+    return dict(line.split("\t", 1) for line in lines if "\t" in line)
 
 
 def _search_child(names, added, path):
