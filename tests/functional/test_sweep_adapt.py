@@ -609,9 +609,15 @@ def test_no_second_sample_when_the_candidates_rows_are_all_that_is_left(make_tre
 
 
 def test_a_candidate_package_is_imported_once_for_the_rows_below_it_that_its_import_loads(make_tree, tmp_path):
-    """``cp.big``, learned, loads its 20 modules: their rows are scanned before it is preloaded, from the
-    zygote's state before it, by the one child that imports ``cp.big`` for its own row and goes on to scan
-    the modules below it, not by 20 children that each import it again; every row is a fresh subkernel's."""
+    """``cp.big``, a candidate (as a journal remembers it: checked first, no sample), loads its 20 modules:
+    their rows are scanned before it is preloaded, from the zygote's state before it, by the one child
+    that imports ``cp.big`` for its own row and goes on to scan the modules below it, not by 20 children
+    that each import it again; every row is a fresh subkernel's."""
+    from diagtools.driver import resolve_driver
+    from diagtools.usecases.options import ScanOptions
+    from diagtools.usecases.sweep_discover import discover_modules, locate_tree
+    from diagtools.usecases.sweep_forked import ZygoteJob, zygote_pass
+
     runs = tmp_path / "runs"  # one byte per execution of cp/big/__init__.py
     parts = [f"s{n:02}" for n in range(20)]
     files = {
@@ -619,17 +625,26 @@ def test_a_candidate_package_is_imported_once_for_the_rows_below_it_that_its_imp
         "cp/big/__init__.py": "import os\n"
         f"_fd = os.open({str(runs)!r}, os.O_WRONLY | os.O_CREAT | os.O_APPEND)\nos.write(_fd, b'x')\nos.close(_fd)\n"
         f"from cp.big import {', '.join(parts)}\n",
-        "cp/leaves/__init__.py": "",
     }
     files.update({f"cp/big/{part}.py": "VALUE = 1\n" for part in parts})
-    files.update({f"cp/leaves/m{n:03}.py": "import cp.big\n" for n in range(LEAVES)})
-    root = make_tree(files)
-    result = sweep("cp", path=[root], driver="simulated", jobs=2, timeout=30)
-    assert "cp.big" in result.preload, result.preload_notes
-    assert not any(row.preloaded for row in result.rows if row.module.startswith("cp.big"))
-    executions = len(runs.read_bytes())  # each sampled child that imported it, its row, the zygote
-    assert executions <= ADAPT_SAMPLE + 2, (executions, result.preload_notes)
-    fresh = sweep("cp", path=[root], driver="simulated", jobs=2, timeout=30, fresh=True)
-    assert {row.module: verdict(row) for row in result.rows} == {row.module: verdict(row) for row in fresh.rows}
+    roots = [str(make_tree(files))]
+    rows: list[SweepRow] = []
+    job = ZygoteJob(
+        locate_tree("cp", roots),
+        ScanOptions.of(path=roots, driver="simulated", timeout=60),
+        resolve_driver("simulated"),
+        ["cp"],
+        2,
+        rows.append,
+        learned=(("cp.big",), ()),
+    )
+    done = zygote_pass(discover_modules("cp", roots), job, adapt=True)
+    assert "cp.big" in done.preload, done.notes
+    assert not done.leftover, done.notes
+    assert not any(row.preloaded for row in rows if row.module.startswith("cp.big"))
+    # the zygote's own import and the row's (a zygote of its own importing it once, were the row not to go on)
+    assert len(runs.read_bytes()) <= 3, done.notes
+    fresh = sweep("cp", path=roots, driver="simulated", jobs=2, timeout=60, fresh=True)
+    assert {row.module: verdict(row) for row in rows} == {row.module: verdict(row) for row in fresh.rows}
     fresh_deps = {row.module: set(row.deps) for row in fresh.rows}
-    assert all(fresh_deps[row.module] <= set(row.deps) for row in result.rows)
+    assert all(fresh_deps[row.module] <= set(row.deps) for row in rows)
