@@ -108,9 +108,8 @@ class _Search:
     """
 
     def __init__(self, names, added, every=False):
-        self.names, self.pid = tuple(names), None
-        known = _known_holders()
-        files = _environ_search().allowed_files(added)
+        self.names, self.pid, self.known = tuple(names), None, _known_holders()
+        files, known = _environ_search().allowed_files(added), self.known
         self.held = {name: f"{known[name]} holds its name" for name in names if known.get(name, "") not in ("", *files)}
         self.searched = [name for name in names if name not in self.held]
         if (self.held and not every) or not self.searched:
@@ -130,9 +129,8 @@ class _Search:
             why = lines[0] if lines else "the search for its name did not finish"
             return {**self.held, **dict.fromkeys(self.searched, why)}
         found = [line.split("\t") for line in lines if line.count("\t") == 2]
-        known = _known_holders()
-        known.update((name, where) for name, _, where in found if where)
-        z._write_file(z._own_path("environ", "known"), "\n".join(f"{name}\t{where}" for name, where in known.items()))
+        self.known.update((name, where) for name, _, where in found if where)
+        z._write_file(z._own_path("environ", "known"), "\n".join(f"{n}\t{where}" for n, where in self.known.items()))
         return {**self.held, **{name: why for name, why, _ in found}}
 
     def abandon(self):

@@ -118,9 +118,8 @@ class _Zygote:
         self.finished: set[int] = set()
         self.count = count
         self.pending = b""
-        self.insides: dict[
-            int, list[tuple[str, str | None]]
-        ] = {}  # per package zygote, by package index (-1: a candidate's rows)
+        # what each package zygote had loaded, by package index (-1: where a candidate's rows are scanned)
+        self.insides: dict[int, list[tuple[str, str | None]]] = {}
         self.parents: dict[int, int] = {}
         self.importing: dict[int, _Child] = {}  # package zygotes still importing their package
 
