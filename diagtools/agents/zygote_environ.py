@@ -15,6 +15,13 @@ bytecode, extension modules, native libraries shipped in wheels) and every
 file the process has mapped (the native libraries loaded from elsewhere),
 less each distribution's metadata but its entry points (its list of files
 and its description name modules and variables, and no import reads them).
+Of a native library (an ELF file) only the sections its program can read as
+data are searched: a name the program passes to ``getenv`` or to an import
+is a string in its loaded data.  Its machine code, the GPU code it carries
+(``.nv_fatbin``: run on the device, which reads no host environment) and
+what is never loaded (debug information, the symbol tables) are skipped:
+they are most of the bytes of the CUDA libraries torch ships.  A file whose
+section table cannot be read is searched whole.
 A name built at run time from pieces, or a prefix matched over the whole
 environment, is not seen: the search reads names, not programs.
 
@@ -27,24 +34,79 @@ import sys
 import time
 
 SEARCH_LIMIT_S = 90.0  # past this the search gives up, and the variable is not kept
-_CHUNK = 1 << 20  # files larger than this are mapped rather than read
+READERS = 4  # processes reading files at once: a cold disk answers several reads in the time of one
+_CHUNK = 1 << 22  # a file is read this many bytes at a time
+_BATCH = 16  # files handed to a reader at a time
+_GPU_CODE = (".nv_fatbin", "__nv_relfatbin")  # sections of device code: the host never reads them as data
+_SHT_NOBITS, _SHF_ALLOC, _SHF_EXECINSTR = 8, 0x2, 0x4
 
 
 class _Search:
-    """One walk over the files a row could run, looking for any of ``needles``."""
+    """One walk over the files a row could run, looking for any of ``needles``.
+
+    The walk (this process) lists the folders and numbers each file in the
+    order it meets them; :data:`READERS` forked readers read them, a batch
+    at a time.  Every file numbered before the walk stops is read, so the
+    file reported for a name is the first holding it in the walk's order,
+    however the reads overlap.  A process with threads reads alone (forking
+    it is not safe), and so does a search whose readers could not start.
+    """
 
     def __init__(self, needles, allowed, limit):
         self.needles = [name.encode("utf-8", "surrogateescape") for name in needles]
         self.allowed, self.deadline = allowed, time.monotonic() + limit
         self.seen_dirs, self.seen_files = set(), set()
-        self.found = {}  # name -> the first file holding it
+        self.found = {}  # needle index -> (number, file) of the first file in the walk's order that holds it
+        self.files, self.batch = [], []  # every file numbered (its number is its place), the batch being filled
+        self.readers, self.turn = [], 0  # (pid, the pipe its paths go down); the one to try first
+        self.results, self.pending = None, b""  # the pipe the readers' finds come up, and a line not yet whole
+        self.failed = False  # a reader ended before reading every file it was given
+
+    def __enter__(self):
+        if READERS > 1 and _threads() == 1:
+            self._start_readers()
+        return self
+
+    def __exit__(self, kind, *_):
+        self._flush()
+        for _pid, pipe in self.readers:
+            posix.close(pipe)
+        for pid, _pipe in self.readers:
+            self.failed = posix.waitstatus_to_exitcode(posix.waitpid(pid, 0)[1]) != 0 or self.failed
+        if self.results is not None:
+            self._take_results(self.results, block=True)
+            posix.close(self.results)
+
+    def _start_readers(self):
+        results, their_results = posix.pipe()
+        for _ in range(READERS):
+            paths, their_paths = posix.pipe()
+            _shorten(their_paths)
+            pid = posix.fork()
+            if pid == 0:
+                posix.close(their_paths)
+                posix.close(results)
+                for _, pipe in self.readers:
+                    posix.close(pipe)
+                _reader(paths, their_results, self.needles, self.deadline)
+            posix.close(paths)
+            self.readers.append((pid, their_paths))
+        posix.close(their_results)
+        posix.set_blocking(results, False)
+        self.results = results
 
     def expired(self):
         return time.monotonic() > self.deadline
 
     def over(self):
         """Nothing more to learn: every name was found, or the time is up."""
-        return len(self.found) == len(self.needles) or self.expired()
+        if self.results is not None:
+            self._take_results(self.results, block=False)
+        return len(self.found) == len(self.needles) or self.expired() or self.failed
+
+    def holders(self):
+        """Each name found, with the first file (in the walk's order) that holds it."""
+        return {self.needles[i].decode("utf-8", "surrogateescape"): path for i, (_, path) in self.found.items()}
 
     def walk(self, folder):
         """Read every file under ``folder`` (or ``folder`` itself, a zip archive on ``sys.path``)."""
@@ -75,6 +137,7 @@ class _Search:
                     continue
 
     def read(self, path):
+        """Number ``path`` and read it, or hand it to a reader (once per file, however many names it has)."""
         try:
             info = posix.stat(path)
         except OSError:
@@ -84,37 +147,201 @@ class _Search:
         if _install_record(path):
             return
         self.seen_files.add((info.st_dev, info.st_ino))
-        try:
-            fd = posix.open(path, posix.O_RDONLY | posix.O_CLOEXEC)
-        except OSError:
+        self.files.append(path)
+        if not self.readers:
+            for index in _names_in(path, self.needles):
+                self._found(index, len(self.files) - 1)
             return
-        try:
-            self._scan(fd, path, info.st_size)
-        finally:
-            posix.close(fd)
+        self.batch.append(len(self.files) - 1)
+        if len(self.batch) == _BATCH:
+            self._flush()
 
-    def _scan(self, fd, path, size):
-        """Look for the names in the file, mapped (read in place, no copy) when it is large."""
-        if size > _CHUNK:
-            mmap = __import__("mmap")
-            try:
-                data = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
-            except (OSError, ValueError):
-                return
-            try:
-                self._look(data, path)
-            finally:
-                data.close()
+    def _flush(self):
+        """Hand the batch to a reader with room for it (one busy with a large file waits)."""
+        if not self.batch or not self.readers:
             return
+        turn = self.turn = (self.turn + 1) % len(self.readers)
+        pipes = [pipe for _, pipe in self.readers[turn:] + self.readers[:turn]]
+        _, room, _ = __import__("select").select([], pipes, [])
+        pipe = next(pipe for pipe in pipes if pipe in room)
+        items = b"".join(b"%d\t%s\0" % (n, self.files[n].encode("utf-8", "surrogateescape")) for n in self.batch)
+        self.batch = []
         try:
-            self._look(posix.read(fd, _CHUNK), path)
-        except OSError:
-            return
+            _write_all(pipe, items)
+        except OSError:  # that reader ended: what it was given may be unread
+            self.failed = True
 
-    def _look(self, data, path):
-        for needle in self.needles:
-            if data.find(needle) != -1:
-                self.found.setdefault(needle.decode("utf-8", "surrogateescape"), path)
+    def _take_results(self, results, block):
+        """Read what the readers found so far from ``results`` (``block``: until every one of them has ended)."""
+        data, self.pending = self.pending, b""
+        posix.set_blocking(results, block)
+        while True:
+            try:
+                chunk = posix.read(results, 1 << 16)
+            except BlockingIOError:
+                break
+            if not chunk:
+                break
+            data += chunk
+        *lines, self.pending = data.split(b"\n")
+        for line in lines:
+            number, _, index = line.partition(b"\t")
+            if index:
+                self._found(int(index), int(number))
+
+    def _found(self, index, number):
+        """Needle ``index`` is held by file ``number``: kept when no earlier file (in the walk's order) was found."""
+        if index not in self.found or number < self.found[index][0]:
+            self.found[index] = (number, self.files[number])
+
+
+def _shorten(pipe):
+    """Keep a reader's pipe to one page, so that files wait for the first reader free, not in a long queue."""
+    fcntl = __import__("fcntl")
+    try:
+        fcntl.fcntl(pipe, fcntl.F_SETPIPE_SZ, 4096)
+    except (OSError, AttributeError):
+        pass
+
+
+def _threads():
+    """How many threads this process runs."""
+    try:
+        return len(posix.listdir("/proc/self/task"))
+    except OSError:
+        return 0  # cannot tell: read alone
+
+
+def _write_all(fd, data):
+    view = memoryview(data)
+    while view:
+        view = view[posix.write(fd, view) :]
+
+
+def _reader(paths, results, needles, deadline):
+    """A reader's whole life: read each ``number\tpath`` that comes down ``paths`` (until it closes) and
+    send up ``number\tneedle index`` for the first file it read holding each needle; exit 1 when time
+    ran out before the last one was read."""
+    code, pending, reported = 0, b"", set()
+    __import__("gc").disable()  # the search's own collections were off; a reader's stay off too
+    try:
+        while True:
+            chunk = posix.read(paths, 1 << 16)
+            if not chunk:
+                break
+            pending += chunk
+            *items, pending = pending.split(b"\0")
+            for item in items:
+                if time.monotonic() > deadline:
+                    code = 1
+                    continue
+                number, _, path = item.partition(b"\t")
+                held = [i for i in _names_in(path.decode("utf-8", "surrogateescape"), needles) if i not in reported]
+                reported.update(held)
+                if held:
+                    _write_all(results, b"".join(b"%s\t%d\n" % (number, i) for i in held))
+    except BaseException:
+        code = 1
+    posix._exit(code)
+
+
+def _names_in(path, needles):
+    """The indices of the ``needles`` the file at ``path`` holds, in the parts :func:`searched_ranges`
+    gives, read :data:`_CHUNK` bytes at a time with an overlap (a name across two reads is seen);
+    ``[]`` when it cannot be read."""
+    try:
+        fd = posix.open(path, posix.O_RDONLY | posix.O_CLOEXEC)
+    except OSError:
+        return []
+    try:
+        size = posix.fstat(fd).st_size
+        if size <= _CHUNK:
+            data = posix.read(fd, size)
+            return _held(data, needles, searched_ranges(data, len(data)))
+        ranges = searched_ranges(lambda offset, length: posix.pread(fd, length, offset), size)
+        overlap, left = max(len(needle) for needle in needles) - 1, set(range(len(needles)))
+        buffer = _buffer(_CHUNK + overlap)
+        for first, end in ranges:
+            for start in range(first, end, _CHUNK):
+                with memoryview(buffer)[: min(_CHUNK + overlap, end - start)] as view:
+                    got = posix.preadv(fd, [view], start)
+                left.difference_update(_held(buffer, needles, [(0, got)]))
+                if not got or not left:
+                    break
+            if not left:
+                break
+        return [i for i in range(len(needles)) if i not in left]
+    except OSError:
+        return []
+    finally:
+        posix.close(fd)
+
+
+_buffers: list = []
+
+
+def _buffer(size):
+    """One buffer of at least ``size`` bytes, kept for every large file this process reads."""
+    if not _buffers or len(_buffers[0]) < size:
+        _buffers[:] = [bytearray(size)]
+    return _buffers[0]
+
+
+def _held(data, needles, ranges):
+    return [i for i, needle in enumerate(needles) if any(data.find(needle, a, b) != -1 for a, b in ranges)]
+
+
+def searched_ranges(data, size):
+    """The ``(start, end)`` byte ranges of a file to search: an ELF file's loaded data sections (merged
+    where they touch), else the whole file.  ``data``: the file's bytes, or a function that reads
+    ``length`` bytes at ``offset``."""
+    struct = __import__("struct")
+    fetch = data if callable(data) else lambda offset, length: data[offset : offset + length]
+    try:
+        sections = _elf_sections(fetch, size, struct.unpack_from)
+    except (ValueError, IndexError, OSError, struct.error):
+        sections = None
+    if sections is None:
+        return [(0, size)]
+    ranges: list = []
+    for name, kind, flags, offset, length in sections:
+        if kind == _SHT_NOBITS or not flags & _SHF_ALLOC or flags & _SHF_EXECINSTR or name in _GPU_CODE:
+            continue
+        if offset + length > size:
+            return [(0, size)]  # a section past the file's end: not a table to trust
+        if ranges and offset <= ranges[-1][1]:
+            ranges[-1] = (ranges[-1][0], max(ranges[-1][1], offset + length))
+        else:
+            ranges.append((offset, offset + length))
+    return ranges
+
+
+def _elf_sections(fetch, size, unpack_from):
+    """Each section of an ELF file as ``(name, type, flags, offset, size)``, sorted by offset; None when
+    the file is not an ELF file or its section table is out of reach (then the file is searched whole)."""
+    head = fetch(0, 64)
+    if size < 64 or len(head) < 64 or head[:4] != b"\x7fELF" or head[4] not in (1, 2) or head[5] not in (1, 2):
+        return None
+    wide, order = head[4] == 2, "<" if head[5] == 1 else ">"
+    if wide:
+        table, entry_size, count, names_index = unpack_from(order + "Q10xHHH", head, 0x28)
+        layout, expected = order + "IIQQQQ", 64
+    else:
+        table, entry_size, count, names_index = unpack_from(order + "I10xHHH", head, 0x20)
+        layout, expected = order + "IIIIII", 40
+    if entry_size != expected or not table or not count or names_index >= count or table + entry_size * count > size:
+        return None
+    raw = fetch(table, entry_size * count)
+    headers = [unpack_from(layout, raw, i * entry_size) for i in range(count)]
+    names_at, names_size = headers[names_index][4], headers[names_index][5]
+    if names_at + names_size > size:
+        return None
+    names = bytes(fetch(names_at, names_size))
+    sections = []
+    for name_at, kind, flags, _, offset, length in headers:
+        end = names.find(b"\0", name_at)
+        sections.append((names[name_at:end].decode("latin-1"), kind, flags, offset, length))
+    return sorted(sections, key=lambda section: section[3])
 
 
 def _install_record(path):
@@ -160,20 +387,36 @@ def _mapped_files():
     return files
 
 
+class _no_collection:  # noqa: N801 - used as a context manager, named as one
+    """No garbage collection while the search runs: the walk makes many objects, and each full collection
+    would go over every object the process holds (torch's and the package's, millions in a zygote)."""
+
+    def __enter__(self):
+        self.gc = __import__("gc")
+        self.was = self.gc.isenabled()
+        self.gc.disable()
+
+    def __exit__(self, *_):
+        if self.was:
+            self.gc.enable()
+
+
 def held_elsewhere(names, loaded, limit=SEARCH_LIMIT_S, first=()):
     """For each of ``names`` held by a file a row could run (outside the sources of ``loaded``), ``(why it may
     not be kept, the file that holds it or "")``; ``{}`` when every one may.  A search that runs out of time
     keeps none.  The folders ``first`` (the swept package's) are searched before the rest: the file that
     holds a name is most often there, and a search ends once every name is found."""
-    search = _Search(names, allowed_files(loaded), limit)
-    for folder in first:
-        if not search.over():
-            search.walk(folder.rstrip("/") or "/")
-    for path in _mapped_files():
-        search.read(path)
-    for folder in list(sys.path):
-        if isinstance(folder, str) and folder and not search.over():
-            search.walk(folder)
+    with _no_collection(), _Search(names, allowed_files(loaded), limit) as search:
+        for folder in first:
+            if not search.over():
+                search.walk(folder.rstrip("/") or "/")
+        for path in _mapped_files():
+            search.read(path)
+        for folder in list(sys.path):
+            if isinstance(folder, str) and folder and not search.over():
+                search.walk(folder)
     if search.expired() and len(search.found) < len(search.needles):
         return dict.fromkeys(names, (f"no search for its name finished in {limit:.0f} s", ""))
-    return {name: (f"{path} holds its name", path) for name, path in search.found.items()}
+    if search.failed and len(search.found) < len(search.needles):
+        return dict.fromkeys(names, ("the search for its name could not read every file", ""))
+    return {name: (f"{path} holds its name", path) for name, path in search.holders().items()}
