@@ -142,7 +142,7 @@ class _Search:
             info = posix.stat(path)
         except OSError:
             return
-        if (info.st_dev, info.st_ino) in self.seen_files or path in self.allowed or not info.st_size:
+        if (info.st_dev, info.st_ino) in self.seen_files or path in self.allowed or not _readable_file(info):
             return
         if _install_record(path):
             return
@@ -193,6 +193,12 @@ class _Search:
         """Needle ``index`` is held by file ``number``: kept when no earlier file (in the walk's order) was found."""
         if index not in self.found or number < self.found[index][0]:
             self.found[index] = (number, self.files[number])
+
+
+def _readable_file(info):
+    """A regular file with something in it (a FIFO or a device file, on ``sys.path`` or mapped, could block
+    a read or answer one with no end)."""
+    return info.st_mode & 0o170000 == 0o100000 and info.st_size > 0
 
 
 def _shorten(pipe):

@@ -173,3 +173,19 @@ def test_a_process_with_threads_reads_alone(environ_search, tmp_path, monkeypatc
     finally:
         release.set()
         waiter.join()
+
+
+def test_a_fifo_on_the_path_is_not_read(environ_search, tmp_path, monkeypatch):
+    """A FIFO, in a searched folder or as a ``sys.path`` entry, would block whoever opens it: it is passed by,
+    and the search ends with the name found in the folder's file."""
+    name = f"EV_{uuid.uuid4().hex.upper()}"
+    folder = tmp_path / "pk"
+    folder.mkdir()
+    os.mkfifo(folder / "a_pipe")
+    os.mkfifo(tmp_path / "entry_pipe")
+    (folder / "reader.py").write_text(f"import os\nos.environ.get('{name}')\n", encoding="utf-8")
+    monkeypatch.setattr(sys, "path", [str(tmp_path / "entry_pipe"), str(folder)])
+    missing = "NO_FILE_" + uuid.uuid4().hex
+    assert environ_search.held_elsewhere([name, missing], []) == {
+        name: (f"{folder / 'reader.py'} holds its name", str(folder / "reader.py"))
+    }
