@@ -92,7 +92,7 @@ _environ = []  # the search's file, once loaded
 
 
 def _environ_search():
-    """The search's file, loaded once (standard library only; it imports ``mmap`` and ``struct`` only when it reads)."""
+    """The search's file, loaded once (standard library only; it imports ``select`` and ``fcntl`` as it searches)."""
     if not _environ:
         _environ.append(protocol.load_source("_diagtools_zygote_environ", z._HERE + "/zygote_environ.py"))
     return _environ[0]

@@ -15,13 +15,6 @@ bytecode, extension modules, native libraries shipped in wheels) and every
 file the process has mapped (the native libraries loaded from elsewhere),
 less each distribution's metadata but its entry points (its list of files
 and its description name modules and variables, and no import reads them).
-Of a native library (an ELF file) only the sections its program can read as
-data are searched: a name the program passes to ``getenv`` or to an import
-is a string in its loaded data.  Its machine code, the GPU code it carries
-(``.nv_fatbin``: run on the device, which reads no host environment) and
-what is never loaded (debug information, the symbol tables) are skipped:
-they are most of the bytes of the CUDA libraries torch ships.  A file whose
-section table cannot be read is searched whole.
 A name built at run time from pieces, or a prefix matched over the whole
 environment, is not seen: the search reads names, not programs.
 
@@ -37,8 +30,6 @@ SEARCH_LIMIT_S = 90.0  # past this the search gives up, and the variable is not 
 READERS = 4  # processes reading files at once: a cold disk answers several reads in the time of one
 _CHUNK = 1 << 22  # a file is read this many bytes at a time
 _BATCH = 16  # files handed to a reader at a time
-_GPU_CODE = (".nv_fatbin", "__nv_relfatbin")  # sections of device code: the host never reads them as data
-_SHT_NOBITS, _SHF_ALLOC, _SHF_EXECINSTR = 8, 0x2, 0x4
 
 
 class _Search:
@@ -252,9 +243,8 @@ def _reader(paths, results, needles, deadline):
 
 
 def _names_in(path, needles):
-    """The indices of the ``needles`` the file at ``path`` holds, in the parts :func:`searched_ranges`
-    gives, read :data:`_CHUNK` bytes at a time with an overlap (a name across two reads is seen);
-    ``[]`` when it cannot be read."""
+    """The indices of the ``needles`` the file at ``path`` holds, read :data:`_CHUNK` bytes at a time with
+    an overlap (a name across two reads is seen); ``[]`` when it cannot be read."""
     try:
         fd = posix.open(path, posix.O_RDONLY | posix.O_CLOEXEC)
     except OSError:
@@ -263,18 +253,14 @@ def _names_in(path, needles):
         size = posix.fstat(fd).st_size
         if size <= _CHUNK:
             data = posix.read(fd, size)
-            return _held(data, needles, searched_ranges(data, len(data)))
-        ranges = searched_ranges(lambda offset, length: posix.pread(fd, length, offset), size)
+            return [i for i, needle in enumerate(needles) if needle in data]
         overlap, left = max(len(needle) for needle in needles) - 1, set(range(len(needles)))
         buffer = _buffer(_CHUNK + overlap)
-        for first, end in ranges:
-            for start in range(first, end, _CHUNK):
-                with memoryview(buffer)[: min(_CHUNK + overlap, end - start)] as view:
-                    got = posix.preadv(fd, [view], start)
-                left.difference_update(_held(buffer, needles, [(0, got)]))
-                if not got or not left:
-                    break
-            if not left:
+        for start in range(0, size, _CHUNK):
+            with memoryview(buffer)[: min(_CHUNK + overlap, size - start)] as view:
+                got = posix.preadv(fd, [view], start)
+            left.difference_update(i for i in left.copy() if buffer.find(needles[i], 0, got) != -1)
+            if not got or not left:
                 break
         return [i for i in range(len(needles)) if i not in left]
     except OSError:
@@ -291,63 +277,6 @@ def _buffer(size):
     if not _buffers or len(_buffers[0]) < size:
         _buffers[:] = [bytearray(size)]
     return _buffers[0]
-
-
-def _held(data, needles, ranges):
-    return [i for i, needle in enumerate(needles) if any(data.find(needle, a, b) != -1 for a, b in ranges)]
-
-
-def searched_ranges(data, size):
-    """The ``(start, end)`` byte ranges of a file to search: an ELF file's loaded data sections (merged
-    where they touch), else the whole file.  ``data``: the file's bytes, or a function that reads
-    ``length`` bytes at ``offset``."""
-    struct = __import__("struct")
-    fetch = data if callable(data) else lambda offset, length: data[offset : offset + length]
-    try:
-        sections = _elf_sections(fetch, size, struct.unpack_from)
-    except (ValueError, IndexError, OSError, struct.error):
-        sections = None
-    if sections is None:
-        return [(0, size)]
-    ranges: list = []
-    for name, kind, flags, offset, length in sections:
-        if kind == _SHT_NOBITS or not flags & _SHF_ALLOC or flags & _SHF_EXECINSTR or name in _GPU_CODE:
-            continue
-        if offset + length > size:
-            return [(0, size)]  # a section past the file's end: not a table to trust
-        if ranges and offset <= ranges[-1][1]:
-            ranges[-1] = (ranges[-1][0], max(ranges[-1][1], offset + length))
-        else:
-            ranges.append((offset, offset + length))
-    return ranges
-
-
-def _elf_sections(fetch, size, unpack_from):
-    """Each section of an ELF file as ``(name, type, flags, offset, size)``, sorted by offset; None when
-    the file is not an ELF file or its section table is out of reach (then the file is searched whole)."""
-    head = fetch(0, 64)
-    if size < 64 or len(head) < 64 or head[:4] != b"\x7fELF" or head[4] not in (1, 2) or head[5] not in (1, 2):
-        return None
-    wide, order = head[4] == 2, "<" if head[5] == 1 else ">"
-    if wide:
-        table, entry_size, count, names_index = unpack_from(order + "Q10xHHH", head, 0x28)
-        layout, expected = order + "IIQQQQ", 64
-    else:
-        table, entry_size, count, names_index = unpack_from(order + "I10xHHH", head, 0x20)
-        layout, expected = order + "IIIIII", 40
-    if entry_size != expected or not table or not count or names_index >= count or table + entry_size * count > size:
-        return None
-    raw = fetch(table, entry_size * count)
-    headers = [unpack_from(layout, raw, i * entry_size) for i in range(count)]
-    names_at, names_size = headers[names_index][4], headers[names_index][5]
-    if names_at + names_size > size:
-        return None
-    names = bytes(fetch(names_at, names_size))
-    sections = []
-    for name_at, kind, flags, _, offset, length in headers:
-        end = names.find(b"\0", name_at)
-        sections.append((names[name_at:end].decode("latin-1"), kind, flags, offset, length))
-    return sorted(sections, key=lambda section: section[3])
 
 
 def _install_record(path):
