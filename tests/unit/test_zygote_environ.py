@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import fcntl  # noqa: F401 - the search imports these two as it runs, with sys.path patched below
 import importlib.util
+import json
 import os
 import select  # noqa: F401
 import shlex
 import subprocess
 import sys
+import textwrap
 import threading
 import uuid
 
@@ -109,46 +111,91 @@ def _many_files(folder, count):
         (folder / f"m{index:04d}.py").write_text(f"value = {index}\n", encoding="utf-8")
 
 
-def test_readers_report_the_first_holder_in_the_walks_order(environ_search, tmp_path, monkeypatch):
+_FRESH_PYTHON = """
+import fcntl, importlib.util, json, select, sys
+spec = importlib.util.spec_from_file_location("_search", sys.argv[1])
+search_file = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(search_file)
+given = json.loads(sys.argv[2])
+sys.path[:] = given["path"]
+"""
+
+
+def _in_fresh_python(body, **given):
+    """Run ``body`` in a fresh interpreter (one thread, as the zygote's search child: readers are forked only
+    in such a process, whatever threads this test process runs) and return what it prints, as JSON."""
+    program = _FRESH_PYTHON + textwrap.dedent(body)
+    search_file = str(agents.AGENTS_DIR / "zygote_environ.py")
+    done = subprocess.run(
+        [sys.executable, "-c", program, search_file, json.dumps(given)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def test_readers_report_the_first_holder_in_the_walks_order(tmp_path):
     """Files are read by several forked readers at once; the holder reported is still the first in the walk's
     order (the package's), though a later one (on ``sys.path``) is read by another reader, and every file
     is read when no file holds a name."""
-    name = f"EV_{uuid.uuid4().hex.upper()}"
+    name, missing = f"EV_{uuid.uuid4().hex.upper()}", "NO_FILE_" + uuid.uuid4().hex
     package, later = tmp_path / "src" / "pk", tmp_path / "later"
     _many_files(package, 300)
     _many_files(later, 5)
     (package / "zz_reader.py").write_text(f"import os\nos.environ.get('{name}')\n", encoding="utf-8")
     (later / "other.py").write_text(f"import os\nos.environ.get('{name}')\n", encoding="utf-8")
-    monkeypatch.setattr(sys, "path", [str(later)])
-    with environ_search._Search([name], set(), 60.0) as search:
-        assert len(search.readers) == environ_search.READERS > 1
-        search.walk(str(package))
-        search.walk(str(later))
-    assert search.holders() == {name: str(package / "zz_reader.py")}
-    assert not search.failed
-    missing = "NO_FILE_" + uuid.uuid4().hex
-    assert environ_search.held_elsewhere([name, missing], [], first=[str(package)]) == {
-        name: (f"{package / 'zz_reader.py'} holds its name", str(package / "zz_reader.py"))
+    answer = _in_fresh_python(
+        """
+        with search_file._Search([given["name"]], set(), 60.0) as search:
+            readers = len(search.readers)
+            search.walk(given["package"])
+            search.walk(given["later"])
+        held = search_file.held_elsewhere([given["name"], given["missing"]], [], first=[given["package"]])
+        print(json.dumps({"readers": readers, "holders": search.holders(), "failed": search.failed, "held": held}))
+        """,
+        path=[str(later)],
+        name=name,
+        missing=missing,
+        package=str(package),
+        later=str(later),
+    )
+    reader = str(package / "zz_reader.py")
+    assert answer["readers"] > 1
+    assert answer == {
+        "readers": answer["readers"],
+        "holders": {name: reader},
+        "failed": False,
+        "held": {name: [f"{reader} holds its name", reader]},
     }
 
 
-def test_a_reader_that_ends_early_keeps_no_name(environ_search, tmp_path, monkeypatch):
+def test_a_reader_that_ends_early_keeps_no_name(tmp_path):
     """A reader that fails on a file may have left files unread: no name is kept, and the reason says so."""
     folder = tmp_path / "pk"
     _many_files(folder, 40)
-    real = environ_search._names_in
-
-    def failing(path, needles):
-        if path.endswith("m0007.py"):
-            raise MemoryError("a reader failed")
-        return real(path, needles)
-
-    monkeypatch.setattr(environ_search, "_names_in", failing)
-    monkeypatch.setattr(sys, "path", [str(folder)])
     missing = "NO_FILE_" + uuid.uuid4().hex
-    assert environ_search.held_elsewhere([missing], []) == {
-        missing: ("the search for its name could not read every file", "")
-    }
+    answer = _in_fresh_python(
+        """
+        real = search_file._names_in
+
+        def failing(path, needles):
+            if path.endswith("m0007.py"):
+                raise MemoryError("a reader failed")
+            return real(path, needles)
+
+        search_file._names_in = failing
+        with search_file._Search([given["missing"]], set(), 60.0) as search:
+            readers = len(search.readers)
+        print(json.dumps({"readers": readers, "held": search_file.held_elsewhere([given["missing"]], [])}))
+        """,
+        path=[str(folder)],
+        missing=missing,
+    )
+    assert answer["readers"] > 1
+    assert answer["held"] == {missing: ["the search for its name could not read every file", ""]}
 
 
 def test_a_process_with_threads_reads_alone(environ_search, tmp_path, monkeypatch):
