@@ -40,7 +40,7 @@ class _Search:
     at a time.  Every file numbered before the walk stops is read, so the
     file reported for a name is the first holding it in the walk's order,
     however the reads overlap.  A process with threads reads alone (forking
-    it is not safe), and so does a search whose readers could not start.
+    it is not safe).
     """
 
     def __init__(self, needles, allowed, limit):
@@ -216,9 +216,9 @@ def _write_all(fd, data):
 
 
 def _reader(paths, results, needles, deadline):
-    """A reader's whole life: read each ``number\tpath`` that comes down ``paths`` (until it closes) and
-    send up ``number\tneedle index`` for the first file it read holding each needle; exit 1 when time
-    ran out before the last one was read."""
+    """A reader's whole life: read each file that comes down ``paths`` (its number, a tab, its path; until
+    the pipe closes) and send up the file's number and the needle's index for the first file it read holding
+    each needle; exit 1 when time ran out before the last one was read, or a read failed."""
     code, pending, reported = 0, b"", set()
     __import__("gc").disable()  # the search's own collections were off; a reader's stay off too
     try:
@@ -259,7 +259,7 @@ def _names_in(path, needles):
         for start in range(0, size, _CHUNK):
             with memoryview(buffer)[: min(_CHUNK + overlap, size - start)] as view:
                 got = posix.preadv(fd, [view], start)
-            left.difference_update(i for i in left.copy() if buffer.find(needles[i], 0, got) != -1)
+            left = {i for i in left if buffer.find(needles[i], 0, got) == -1}
             if not got or not left:
                 break
         return [i for i in range(len(needles)) if i not in left]
