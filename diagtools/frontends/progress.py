@@ -64,7 +64,9 @@ class _RowBar:
     """A sweep's rows as a tqdm bar on stderr (counter lines without tqdm), labelled with their stage.
 
     A new stage starts a new bar from the rows done so far, so its time left is measured on that stage's
-    rows only: the slow first rows of learning never stretch the scanning's estimate.
+    rows only: the slow first rows of learning never stretch the scanning's estimate.  After the first
+    row, a new stage's bar is shown as soon as the stage begins, so the seconds before its first row (a
+    zygote's start) are seen under its name and counted in its rate.
     """
 
     def __init__(self, description: str) -> None:
@@ -81,8 +83,11 @@ class _RowBar:
     def stage(self, text: str) -> None:
         self.label = f"{self.description} ({text})"
         if self.bar is not None:
+            done, total = self.bar.n, self.bar.total
             self.bar.close()  # its line stays: the stage before, with its own rate
             self.bar = None
+            if done < total and self.tqdm is not None:
+                self.bar = self.tqdm(total=total, initial=done, desc=self.label, unit="module", file=sys.stderr)
 
     def __call__(self, done: int, total: int, row: Any) -> None:
         if self.tqdm is None:
@@ -116,6 +121,8 @@ class _NotebookBar:
 
     def stage(self, text: str) -> None:
         self.current = text
+        if self.shown:  # named at once, not at the stage's first row
+            self.label.value = f"{text}: {self.bar.value}/{self.bar.max}"
 
     def __call__(self, done: int, total: int, row: Any) -> None:
         if not self.shown:

@@ -567,3 +567,39 @@ def test_the_sweep_bar_names_each_stage_and_starts_its_rate_afresh(capsys):
     assert "2/4" in learning[-1]
     assert "4/4" in scanning[-1]
     assert "2/4" in scanning[0]  # the new bar starts where the last one ended
+
+
+def test_a_new_stage_is_named_before_its_first_row(capsys):
+    """The seconds between stages (a zygote starting) show under the new stage's name, not the last one's;
+    a stage named after the last row opens no bar."""
+    from types import SimpleNamespace
+
+    from diagtools.frontends.progress import SweepProgress
+
+    require("tqdm", "notebook")
+    live = SweepProgress("pkg")
+    live.stage("learning what to preload from 8 sampled modules")
+    live.update(1, 2, SimpleNamespace(module="pkg.m1"))
+    live.stage("checking 3 learned preload(s)")
+    shown = capsys.readouterr().err.replace("\r", "\n")
+    assert any(line.strip().startswith("pkg (checking 3 learned preload(s)): ") for line in shown.splitlines())
+    assert "1/2" in shown.split("pkg (checking")[-1]
+    live.update(2, 2, SimpleNamespace(module="pkg.m2"))
+    live.stage("scanning")
+    live.close()
+    assert "pkg (scanning)" not in capsys.readouterr().err
+
+
+def test_the_notebook_bar_names_a_new_stage_at_once():
+    """In a notebook the label says the new stage as soon as it begins, with the rows done so far."""
+    from types import SimpleNamespace
+
+    from diagtools.frontends.progress import notebook_progress
+
+    require("ipywidgets", "notebook")
+    bar = notebook_progress("pkg")
+    bar.display = lambda _box: None  # no front end here: the widgets are read back directly
+    bar.stage("learning what to preload from 8 sampled modules")
+    bar(1, 4, SimpleNamespace(module="pkg.m1"))
+    bar.stage("checking 3 learned preload(s)")
+    assert bar.label.value == "checking 3 learned preload(s): 1/4"
