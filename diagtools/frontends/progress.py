@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from diagtools.errors import MissingExtraError
+from diagtools.model.sweep import rate_holds
 
 __all__ = [
     "PhaseLine",
@@ -64,15 +65,17 @@ class _RowBar:
     """A sweep's rows as a tqdm bar on stderr (counter lines without tqdm), labelled with their stage.
 
     A new stage starts a new bar from the rows done so far, so its time left is measured on that stage's
-    rows only: the slow first rows of learning never stretch the scanning's estimate.  After the first
-    row, a new stage's bar is shown as soon as the stage begins, so the seconds before its first row (a
-    zygote's start) are seen under its name and counted in its rate.
+    rows only, at their average rate; a stage whose rows do not come at the rate of the rest (learning,
+    checking candidates: :func:`~diagtools.model.sweep.rate_holds`) shows no time left, as none would hold.
+    After the first row, a new stage's bar is shown as soon as the stage begins, so the seconds before its
+    first row (a zygote's start) are seen under its name and counted in its rate.
     """
 
     def __init__(self, description: str) -> None:
         self.description = description
-        self.label = description
+        self.label, self.current = description, ""
         self.bar: Any = None
+        self.tqdm: Any
         try:
             from tqdm import tqdm
         except ImportError:
@@ -81,24 +84,34 @@ class _RowBar:
             self.tqdm = tqdm
 
     def stage(self, text: str) -> None:
-        self.label = f"{self.description} ({text})"
+        self.label, self.current = f"{self.description} ({text})", text
         if self.bar is not None:
             done, total = self.bar.n, self.bar.total
             self.bar.close()  # its line stays: the stage before, with its own rate
             self.bar = None
             if done < total and self.tqdm is not None:
-                self.bar = self.tqdm(total=total, initial=done, desc=self.label, unit="module", file=sys.stderr)
+                self.bar = self._open(done, total)
+
+    def _open(self, done: int, total: int) -> Any:
+        shape = _WITH_TIME_LEFT if rate_holds(self.current) else _WITHOUT_TIME_LEFT
+        return self.tqdm(
+            total=total, initial=done, desc=self.label, unit="module", file=sys.stderr, smoothing=0, bar_format=shape
+        )
 
     def __call__(self, done: int, total: int, row: Any) -> None:
         if self.tqdm is None:
             print(f"[{done}/{total}] {self.label}: {row.module}", file=sys.stderr)
             return
         if self.bar is None:
-            self.bar = self.tqdm(total=total, initial=done - 1, desc=self.label, unit="module", file=sys.stderr)
+            self.bar = self._open(done - 1, total)
         self.bar.set_postfix_str(row.module[-40:], refresh=False)
         self.bar.update(1)
         if done >= total:
             self.bar.close()
+
+
+_WITH_TIME_LEFT = "{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}<{remaining}, {rate_fmt}{postfix}]"
+_WITHOUT_TIME_LEFT = "{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}, time left once scanning{postfix}]"
 
 
 def terminal_progress(description: str = "sweep") -> _RowBar:
@@ -107,9 +120,13 @@ def terminal_progress(description: str = "sweep") -> _RowBar:
 
 
 class _NotebookBar:
-    """An ipywidgets progress bar and a label with the stage, the count and the last module."""
+    """An ipywidgets progress bar and a label with the stage, the count, the time left and the last module.
 
-    def __init__(self, description: str) -> None:
+    The time left is measured as on a terminal: on the current stage's rows, at their average rate, and
+    only for a stage whose rate holds for the rest (:func:`~diagtools.model.sweep.rate_holds`).
+    """
+
+    def __init__(self, description: str, clock: Callable[[], float] = time.monotonic) -> None:
         try:
             import ipywidgets
             from IPython.display import display
@@ -118,9 +135,11 @@ class _NotebookBar:
         self.bar = ipywidgets.IntProgress(value=0, min=0, max=1, description=description)
         self.label = ipywidgets.Label()
         self.box, self.display, self.shown, self.current = ipywidgets.HBox([self.bar, self.label]), display, False, ""
+        self.clock, self.began = clock, (0.0, 0)  # when the current stage began, and the rows done then
 
     def stage(self, text: str) -> None:
         self.current = text
+        self.began = (self.clock(), self.bar.value)
         if self.shown:  # named at once, not at the stage's first row
             self.label.value = f"{text}: {self.bar.value}/{self.bar.max}"
 
@@ -128,8 +147,19 @@ class _NotebookBar:
         if not self.shown:
             self.display(self.box)
             self.shown = True
+            if not self.current:
+                self.began = (self.clock(), done)
         self.bar.max, self.bar.value = total, done
-        self.label.value = f"{self.current + ': ' if self.current else ''}{done}/{total} {row.module}"
+        left = self._time_left(done, total)
+        stage = f"{self.current}: " if self.current else ""
+        self.label.value = f"{stage}{done}/{total}{', ' + left if left else ''} {row.module}"
+
+    def _time_left(self, done: int, total: int) -> str:
+        since, done_then = self.began
+        if not rate_holds(self.current) or done <= done_then:
+            return ""
+        seconds = (total - done) * (self.clock() - since) / (done - done_then)
+        return "under a minute left" if seconds < 60 else f"about {round(seconds / 60)} min left"
 
 
 def notebook_progress(description: str = "sweep") -> _NotebookBar:

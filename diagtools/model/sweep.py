@@ -19,11 +19,31 @@ from diagtools.model.scan import Culprit, DriverInfo, ScanResult, Site
 from diagtools.model.serial import Serial
 from diagtools.model.verdict import ScanStatus, Verdict, combine
 
-__all__ = ["CUDA_SOURCES", "SWEEP_SCHEMA", "RootCause", "SweepResult", "SweepRow", "cause_key", "cuda_source"]
+__all__ = [
+    "CUDA_SOURCES",
+    "SCANNING_STAGE",
+    "SWEEP_SCHEMA",
+    "RootCause",
+    "SweepResult",
+    "SweepRow",
+    "cause_key",
+    "cuda_source",
+    "rate_holds",
+]
 
 SWEEP_SCHEMA = "diagtools.sweep/1"
 CUDA_SOURCES = ("none", "self", "parent", "startup", "unknown")
 SWEEP_MODES = ("fresh", "zygote")
+SCANNING_STAGE = "scanning"  # the stage of an adaptive sweep that scans the rows left, with the preload settled
+
+
+def rate_holds(stage: str) -> bool:
+    """Whether the rows of ``stage`` come at the rate the rows after them will, so a time left measured on
+    them holds: those of a sweep without stages (``""``) and of its scanning stage do; a learning or
+    checking stage's rows do not (each sampled child imports the heavy modules itself, and a candidate's
+    rows are scanned from the state before it), so their rate says nothing of the rest.
+    """
+    return stage == "" or stage.startswith(SCANNING_STAGE)
 
 
 def _is_parent_package(name: str, module: str) -> bool:

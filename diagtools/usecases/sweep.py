@@ -26,7 +26,7 @@ from typing import Any
 from diagtools.driver import DriverSetup, resolve_driver
 from diagtools.errors import SweepInterrupted, UsageError
 from diagtools.model.options import DEFAULT_TIMEOUT_S
-from diagtools.model.sweep import SweepResult, SweepRow
+from diagtools.model.sweep import SCANNING_STAGE, SweepResult, SweepRow
 from diagtools.model.verdict import ScanStatus
 from diagtools.runner.kept import abort_all
 from diagtools.usecases.options import ScanOptions, validate_targets
@@ -206,7 +206,9 @@ def _run_zygote_chunks(
         if checked.done.leftover:  # rows the check's children left to a fresh scan: their modules are preloaded
             _run_fresh(plan, checked.done.leftover, run, None)
         if stage is not None:
-            stage(f"scanning in executor tasks, each preloading the {len(checked.done.learned)} checked module(s)")
+            stage(
+                f"{SCANNING_STAGE} in executor tasks, each preloading the {len(checked.done.learned)} checked module(s)"
+            )
     pending = [m for m in pending if m not in run.rows]
     size = max(_MIN_CHUNK, math.ceil(len(pending) / (plan.jobs * _CHUNKS_PER_WORKER)))
     chunks = [list(pending[i : i + size]) for i in range(0, len(pending), size)]

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, replace
 from diagtools import agents
 from diagtools.driver import DriverSetup
 from diagtools.model.scan import ScanResult
-from diagtools.model.sweep import SweepRow
+from diagtools.model.sweep import SCANNING_STAGE, SweepRow
 from diagtools.model.verdict import Evidence
 from diagtools.runner.subkernel import RawRun, SubkernelRequest
 from diagtools.runner.zygote_host import ZygoteOutcome, run_zygote
@@ -283,7 +283,7 @@ def _adaptive_pass(sweep: _Sweep, modules: Sequence[str], preload: list[str]) ->
         first = _pass(
             replace(
                 sweep,
-                on_row=_announcing(record, set(sample), lambda: sweep.stage("scanning"), lambda: learner.decided),
+                on_row=_announcing(record, set(sample), lambda: sweep.stage(SCANNING_STAGE), lambda: learner.decided),
             ),
             ordered,
             preload,
@@ -392,7 +392,7 @@ def _checked_pass(
     when it does harm), then scans the rest of ``modules`` (or, with ``stop_when_ready``, stops there);
     ``learner`` learns from its children what more to preload."""
     learned = (lambda: learner.decided) if learner is not None else (lambda: True)  # its sample is checking
-    scanning = _announcing(sweep.on_row, set(candidates.names), lambda: sweep.stage("scanning"), learned)
+    scanning = _announcing(sweep.on_row, set(candidates.names), lambda: sweep.stage(SCANNING_STAGE), learned)
     return _pass(
         replace(
             sweep,

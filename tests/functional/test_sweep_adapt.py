@@ -8,7 +8,7 @@ from concurrent.futures import ProcessPoolExecutor
 
 import pytest
 
-from diagtools.model.sweep import SweepRow, cuda_source
+from diagtools.model.sweep import SweepRow, cuda_source, rate_holds
 from diagtools.usecases.scan import scan
 from diagtools.usecases.sweep import sweep
 from diagtools.usecases.sweep_forked import ADAPT_MIN_MODULES, ADAPT_SAMPLE
@@ -108,6 +108,7 @@ def test_learning_stops_the_first_zygote_and_every_module_gets_one_row(shared_pa
         f"checking {len(started[1]) - len(started[0])} learned preload(s)",
         "scanning",
     ]
+    assert [rate_holds(stage) for stage in stages] == [False, False, True]  # a time left only once scanning
     assert len(started) == 2
     assert "ad.config" in started[1]
     assert len(result.rows) == LEAVES + 8
@@ -449,6 +450,7 @@ def test_executor_tasks_preload_what_a_sample_scanned_here_taught(shared_package
     assert stages[0] == f"learning what to preload from {ADAPT_SAMPLE} sampled modules"
     assert stages[1].startswith("checking ")
     assert stages[2].startswith("scanning in executor tasks, each preloading the ")
+    assert [rate_holds(stage) for stage in stages[:3]] == [False, False, True]
     assert any(note.startswith("ad.config (+1 module it imports): imported by ") for note in result.preload_notes)
     assert len(result.rows) == LEAVES + 8
     remembered = [json.loads(line)["preload"] for line in journal.read_text().splitlines() if '"preload"' in line]

@@ -603,3 +603,52 @@ def test_the_notebook_bar_names_a_new_stage_at_once():
     bar(1, 4, SimpleNamespace(module="pkg.m1"))
     bar.stage("checking 3 learned preload(s)")
     assert bar.label.value == "checking 3 learned preload(s): 1/4"
+
+
+def test_the_bar_gives_a_time_left_only_where_the_rate_holds(capsys):
+    """Learning's and checking's rows each import what they teach: their bars give no time left, where the
+    old one read hours at the start of a sweep that took minutes; the scanning stage's bar gives one."""
+    from types import SimpleNamespace
+
+    from diagtools.frontends.progress import SweepProgress
+
+    require("tqdm", "notebook")
+    live = SweepProgress("pkg")
+    for stage, rows in (("learning what to preload from 8 sampled modules", (1, 2)), ("scanning", (3, 4, 5))):
+        live.stage(stage)
+        for done in rows:
+            live.update(done, 5, SimpleNamespace(module=f"pkg.m{done}"))
+    live.close()
+    lines = [line.strip() for line in capsys.readouterr().err.replace("\r", "\n").splitlines() if line.strip()]
+    learning = [line for line in lines if line.startswith("pkg (learning")]
+    scanning = [line for line in lines if line.startswith("pkg (scanning):")]
+    assert learning
+    assert scanning
+    assert all("time left once scanning" in line and "<" not in line for line in learning)
+    assert all("time left" not in line for line in scanning)
+    assert "5/5 [" in scanning[-1]
+    assert "<" in scanning[-1].split("5/5 [")[1]  # elapsed<remaining
+
+
+def test_the_notebook_bar_gives_the_scanning_stage_time_left_at_its_average_rate():
+    """In a notebook the label gives the time left once the rows come at the rate of the rest, measured on
+    the scanning stage's rows only (not on learning's slow ones)."""
+    from types import SimpleNamespace
+
+    from diagtools.frontends.progress import notebook_progress
+
+    require("ipywidgets", "notebook")
+    now = [0.0]
+    bar = notebook_progress("pkg")
+    bar.display, bar.clock = (lambda _box: None), (lambda: now[0])
+    bar.stage("learning what to preload from 8 sampled modules")
+    now[0] = 50.0  # 10 slow learning rows
+    bar(10, 1000, SimpleNamespace(module="pkg.m10"))
+    assert "left" not in bar.label.value
+    bar.stage("scanning")
+    now[0] = 60.0  # 100 rows in 10 s: 890 more take 89 s
+    bar(110, 1000, SimpleNamespace(module="pkg.m110"))
+    assert bar.label.value == "scanning: 110/1000, about 1 min left pkg.m110"
+    now[0] = 150.0  # 900 rows in 100 s: 90 more take 10 s
+    bar(990, 1000, SimpleNamespace(module="pkg.m990"))
+    assert bar.label.value == "scanning: 990/1000, under a minute left pkg.m990"
