@@ -543,27 +543,31 @@ def test_a_table_shows_a_verdict_in_its_tone_and_long_text_under_its_row():
     assert page.count('class="dt-under"') == 1  # an empty one adds no row
 
 
-def test_the_sweep_bar_names_each_stage_and_starts_its_rate_afresh(capsys):
-    """Each stage of an adaptive sweep gets a bar of its own, named after it, starting from the rows done."""
+def _two_stage_bars(live, capsys, learning: str, total: int) -> tuple[list[str], list[str]]:
+    """Two rows under ``learning``, the rest under scanning; the lines each stage's bar drew on stderr."""
     from types import SimpleNamespace
 
+    for stage, rows in ((learning, range(1, 3)), ("scanning", range(3, total + 1))):
+        live.stage(stage)
+        for done in rows:
+            live.update(done, total, SimpleNamespace(module=f"pkg.m{done}"))
+    live.close()
+    lines = [line.strip() for line in capsys.readouterr().err.replace("\r", "\n").splitlines() if line.strip()]
+    drawn = [line for line in lines if line.startswith(f"pkg ({learning}):")]
+    scanned = [line for line in lines if line.startswith("pkg (scanning):")]
+    assert drawn
+    assert scanned
+    return drawn, scanned
+
+
+def test_the_sweep_bar_names_each_stage_and_starts_its_rate_afresh(capsys):
+    """Each stage of an adaptive sweep gets a bar of its own, named after it, starting from the rows done."""
     from diagtools.frontends.progress import SweepProgress
 
     require("tqdm", "notebook")
     live = SweepProgress("pkg")
     live.phase("finding the modules of pkg")
-    live.stage("learning what to preload from 24 sampled modules")
-    for done in (1, 2):
-        live.update(done, 4, SimpleNamespace(module=f"pkg.m{done}"))
-    live.stage("scanning")
-    for done in (3, 4):
-        live.update(done, 4, SimpleNamespace(module=f"pkg.m{done}"))
-    live.close()
-    lines = [line.strip() for line in capsys.readouterr().err.replace("\r", "\n").splitlines() if line.strip()]
-    learning = [line for line in lines if line.startswith("pkg (learning what to preload from 24 sampled modules):")]
-    scanning = [line for line in lines if line.startswith("pkg (scanning):")]
-    assert learning
-    assert scanning
+    learning, scanning = _two_stage_bars(live, capsys, "learning what to preload from 24 sampled modules", 4)
     assert "2/4" in learning[-1]
     assert "4/4" in scanning[-1]
     assert "2/4" in scanning[0]  # the new bar starts where the last one ended
@@ -608,22 +612,11 @@ def test_the_notebook_bar_names_a_new_stage_at_once():
 def test_the_bar_gives_a_time_left_only_where_the_rate_holds(capsys):
     """Learning's and checking's rows each import what they teach: their bars give no time left, where the
     old one read hours at the start of a sweep that took minutes; the scanning stage's bar gives one."""
-    from types import SimpleNamespace
-
     from diagtools.frontends.progress import SweepProgress
 
     require("tqdm", "notebook")
     live = SweepProgress("pkg")
-    for stage, rows in (("learning what to preload from 8 sampled modules", (1, 2)), ("scanning", (3, 4, 5))):
-        live.stage(stage)
-        for done in rows:
-            live.update(done, 5, SimpleNamespace(module=f"pkg.m{done}"))
-    live.close()
-    lines = [line.strip() for line in capsys.readouterr().err.replace("\r", "\n").splitlines() if line.strip()]
-    learning = [line for line in lines if line.startswith("pkg (learning")]
-    scanning = [line for line in lines if line.startswith("pkg (scanning):")]
-    assert learning
-    assert scanning
+    learning, scanning = _two_stage_bars(live, capsys, "learning what to preload from 8 sampled modules", 5)
     assert all("time left once scanning" in line and "<" not in line for line in learning)
     assert all("time left" not in line for line in scanning)
     assert "5/5 [" in scanning[-1]
