@@ -11,7 +11,6 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from diagtools.errors import MissingExtraError
-from diagtools.model.sweep import rate_holds
 
 __all__ = [
     "PhaseLine",
@@ -93,6 +92,8 @@ class _RowBar:
                 self.bar = self._open(done, total)
 
     def _open(self, done: int, total: int) -> Any:
+        from diagtools.model.sweep import rate_holds  # here: a scan's phase lines need none of the sweep's model
+
         shape = _WITH_TIME_LEFT if rate_holds(self.current) else _WITHOUT_TIME_LEFT
         return self.tqdm(
             total=total, initial=done, desc=self.label, unit="module", file=sys.stderr, smoothing=0, bar_format=shape
@@ -155,6 +156,8 @@ class _NotebookBar:
         self.label.value = f"{stage}{done}/{total}{', ' + left if left else ''} {row.module}"
 
     def _time_left(self, done: int, total: int) -> str:
+        from diagtools.model.sweep import rate_holds
+
         since, done_then = self.began
         if not rate_holds(self.current) or done <= done_then:
             return ""
