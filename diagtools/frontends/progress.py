@@ -127,7 +127,7 @@ class _NotebookBar:
     only for a stage whose rate holds for the rest (:func:`~diagtools.model.sweep.rate_holds`).
     """
 
-    def __init__(self, description: str, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, description: str) -> None:
         try:
             import ipywidgets
             from IPython.display import display
@@ -136,7 +136,8 @@ class _NotebookBar:
         self.bar = ipywidgets.IntProgress(value=0, min=0, max=1, description=description)
         self.label = ipywidgets.Label()
         self.box, self.display, self.shown, self.current = ipywidgets.HBox([self.bar, self.label]), display, False, ""
-        self.clock, self.began = clock, (0.0, 0)  # when the current stage began, and the rows done then
+        self.clock: Callable[[], float] = time.monotonic
+        self.began = (0.0, 0)  # when the current stage began, and the rows done then
 
     def stage(self, text: str) -> None:
         self.current = text
