@@ -128,6 +128,7 @@ EVENTS = {
     "refused": ("reason", "item"),
     "passed-over": ("n", "reason"),  # a candidate the host chose, not preloaded (the preload goes on)
     "environment-kept": ("n", "names"),  # a candidate preloaded though it sets these (no file a row runs names them)
+    "scanned-while-searching": ("n", "rows", "s"),  # rows still due scanned while candidate n's search ran
     "watching": ("n", "names"),  # aliases a candidate ("": the preload given) registered, watched in every row
     "guarding": ("n", "names", "why"),  # modules a candidate loaded that fail alone (why each), guarded by it
     "ready": ("count", "inside"),

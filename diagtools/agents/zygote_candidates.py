@@ -27,6 +27,7 @@ z = sys.modules["__main__"]  # the zygote itself: its channel, its files, what i
 _SIGSTOP, _SIGCONT, _SIGKILL = 19, 18, 9  # Linux
 _names_imported = set(z._lines(protocol.SWEEP_NAMES_IMPORTED))
 _SEARCH_FAILED = 3
+WAIT_ROWS_PER_JOB = 2  # rows ordered per job at a time while a search runs: the wait past its end stays short
 
 
 def _import_hooks():
@@ -108,7 +109,7 @@ class _Search:
     """
 
     def __init__(self, names, added, every=False):
-        self.names, self.pid, self.known = tuple(names), None, _known_holders()
+        self.names, self.pid, self.status, self.known = tuple(names), None, None, _known_holders()
         files, known = _environ_search().allowed_files(added), self.known
         self.held = {name: f"{known[name]} holds its name" for name in names if known.get(name, "") not in ("", *files)}
         self.searched = [name for name in names if name not in self.held]
@@ -119,11 +120,20 @@ class _Search:
         if self.pid == 0:
             _search_child(self.searched, added, z._own_path("environ", "held"))
 
+    def running(self):
+        """Whether the search's child is still searching (its end, when it came, is kept for :meth:`result`)."""
+        if self.pid is None or self.status is not None:
+            return False
+        pid, status = posix.waitpid(self.pid, posix.WNOHANG)
+        if pid:
+            self.status = status
+        return not pid
+
     def result(self):
         """For each name held by a file a row could run, why it may not stay; ``{}`` when every one may."""
         if self.pid is None:
             return self.held
-        _, status = posix.waitpid(self.pid, 0)
+        status = self.status if self.status is not None else posix.waitpid(self.pid, 0)[1]
         self.pid, lines = None, z._lines_of(z._own_path("environ", "held"))
         if posix.waitstatus_to_exitcode(status):
             why = lines[0] if lines else "the search for its name did not finish"
@@ -135,10 +145,10 @@ class _Search:
 
     def abandon(self):
         """End a search whose answer no longer matters (the zygote cannot go on)."""
-        if self.pid is not None:
+        if self.pid is not None and self.status is None:
             posix.kill(self.pid, _SIGKILL)
             posix.waitpid(self.pid, 0)
-            self.pid = None
+        self.pid = None
 
 
 def _known_holders():
@@ -215,9 +225,9 @@ def attempt(name, library, modules, due_at):
             search.abandon()
         return Outcome("refused", why=f"the copy that scanned the rows {name} loads ended (rows not all scanned)")
     if search is not None:
-        change, kept = _variables_held(search)
-        if change:
-            _go_back(backup, f"{change}, which every later import would see")
+        refused, kept = _searched(search, backup, modules, name)
+        if refused is not None:
+            return refused
     named = _named_elsewhere([m for m in (name, *added) if m in z._failed_alone], added)
     if name in named or (named and library):
         failing = _failing(name if name in named else min(named), named)
@@ -243,6 +253,53 @@ def _rows_scanned(backup, indices):
     z._failed_alone.update(answer)
     z._served.update(due)
     return True
+
+
+def _searched(search, backup, modules, name):
+    """Await the search for the variables candidate ``name`` set, the jobs kept busy meanwhile: a refusal
+    (:class:`Outcome`) or None, and the variables kept; a variable some file holds sends the zygote back."""
+    if not _rows_scanned_while(search, backup, modules, name):
+        search.abandon()
+        return Outcome("refused", why=f"the copy that scanned rows while {name}'s search ran ended"), ()
+    change, kept = _variables_held(search)
+    if change:
+        _go_back(backup, f"{change}, which every later import would see")
+    return None, kept
+
+
+def _rows_scanned_while(search, backup, modules, name):
+    """While ``search`` runs, have the backup scan rows still due, a few at a time from the end of the order,
+    so the jobs are not idle (a search that reads every file on a cold disk takes half a minute); False when
+    the backup ended instead.
+
+    A row scanned from the state before the candidate is what a fresh subkernel gives, as the candidate's own
+    rows are, whether the candidate then stays or not, and no later zygote scans it again.  Only a module no
+    process has loaded yet is taken: the backup's modules are all the zygote's.  The rows come from the end,
+    far from those the zygote scans first once ready (the second sample the host learns from).
+    """
+    started, scanned, end = z._clock(), 0, len(modules)
+    while search.running():
+        batch, end = _rows_still_due(modules, end, z._JOBS * WAIT_ROWS_PER_JOB)
+        if not batch:
+            break
+        if not _rows_scanned(backup, batch):
+            return False
+        scanned += len(batch)
+    if scanned:
+        z._channel.emit("scanned-while-searching", n=name, rows=scanned, s=z._clock() - started)
+    return True
+
+
+def _rows_still_due(modules, end, count):
+    """Up to ``count`` indices below ``end`` whose rows are still to do and whose modules are loaded nowhere,
+    in order; and where the next batch ends."""
+    hidden, batch = z._aliases.hidden(), []
+    while end > 0 and len(batch) < count:
+        end -= 1
+        name = modules[end]
+        if end not in z._served and name not in sys.modules and name not in hidden:
+            batch.append(end)
+    return batch[::-1], end
 
 
 def _failing(module, named):

@@ -60,6 +60,7 @@ class ZygoteOutcome:
     preloaded: list[tuple[str, float]] = field(default_factory=list)
     passed_over: list[tuple[str, str]] = field(default_factory=list)  # (candidate, why it was not preloaded)
     environment_kept: list[tuple[str, tuple[str, ...]]] = field(default_factory=list)  # (candidate, variables)
+    scanned_while_searching: list[tuple[str, int, float]] = field(default_factory=list)  # (candidate, rows, s)
     inside: list[tuple[str, str | None]] = field(default_factory=list)
     loaded: int = 0
     present: list[int] = field(default_factory=list)
@@ -139,6 +140,8 @@ class _Zygote:
             self.outcome.ready, self.outcome.loaded = True, int(event["count"])
             self.outcome.inside = [(str(name), file) for name, file in event["inside"]]
             self.insides.pop(-1, None)  # the zygote's own, from now on
+        elif kind == "scanned-while-searching":
+            self.outcome.scanned_while_searching.append((str(event["n"]), int(event["rows"]), float(event["s"])))
         elif kind == "preloading-inside":  # rows scanned while a candidate is checked: what was loaded by then
             self.insides[-1] = [(str(name), file) for name, file in event["inside"]]
         elif kind == "forked":

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import re
 import uuid
 from concurrent.futures import ProcessPoolExecutor
 
@@ -367,6 +369,37 @@ def test_a_candidate_setting_a_variable_no_other_file_names_is_preloaded_one_ano
         fresh = scan(module, path=[root], driver="simulated", timeout=60)
         assert verdict(result.row(module)) == verdict(SweepRow.from_scan(module, fresh, 0.0, 0.0)), module
     assert result.row("ev.reader").culprit is None
+
+
+def test_rows_still_to_do_are_scanned_while_a_candidates_search_runs(make_tree):
+    """A search that reads every file (vLLM's ``AITER_SITUV2_A4W4`` is held by none, and a cold disk takes half
+    a minute over the environment) leaves the jobs busy with rows still to do, from the end of the order: each
+    still one row, what a fresh subkernel gives, and the candidate kept as before.  A sparse file of a gigabyte
+    beside the package makes the search long enough to see."""
+    kept = f"SW_KEPT_{uuid.uuid4().hex.upper()}"
+    files = {
+        "sw/__init__.py": "",
+        "sw/setter.py": f"import os\nos.environ['{kept}'] = '1'\n",
+        "sw/hub.py": "import sw.setter\nTABLE = list(range(1000))\n",
+        "sw/leaves/__init__.py": "",
+        **{f"sw/leaves/m{n:03}.py": f"import sw.hub\nVALUE = {n}\n" for n in range(LEAVES)},
+    }
+    root = make_tree(files)
+    (root / "sw" / "blob.bin").touch()
+    os.truncate(root / "sw" / "blob.bin", 1 << 30)
+    result = sweep("sw", path=[root], driver="simulated", jobs=2, timeout=60)
+    notes = " ".join(result.preload_notes)
+    assert {"sw.hub", "sw.setter"} <= set(result.preload), notes
+    assert f"preloaded though its import sets {kept}, a name no file a row could run holds" in notes
+    found = re.search(r"sw\.hub: (\d+) row\(s\) still to do were scanned while the search for the names", notes)
+    assert found, notes
+    assert int(found[1]) >= 1
+    modules = [row.module for row in result.rows]
+    assert len(modules) == len(set(modules)) == len(files), modules  # one row each
+    assert {row.status for row in result.rows} == {"ok"}
+    for module in (f"sw.leaves.m{LEAVES - 1:03}", f"sw.leaves.m{LEAVES - 2:03}", "sw.leaves.m000", "sw.setter"):
+        fresh = scan(module, path=[root], driver="simulated", timeout=60)
+        assert verdict(result.row(module)) == verdict(SweepRow.from_scan(module, fresh, 0.0, 0.0)), module
 
 
 def test_a_candidate_is_imported_once_by_the_zygote_never_first_by_a_child_of_it(make_tree, tmp_path):
