@@ -225,7 +225,7 @@ def attempt(name, library, modules, due_at):
             search.abandon()
         return Outcome("refused", why=f"the copy that scanned the rows {name} loads ended (rows not all scanned)")
     if search is not None:
-        refused, kept = _searched(search, backup, modules, name)
+        refused, kept = _searched(search, backup, modules, (name, before))
         if refused is not None:
             return refused
     named = _named_elsewhere([m for m in (name, *added) if m in z._failed_alone], added)
@@ -255,10 +255,12 @@ def _rows_scanned(backup, indices):
     return True
 
 
-def _searched(search, backup, modules, name):
-    """Await the search for the variables candidate ``name`` set, the jobs kept busy meanwhile: a refusal
-    (:class:`Outcome`) or None, and the variables kept; a variable some file holds sends the zygote back."""
-    if not _rows_scanned_while(search, backup, modules, name):
+def _searched(search, backup, modules, candidate):
+    """Await the search for the variables a candidate set (``candidate``: its name, and what was loaded before
+    its import), the jobs kept busy meanwhile: a refusal (:class:`Outcome`) or None, and the variables kept;
+    a variable some file holds sends the zygote back."""
+    name = candidate[0]
+    if not _rows_scanned_while(search, backup, modules, candidate):
         search.abandon()
         return Outcome("refused", why=f"the copy that scanned rows while {name}'s search ran ended"), ()
     change, kept = _variables_held(search)
@@ -267,19 +269,21 @@ def _searched(search, backup, modules, name):
     return None, kept
 
 
-def _rows_scanned_while(search, backup, modules, name):
+def _rows_scanned_while(search, backup, modules, candidate):
     """While ``search`` runs, have the backup scan rows still due, a few at a time from the end of the order,
     so the jobs are not idle (a search that reads every file on a cold disk takes half a minute); False when
     the backup ended instead.
 
     A row scanned from the state before the candidate is what a fresh subkernel gives, as the candidate's own
-    rows are, whether the candidate then stays or not, and no later zygote scans it again.  Only a module no
-    process has loaded yet is taken: the backup's modules are all the zygote's.  The rows come from the end,
-    far from those the zygote scans first once ready (the second sample the host learns from).
+    rows are, whether the candidate then stays or not, and no later zygote scans it again.  Only a module
+    loaded neither before the candidate nor by it is taken (in the backup, a loaded module's import would
+    run nothing; one the candidate took out of ``sys.modules`` is still loaded there).  The rows come from
+    the end, far from those the zygote scans first once ready (the second sample the host learns from).
     """
-    started, scanned, end = z._clock(), 0, len(modules)
+    (name, before), started, scanned, end = candidate, z._clock(), 0, len(modules)
+    loaded = {*before, *sys.modules, *z._aliases.hidden()}  # the backup's, and what the candidate loaded
     while search.running():
-        batch, end = _rows_still_due(modules, end, z._JOBS * WAIT_ROWS_PER_JOB)
+        batch, end = _rows_still_due(modules, end, z._JOBS * WAIT_ROWS_PER_JOB, loaded)
         if not batch:
             break
         if not _rows_scanned(backup, batch):
@@ -290,14 +294,14 @@ def _rows_scanned_while(search, backup, modules, name):
     return True
 
 
-def _rows_still_due(modules, end, count):
+def _rows_still_due(modules, end, count, loaded):
     """Up to ``count`` indices below ``end`` whose rows are still to do and whose modules are loaded nowhere,
     in order; and where the next batch ends."""
-    hidden, batch = z._aliases.hidden(), []
+    batch = []
     while end > 0 and len(batch) < count:
         end -= 1
         name = modules[end]
-        if end not in z._served and name not in sys.modules and name not in hidden:
+        if end not in z._served and name not in loaded:
             batch.append(end)
     return batch[::-1], end
 
