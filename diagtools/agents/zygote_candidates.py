@@ -27,7 +27,7 @@ z = sys.modules["__main__"]  # the zygote itself: its channel, its files, what i
 _SIGSTOP, _SIGCONT, _SIGKILL = 19, 18, 9  # Linux
 _names_imported = set(z._lines(protocol.SWEEP_NAMES_IMPORTED))
 _SEARCH_FAILED = 3
-WAIT_ROWS_PER_JOB = 2  # rows ordered per job at a time while a search runs: the wait past its end stays short
+WAIT_ROWS_PER_JOB = 1  # rows ordered per job at a time while a search runs: past its end, a row's wait at most
 
 
 def _import_hooks():
