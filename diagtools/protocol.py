@@ -136,9 +136,8 @@ EVENTS = {
     "forked": ("i", "pid"),
     "present": ("i",),
     "reaped": ("i", "code"),
-    # a package zygote forked for the modules below package i (before_cuda: it preloads only what the
-    # package imported before its import initialized CUDA; continued: it is the package's row going on
-    # after its traced import, and cuda: that import had initialized the simulated driver, handed on)
+    # a package zygote for the modules below package i (before_cuda: it preloads what the package imported before
+    # CUDA; continued: the package's row going on after its import; cuda: that import initialized the simulated driver)
     "descend": ("i", "pid", "z", "before_cuda", "continued", "cuda"),
     "descended": ("i", "s", "n"),  # it imported the package: what it loaded is in <i>.package
     "descent-refused": ("i", "reason"),
