@@ -224,9 +224,11 @@ def attempt(name, library, modules, due_at):
         if search is not None:
             search.abandon()
         return Outcome("refused", why=f"the copy that scanned the rows {name} loads ended (rows not all scanned)")
-    refused, kept, named = _names_checked(search, backup, modules, (name, before, added))
-    if refused is not None:
-        return refused
+    if search is not None:
+        refused, kept = _searched(search, backup, modules, (name, before))
+        if refused is not None:
+            return refused
+    named = _named_elsewhere([m for m in (name, *added) if m in z._failed_alone], added)
     if name in named or (named and library):
         failing = _failing(name if name in named else min(named), named)
         _go_back(backup, f"it loads {failing}: a row importing that first would differ")
@@ -253,24 +255,18 @@ def _rows_scanned(backup, indices):
     return True
 
 
-def _names_checked(search, backup, modules, candidate):
-    """Await the searches of the files for names (the variables a candidate set, ``search``; then the modules it
-    loaded that fail alone), the jobs kept busy meanwhile (``candidate``: its name, what was loaded before its
-    import, what the import added).  A refusal (:class:`Outcome`) or None, the variables kept, and the modules
-    that fail alone that some file names; a variable some file holds sends the zygote back."""
-    name, before, added = candidate
-    gone = Outcome("refused", why=f"the copy that scanned rows while {name}'s search ran ended")
-    kept = ()
-    if search is not None:
-        if not _rows_scanned_while(search, backup, modules, (name, before)):
-            search.abandon()
-            return gone, (), {}
-        change, kept = _variables_held(search)
-        if change:
-            _go_back(backup, f"{change}, which every later import would see")
-    alone = [m for m in (name, *added) if m in z._failed_alone]
-    named = _named_elsewhere(alone, added, lambda search: _rows_scanned_while(search, backup, modules, (name, before)))
-    return (gone, kept, {}) if named is None else (None, kept, named)
+def _searched(search, backup, modules, candidate):
+    """Await the search for the variables a candidate set (``candidate``: its name, and what was loaded before
+    its import), the jobs kept busy meanwhile: a refusal (:class:`Outcome`) or None, and the variables kept;
+    a variable some file holds sends the zygote back."""
+    name = candidate[0]
+    if not _rows_scanned_while(search, backup, modules, candidate):
+        search.abandon()
+        return Outcome("refused", why=f"the copy that scanned rows while {name}'s search ran ended"), ()
+    change, kept = _variables_held(search)
+    if change:
+        _go_back(backup, f"{change}, which every later import would see")
+    return None, kept
 
 
 def _rows_scanned_while(search, backup, modules, candidate):
@@ -314,7 +310,7 @@ def _failing(module, named):
     return f"{module}, which fails to import on its own ({named[module]})"
 
 
-def _named_elsewhere(alone, added, meanwhile):
+def _named_elsewhere(alone, added):
     """The modules among ``alone`` (each fails to import on its own) that a row could still import first,
     each with the file that names it.
 
@@ -323,19 +319,13 @@ def _named_elsewhere(alone, added, meanwhile):
     through a file that names it, and names it by its last part at least (``from . import part``); so
     when no file a row could run holds that part outside the candidate's own modules (which ran in the
     zygote, not in the rows), no row can reach it first.  A short, common part is held somewhere and
-    keeps the candidate out.  ``meanwhile(search)`` keeps the jobs busy while the search runs; None when
-    the copy doing so ended.
+    keeps the candidate out.
     """
     parts = {}
     for module in alone:
         parts.setdefault(module.rpartition(".")[2], []).append(module)
-    if not parts:
-        return {}
-    search = _Search(sorted(parts), added, every=True)
-    if not meanwhile(search):
-        search.abandon()
-        return None
-    return {module: why for part, why in search.result().items() for module in parts[part]}
+    held = _Search(sorted(parts), added, every=True).result() if parts else {}
+    return {module: why for part, why in held.items() for module in parts[part]}
 
 
 def _stopped(pid):

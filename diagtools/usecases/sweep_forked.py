@@ -497,8 +497,8 @@ def _pass(
         for name, names in outcome.environment_kept
     )
     searched = tuple(
-        f"{name}: {rows} row(s) still to do were scanned while the files were searched for a name its import "
-        f"sets or loads ({seconds:.1f} s past its own rows)"
+        f"{name}: {rows} row(s) still to do were scanned while the search for the names its import sets ran "
+        f"({seconds:.1f} s past its own rows)"
         for name, rows, seconds in outcome.scanned_while_searching
     )
     return ZygotePass(
