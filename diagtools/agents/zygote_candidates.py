@@ -271,8 +271,8 @@ def _searched(search, backup, modules, candidate):
 
 def _rows_scanned_while(search, backup, modules, candidate):
     """While ``search`` runs, have the backup scan rows still due, :data:`WAIT_ROWS_PER_JOB` per job at a time
-    from the end of the order, so the jobs are not idle (a search that reads every file on a cold disk takes half a minute); False when
-    the backup ended instead.
+    from the end of the order, so the jobs are not idle (a search that reads every file on a cold disk takes
+    half a minute); False when the backup ended instead.
 
     A row scanned from the state before the candidate is what a fresh subkernel gives, as the candidate's own
     rows are, whether the candidate then stays or not, and no later zygote scans it again.  Only a module
