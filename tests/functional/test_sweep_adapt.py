@@ -683,3 +683,44 @@ def test_a_candidate_package_is_imported_once_for_the_rows_below_it_that_its_imp
     assert {row.module: verdict(row) for row in rows} == {row.module: verdict(row) for row in fresh.rows}
     fresh_deps = {row.module: set(row.deps) for row in fresh.rows}
     assert all(fresh_deps[row.module] <= set(row.deps) for row in rows)
+
+
+def test_a_package_a_candidate_loads_after_its_modules_still_serves_their_rows(make_tree, tmp_path):
+    """``cq.cand``'s first import of ``cq.big`` fails half way (a circular import) and its second succeeds, so
+    ``cq.big`` enters ``sys.modules`` after the 20 modules below it, as ``vllm.config`` does after its own: the
+    package's row is still scanned first, by the one child that goes on to scan the modules below, not by 20
+    children that each import the package again; every row is a fresh subkernel's."""
+    from diagtools.driver import resolve_driver
+    from diagtools.usecases.options import ScanOptions
+    from diagtools.usecases.sweep_discover import discover_modules, locate_tree
+    from diagtools.usecases.sweep_forked import ZygoteJob, zygote_pass
+
+    runs = tmp_path / "runs"  # one byte per execution of cq/big/__init__.py
+    parts = [f"s{n:02}" for n in range(20)]
+    files = {
+        "cq/__init__.py": "",
+        "cq/cand.py": "try:\n    import cq.big\nexcept ImportError:\n    pass\nNAME = 1\nimport cq.big\n",
+        "cq/big/__init__.py": "import os\n"
+        f"_fd = os.open({str(runs)!r}, os.O_WRONLY | os.O_CREAT | os.O_APPEND)\nos.write(_fd, b'x')\nos.close(_fd)\n"
+        f"from cq.big import {', '.join(parts)}\nfrom cq.cand import NAME\n",
+    }
+    files.update({f"cq/big/{part}.py": "VALUE = 1\n" for part in parts})
+    roots = [str(make_tree(files))]
+    rows: list[SweepRow] = []
+    job = ZygoteJob(
+        locate_tree("cq", roots),
+        ScanOptions.of(path=roots, driver="simulated", timeout=60),
+        resolve_driver("simulated"),
+        ["cq"],
+        2,
+        rows.append,
+        learned=(("cq.cand",), ()),
+    )
+    done = zygote_pass(discover_modules("cq", roots), job, adapt=True)
+    assert "cq.cand" in done.preload, done.notes
+    assert not done.leftover, done.notes
+    assert not any(row.preloaded for row in rows if row.module.startswith("cq.big"))
+    # the zygote's two imports, the package's row, the candidate's row's two: never one per module below
+    assert len(runs.read_bytes()) <= 6, done.notes
+    fresh = sweep("cq", path=roots, driver="simulated", jobs=2, timeout=60, fresh=True)
+    assert {row.module: verdict(row) for row in rows} == {row.module: verdict(row) for row in fresh.rows}
