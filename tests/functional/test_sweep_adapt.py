@@ -643,45 +643,53 @@ def test_no_second_sample_when_the_candidates_rows_are_all_that_is_left(make_tre
     assert not result.row("cv.e").preloaded
 
 
-def test_a_candidate_package_is_imported_once_for_the_rows_below_it_that_its_import_loads(make_tree, tmp_path):
-    """``cp.big``, a candidate (as a journal remembers it: checked first, no sample), loads its 20 modules:
-    their rows are scanned before it is preloaded, from the zygote's state before it, by the one child
-    that imports ``cp.big`` for its own row and goes on to scan the modules below it, not by 20 children
-    that each import it again; every row is a fresh subkernel's."""
+def _package_rows_served(make_tree, tmp_path, top: str, files: dict[str, str], *, candidate: str, most_runs: int):
+    """Sweep ``top`` (its package ``TOP.big`` holding 20 modules, written with ``files``) in a zygote that
+    checks ``candidate`` as a journal remembers it (first, no sample), and check that it is preloaded, that
+    ``TOP/big/__init__.py`` ran at most ``most_runs`` times, and that every row is a fresh subkernel's: the
+    rows, and the fresh subkernels' rows."""
     from diagtools.driver import resolve_driver
     from diagtools.usecases.options import ScanOptions
     from diagtools.usecases.sweep_discover import discover_modules, locate_tree
     from diagtools.usecases.sweep_forked import ZygoteJob, zygote_pass
 
-    runs = tmp_path / "runs"  # one byte per execution of cp/big/__init__.py
+    runs = tmp_path / "runs"  # one byte per execution of TOP/big/__init__.py
     parts = [f"s{n:02}" for n in range(20)]
-    files = {
-        "cp/__init__.py": "",
-        "cp/big/__init__.py": "import os\n"
-        f"_fd = os.open({str(runs)!r}, os.O_WRONLY | os.O_CREAT | os.O_APPEND)\nos.write(_fd, b'x')\nos.close(_fd)\n"
-        f"from cp.big import {', '.join(parts)}\n",
-    }
-    files.update({f"cp/big/{part}.py": "VALUE = 1\n" for part in parts})
-    roots = [str(make_tree(files))]
+    counter = f"import os\n_fd = os.open({str(runs)!r}, os.O_WRONLY | os.O_CREAT | os.O_APPEND)\nos.write(_fd, b'x')\n"
+    tree = {f"{top}/__init__.py": "", **{f"{top}/big/{part}.py": "VALUE = 1\n" for part in parts}}
+    tree.update(
+        {path: text.format(counter=counter + "os.close(_fd)\n", parts=", ".join(parts)) for path, text in files.items()}
+    )
+    roots = [str(make_tree(tree))]
     rows: list[SweepRow] = []
     job = ZygoteJob(
-        locate_tree("cp", roots),
+        locate_tree(top, roots),
         ScanOptions.of(path=roots, driver="simulated", timeout=60),
         resolve_driver("simulated"),
-        ["cp"],
+        [top],
         2,
         rows.append,
-        learned=(("cp.big",), ()),
+        learned=((candidate,), ()),
     )
-    done = zygote_pass(discover_modules("cp", roots), job, adapt=True)
-    assert "cp.big" in done.preload, done.notes
+    done = zygote_pass(discover_modules(top, roots), job, adapt=True)
+    assert candidate in done.preload, done.notes
     assert not done.leftover, done.notes
-    assert not any(row.preloaded for row in rows if row.module.startswith("cp.big"))
-    # the zygote's own import and the row's (a zygote of its own importing it once, were the row not to go on)
-    assert len(runs.read_bytes()) <= 3, done.notes
-    fresh = sweep("cp", path=roots, driver="simulated", jobs=2, timeout=60, fresh=True)
+    assert not any(row.preloaded for row in rows if row.module.startswith(f"{top}.big"))
+    assert len(runs.read_bytes()) <= most_runs, done.notes  # before the fresh subkernels, which each run it
+    fresh = sweep(top, path=roots, driver="simulated", jobs=2, timeout=60, fresh=True)
     assert {row.module: verdict(row) for row in rows} == {row.module: verdict(row) for row in fresh.rows}
-    fresh_deps = {row.module: set(row.deps) for row in fresh.rows}
+    return rows, fresh.rows
+
+
+def test_a_candidate_package_is_imported_once_for_the_rows_below_it_that_its_import_loads(make_tree, tmp_path):
+    """``cp.big``, a candidate (as a journal remembers it: checked first, no sample), loads its 20 modules:
+    their rows are scanned before it is preloaded, from the zygote's state before it, by the one child
+    that imports ``cp.big`` for its own row and goes on to scan the modules below it, not by 20 children
+    that each import it again; every row is a fresh subkernel's."""
+    files = {"cp/big/__init__.py": "{counter}from cp.big import {parts}\n"}
+    # the zygote's own import and the row's (a zygote of its own importing it once, were the row not to go on)
+    rows, fresh = _package_rows_served(make_tree, tmp_path, "cp", files, candidate="cp.big", most_runs=3)
+    fresh_deps = {row.module: set(row.deps) for row in fresh}
     assert all(fresh_deps[row.module] <= set(row.deps) for row in rows)
 
 
@@ -690,37 +698,9 @@ def test_a_package_a_candidate_loads_after_its_modules_still_serves_their_rows(m
     ``cq.big`` enters ``sys.modules`` after the 20 modules below it, as ``vllm.config`` does after its own: the
     package's row is still scanned first, by the one child that goes on to scan the modules below, not by 20
     children that each import the package again; every row is a fresh subkernel's."""
-    from diagtools.driver import resolve_driver
-    from diagtools.usecases.options import ScanOptions
-    from diagtools.usecases.sweep_discover import discover_modules, locate_tree
-    from diagtools.usecases.sweep_forked import ZygoteJob, zygote_pass
-
-    runs = tmp_path / "runs"  # one byte per execution of cq/big/__init__.py
-    parts = [f"s{n:02}" for n in range(20)]
     files = {
-        "cq/__init__.py": "",
         "cq/cand.py": "try:\n    import cq.big\nexcept ImportError:\n    pass\nNAME = 1\nimport cq.big\n",
-        "cq/big/__init__.py": "import os\n"
-        f"_fd = os.open({str(runs)!r}, os.O_WRONLY | os.O_CREAT | os.O_APPEND)\nos.write(_fd, b'x')\nos.close(_fd)\n"
-        f"from cq.big import {', '.join(parts)}\nfrom cq.cand import NAME\n",
+        "cq/big/__init__.py": "{counter}from cq.big import {parts}\nfrom cq.cand import NAME\n",
     }
-    files.update({f"cq/big/{part}.py": "VALUE = 1\n" for part in parts})
-    roots = [str(make_tree(files))]
-    rows: list[SweepRow] = []
-    job = ZygoteJob(
-        locate_tree("cq", roots),
-        ScanOptions.of(path=roots, driver="simulated", timeout=60),
-        resolve_driver("simulated"),
-        ["cq"],
-        2,
-        rows.append,
-        learned=(("cq.cand",), ()),
-    )
-    done = zygote_pass(discover_modules("cq", roots), job, adapt=True)
-    assert "cq.cand" in done.preload, done.notes
-    assert not done.leftover, done.notes
-    assert not any(row.preloaded for row in rows if row.module.startswith("cq.big"))
     # the zygote's two imports, the package's row, the candidate's row's two: never one per module below
-    assert len(runs.read_bytes()) <= 6, done.notes
-    fresh = sweep("cq", path=roots, driver="simulated", jobs=2, timeout=60, fresh=True)
-    assert {row.module: verdict(row) for row in rows} == {row.module: verdict(row) for row in fresh.rows}
+    _package_rows_served(make_tree, tmp_path, "cq", files, candidate="cq.cand", most_runs=6)
