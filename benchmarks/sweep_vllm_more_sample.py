@@ -31,6 +31,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from sweep_vllm_compare import emit
+
 from diagtools.driver import resolve_driver
 from diagtools.model.scan import ScanResult
 from diagtools.usecases import sweep_forked
@@ -135,10 +137,7 @@ def main() -> None:
         "preload": {"from": f"{args.summary}{' ' + args.pair if args.pair else ''}", "modules": len(preload)},
         "runs": [sample(size, preload, args.rows, args.jobs) for size in args.sizes],
     }
-    text = json.dumps(document, indent=1) + "\n"
-    if args.save_path:
-        args.save_path.write_text(text)
-    print(text, end="")
+    emit(document, args.save_path)
 
 
 if __name__ == "__main__":
