@@ -68,7 +68,8 @@ def sample(size: int, preload: list[str], rows: int, jobs: int) -> dict[str, Any
     """Scan ``size`` spread modules in a zygote that preloads ``preload``: what their children imported."""
     options = ScanOptions.of(driver="simulated")
     tree = locate_tree("vllm", options.roots, ())
-    pool = [module for module in tree.modules if module not in set(preload)]
+    preloaded = set(preload)
+    pool = [module for module in tree.modules if module not in preloaded]
     chosen = spread(pool, size)
     learner = Learner("vllm", chosen, ADAPT_SHARE, preload, jobs=jobs)
     seen: dict[str, ScanResult] = {}

@@ -214,7 +214,10 @@ def _scan_before_preloading(due, modules):
 
     They are served as the ready zygote serves its modules (:func:`zygote_serving._serve`): a package among
     them is imported once, by its own row, for the modules below it, so a candidate that loads a package and
-    its hundred modules costs one import of that package, not one in every row.  Its descendants are orphaned
+    its hundred modules costs one import of that package, not one in every row.  They are served by name, so
+    that a package comes before the modules below it whatever order they are given in (a candidate's come in
+    the order its import entered them in ``sys.modules``, where a package whose first import failed half way,
+    as in a circular import, comes after them).  Its descendants are orphaned
     to this process, which reaps them; every module that failed (or whose child ended badly) is remembered.
     """
     inside = _inside(_ENV.get(protocol.SWEEP_PACKAGE, ""), [*sys.modules, *_aliases.hidden()])
@@ -223,7 +226,7 @@ def _scan_before_preloading(due, modules):
         _cuprobe.become_subreaper()
     except OSError:
         pass
-    child = _serving._serve(modules, due)
+    child = _serving._serve(modules, sorted(due, key=modules.__getitem__))
     if child is not None:
         return child
     _served.update(due)

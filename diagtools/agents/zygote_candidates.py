@@ -220,7 +220,7 @@ def attempt(name, library, modules, due_at):
         if change:
             _go_back(backup, f"{change}, which every later import would see")
         aliases = _registered_aliases(added)
-    if not _rows_scanned(backup, [due_at[m] for m in _packages_first((name, *added)) if m in due_at]):
+    if not _rows_scanned(backup, [due_at[m] for m in (name, *added) if m in due_at]):
         if search is not None:
             search.abandon()
         return Outcome("refused", why=f"the copy that scanned the rows {name} loads ended (rows not all scanned)")
@@ -238,13 +238,6 @@ def attempt(name, library, modules, due_at):
     guarded = {module: _failing(module, named) for module in z._aliases.guard(sorted(named), name)} if named else {}
     z._aliases.rewatch()
     return Outcome("kept", seconds=seconds, variables=kept, aliases=watched, guarded=guarded)
-
-
-def _packages_first(names):
-    """``names`` with every package before the modules below it, so that its row, scanned first, serves them
-    (the order of ``sys.modules`` need not be so: a package whose first import failed half way, as in a
-    circular import, is entered again after the modules below it)."""
-    return sorted(names)
 
 
 def _rows_scanned(backup, indices):

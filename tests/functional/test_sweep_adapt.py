@@ -655,11 +655,10 @@ def _package_rows_served(make_tree, tmp_path, top: str, files: dict[str, str], *
 
     runs = tmp_path / "runs"  # one byte per execution of TOP/big/__init__.py
     parts = [f"s{n:02}" for n in range(20)]
-    counter = f"import os\n_fd = os.open({str(runs)!r}, os.O_WRONLY | os.O_CREAT | os.O_APPEND)\nos.write(_fd, b'x')\n"
+    counter = f"import os\n_fd = os.open({str(runs)!r}, os.O_WRONLY | os.O_CREAT | os.O_APPEND)\n"
+    counter += "os.write(_fd, b'x')\nos.close(_fd)\n"
     tree = {f"{top}/__init__.py": "", **{f"{top}/big/{part}.py": "VALUE = 1\n" for part in parts}}
-    tree.update(
-        {path: text.format(counter=counter + "os.close(_fd)\n", parts=", ".join(parts)) for path, text in files.items()}
-    )
+    tree.update({path: text.format(counter=counter, parts=", ".join(parts)) for path, text in files.items()})
     roots = [str(make_tree(tree))]
     rows: list[SweepRow] = []
     job = ZygoteJob(
