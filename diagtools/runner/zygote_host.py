@@ -71,6 +71,7 @@ class ZygoteOutcome:
     guarding: list[tuple[str, tuple[tuple[str, str], ...]]] = field(default_factory=list)  # candidate, (module, why)
     looked_up: dict[int, str] = field(default_factory=dict)  # child -> the watched module its lookup was of
     packages: dict[int, PackageZygote] = field(default_factory=dict)
+    huge_pages: list[tuple[int, float]] = field(default_factory=list)  # (bytes moved into huge pages, seconds)
 
     def watched_lines(self) -> tuple[str, ...]:
         """What this zygote watched, for zygotes elsewhere that preload the same list: each module watched
@@ -158,6 +159,8 @@ class _Zygote:
             self.on_child(int(event["i"]), None, self.outcome)
         elif kind == "reaped":
             self.reaped(int(event["i"]), int(event["code"]))
+        elif kind == "huge-pages":
+            self.outcome.huge_pages.append((int(event["bytes"]), float(event["s"])))
 
     def preload_event(self, kind: str, event: dict[str, Any]) -> None:
         """One preload item: imported, passed over, kept though it set variables, kept with aliases watched."""
