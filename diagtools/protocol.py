@@ -114,8 +114,7 @@ EVENTS = {
     "shutdown": ("initialized",),
     "done": (),
     "rewritten": ("n", "f"),  # a module whose source the scan request replaced was executed from that text
-    # the name check of a patch
-    "resolved": ("module", "name", "ok"),
+    "resolved": ("module", "name", "ok"),  # the name check of a patch
     # the replay parent
     "setup": ("ok",),
     "parent": ("cuda_initialized",),
@@ -136,8 +135,9 @@ EVENTS = {
     "forked": ("i", "pid"),
     "present": ("i",),
     "reaped": ("i", "code"),
-    # a package zygote for the modules below package i (before_cuda: it preloads what the package imported before
-    # CUDA; continued: the package's row going on after its import; cuda: that import initialized the simulated driver)
+    "huge-pages": ("moved", "s"),  # bytes of the zygote's memory moved into huge pages before it forks
+    # package zygote below package i (before_cuda: preloads what it imported before CUDA; continued: its row going
+    # on after its import; cuda: that import initialized the simulated driver)
     "descend": ("i", "pid", "z", "before_cuda", "continued", "cuda"),
     "descended": ("i", "s", "n"),  # it imported the package: what it loaded is in <i>.package
     "descent-refused": ("i", "reason"),

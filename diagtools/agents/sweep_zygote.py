@@ -204,7 +204,7 @@ def _collapse_memory():
         moved = _cuprobe.collapse_to_huge_pages()
     except OSError:
         return True
-    _channel.emit("huge-pages", bytes=moved, s=_clock() - started)
+    _channel.emit("huge-pages", moved=moved, s=_clock() - started)
     return True
 
 

@@ -160,7 +160,7 @@ class _Zygote:
         elif kind == "reaped":
             self.reaped(int(event["i"]), int(event["code"]))
         elif kind == "huge-pages":
-            self.outcome.huge_pages.append((int(event["bytes"]), float(event["s"])))
+            self.outcome.huge_pages.append((int(event["moved"]), float(event["s"])))
 
     def preload_event(self, kind: str, event: dict[str, Any]) -> None:
         """One preload item: imported, passed over, kept though it set variables, kept with aliases watched."""

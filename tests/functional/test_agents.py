@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -90,3 +91,64 @@ def test_the_subkernel_runs_the_protocol_and_the_probe_from_their_bytecode_cache
     assert second.returncode == 0, second.stderr.text
     assert {name: path.stat().st_mtime_ns for name, path in cached.items()} == written  # read, not written again
     assert [e["e"] for e in second.events] == [e["e"] for e in first.events]
+
+
+HUGE_PAGES_WITNESS = """
+import ctypes, importlib.util, json, mmap, sys
+spec = importlib.util.spec_from_file_location("_diagtools_cuprobe", sys.argv[1])
+probe = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(probe)
+flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS
+dense, sparse = mmap.mmap(-1, 64 << 20, flags=flags), mmap.mmap(-1, 64 << 20, flags=flags)
+dense.madvise(mmap.MADV_DONTFORK)  # flags no other mapping has: the kernel merges neither with a neighbour
+sparse.madvise(mmap.MADV_DONTDUMP)
+for at in range(0, len(dense), 4096):
+    dense[at] = 1
+for at in range(0, len(sparse), 2 << 20):
+    sparse[at] = 1
+where = {ctypes.addressof(ctypes.c_char.from_buffer(m)): name for name, m in (("dense", dense), ("sparse", sparse))}
+
+def mapped():
+    sizes, current = {}, None
+    for line in open("/proc/self/smaps"):
+        field = line.split()
+        if "-" in field[0] and not field[0].endswith(":"):
+            current = where.get(int(field[0].split("-")[0], 16))
+        elif current and field[0] in ("Rss:", "AnonHugePages:"):
+            sizes[current + " " + field[0][:-1]] = int(field[1]) << 10
+    return sizes
+
+before = mapped()
+moved = probe.collapse_to_huge_pages()
+print(json.dumps({"moved": moved, "before": before, "after": mapped()}))
+"""
+
+
+def huge_pages_available() -> bool:
+    try:
+        mode = Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text()
+    except OSError:
+        return False
+    return "[never]" not in mode
+
+
+@pytest.mark.skipif(not huge_pages_available(), reason="this kernel has no transparent huge pages")
+def test_the_probe_moves_touched_memory_into_huge_pages_and_never_fills_in_untouched_memory(tmp_path):
+    """What makes a zygote's forks cheap: its resident private memory collapsed into 2 MiB pages, while a
+    mapping an allocator reserved and barely touched keeps its few 4 KiB pages."""
+    script = tmp_path / "witness.py"
+    script.write_text(HUGE_PAGES_WITNESS, encoding="utf-8")
+    done = subprocess.run(
+        [sys.executable, str(script), str(build_probe_extension())],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    seen = json.loads(done.stdout)
+    assert seen["before"]["dense AnonHugePages"] == 0
+    assert seen["after"]["dense AnonHugePages"] >= 32 << 20  # a block may find no free 2 MiB to move into
+    assert seen["moved"] >= seen["after"]["dense AnonHugePages"]
+    assert seen["after"]["sparse AnonHugePages"] == 0
+    assert seen["after"]["sparse Rss"] == seen["before"]["sparse Rss"] == 32 << 12

@@ -306,3 +306,33 @@ def test_a_module_flooding_its_channel_reads_the_same_in_zygote_and_fresh_mode(m
     }
     assert rows[False] == rows[True]
     assert rows[False]["fl.floods"] == ("channel-lost", "unknown")
+
+
+@pytest.mark.skipif(not Path("/sys/kernel/mm/transparent_hugepage/enabled").exists(), reason="no huge pages here")
+def test_the_zygote_forks_its_rows_from_memory_moved_into_huge_pages(make_tree, monkeypatch):
+    """The preloaded memory every child inherits is in huge pages before the first row is forked, and the
+    rows are what fresh subkernels give."""
+    from diagtools.usecases import sweep_forked
+
+    if "[never]" in Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text():
+        pytest.skip("huge pages are turned off on this machine")
+    root = make_tree(
+        {
+            "hp/__init__.py": "",
+            "hp/held.py": "HELD = bytearray(48 << 20)\nfor at in range(0, len(HELD), 4096):\n    HELD[at] = 1\n",
+            "hp/user.py": "import hp.held\nVALUE = len(hp.held.HELD)\n",
+            "hp/culprit.py": CUINIT,
+            "hp/plain.py": "VALUE = 1\n",
+        }
+    )
+    outcomes = []
+    real = sweep_forked.run_zygote
+    monkeypatch.setattr(sweep_forked, "run_zygote", lambda *a, **k: outcomes.append(real(*a, **k)) or outcomes[-1])
+    forked = sweep("hp", path=[root], driver="simulated", preload=["hp.held"], jobs=2, timeout=30)
+    assert forked.mode == "zygote", forked.fallback
+    moved = [moved for outcome in outcomes for moved, _ in outcome.huge_pages]
+    assert moved, "the zygote moved nothing into huge pages"
+    assert moved[-1] >= 24 << 20, moved
+    fresh = sweep("hp", path=[root], driver="simulated", jobs=2, timeout=30, fresh=True)
+    assert sweep_verdicts(forked) == sweep_verdicts(fresh)
+    assert sweep_verdicts(forked)["hp.culprit"][:3] == ("ok", True, "self")
