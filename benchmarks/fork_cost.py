@@ -33,19 +33,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+from sweep_vllm_compare import emit
+
+from diagtools import protocol
+
 FORKS = 41
 TRIES_PER_ROW = 2
-
-
-def _load_probe(path: str) -> Any:
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("_diagtools_cuprobe", path)
-    assert spec is not None
-    assert spec.loader is not None
-    probe = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(probe)
-    return probe
 
 
 def _fork_exit_ms() -> float:
@@ -128,7 +121,7 @@ def worker(args: argparse.Namespace) -> None:
     collapse: dict[str, Any] = {}
     if args.collapse:
         started = time.perf_counter()
-        moved = _load_probe(args.probe).collapse_to_huge_pages()
+        moved = protocol.load_cuprobe({protocol.CUPROBE: args.probe}).collapse_to_huge_pages()
         collapse = {"moved_mib": moved >> 20, "seconds": round(time.perf_counter() - started, 2)}
     print(
         json.dumps(
@@ -208,11 +201,7 @@ def main() -> None:
         worker(args)
         return
     args.rows = int(args.rows)
-    document = measure(args)
-    text = json.dumps(document, indent=1) + "\n"
-    if args.save_path:
-        args.save_path.write_text(text)
-    print(text, end="")
+    emit(measure(args), args.save_path)
 
 
 if __name__ == "__main__":
