@@ -1,9 +1,9 @@
 """What a sweep zygote's fork costs each row, with its memory in 4 KiB pages and in huge pages.
 
 Every row of a sweep is a child forked from a zygote that preloaded torch and more (for vLLM's no-flag
-sweep, about 1.3 GiB resident, 600 MiB of it private anonymous memory).  ``fork()`` copies one page-table
-entry per 4 KiB page of that memory and the child's exit drops them again; the zygote now moves it into
-transparent huge pages first (``collapse_to_huge_pages`` in ``diagtools/driver/cuprobe.c``).  This measures,
+sweep, 1.2 GiB resident, 584 MiB of it private anonymous memory, in ``fork_cost.json``).  ``fork()``
+copies one page-table entry per 4 KiB page of that memory and the child's exit drops them again; the
+zygote now moves it into transparent huge pages first (``collapse_to_huge_pages`` in ``diagtools/driver/cuprobe.c``).  This measures,
 in the environment given (``vllm_env.sh``'s, with the simulated driver), for a zygote that imports
 ``--preload`` (a ``sweep_vllm_noflag.py`` document's no-flag preload, or a comma-separated list), with
 the memory as imported and after the collapse:

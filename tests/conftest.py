@@ -179,3 +179,12 @@ CHANNEL_FLOOD = (
     f"import os\nfd = int(os.environ[{protocol.CHANNEL_FD!r}])\n"
     f"for _ in range(20 * 1024):\n    os.write(fd, {_JUNK_LINE!r})\n"
 )
+
+
+def huge_pages_available() -> bool:
+    """Whether this kernel has transparent huge pages and they are not turned off."""
+    try:
+        mode = Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text(encoding="ascii")
+    except OSError:
+        return False
+    return "[never]" not in mode

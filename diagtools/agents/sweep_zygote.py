@@ -168,7 +168,8 @@ def _preload(items, modules):
         index, _, kind = index.partition("\t")
         if index and name not in sys.modules:
             if not collapsed:  # each candidate is checked with forked copies of this zygote
-                collapsed = _collapse_memory()
+                _collapse_memory()
+                collapsed = True
             outcome = _candidates.attempt(name, kind == "library", modules, due_at)
             if outcome.kind == "child":
                 return "", outcome.child
@@ -196,16 +197,13 @@ def _preload(items, modules):
 
 def _collapse_memory():
     """Move what the zygote has loaded into huge pages, so that every fork copies and every child's exit
-    drops 512 times fewer page-table entries (``collapse_to_huge_pages`` in cuprobe.c); True once asked."""
+    drops 512 times fewer page-table entries (``collapse_to_huge_pages`` in cuprobe.c, which never raises:
+    where the kernel cannot, it moves nothing)."""
     if _cuprobe is None:
-        return True
+        return
     started = _clock()
-    try:
-        moved = _cuprobe.collapse_to_huge_pages()
-    except OSError:
-        return True
+    moved = _cuprobe.collapse_to_huge_pages()
     _channel.emit("huge-pages", moved=moved, s=_clock() - started)
-    return True
 
 
 def _kept(name, outcome):

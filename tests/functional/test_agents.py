@@ -14,6 +14,7 @@ from diagtools import agents, protocol
 from diagtools.driver import build_probe_extension
 from diagtools.runner.subkernel import SubkernelRequest, run_subkernel
 from diagtools.usecases.scan import SCAN_PROBE
+from tests.conftest import huge_pages_available
 
 AGENT_FILES = sorted(agents.AGENTS_DIR.rglob("*.py"))
 OURS = {"diagtools", "diagtools.protocol", protocol.PROTOCOL_MODULE, "_diagtools_run_agent"}
@@ -122,14 +123,6 @@ before = mapped()
 moved = probe.collapse_to_huge_pages()
 print(json.dumps({"moved": moved, "before": before, "after": mapped()}))
 """
-
-
-def huge_pages_available() -> bool:
-    try:
-        mode = Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text()
-    except OSError:
-        return False
-    return "[never]" not in mode
 
 
 @pytest.mark.skipif(not huge_pages_available(), reason="this kernel has no transparent huge pages")

@@ -12,7 +12,7 @@ import pytest
 
 from diagtools.errors import JournalLockedError
 from diagtools.usecases.sweep import discover_modules, sweep
-from tests.conftest import CHANNEL_FLOOD, cli, require, sweep_verdicts
+from tests.conftest import CHANNEL_FLOOD, cli, huge_pages_available, require, sweep_verdicts
 
 CUINIT = "import ctypes\nctypes.CDLL('libcuda.so.1').cuInit(0)\n"
 PACKAGE = {
@@ -308,14 +308,12 @@ def test_a_module_flooding_its_channel_reads_the_same_in_zygote_and_fresh_mode(m
     assert rows[False]["fl.floods"] == ("channel-lost", "unknown")
 
 
-@pytest.mark.skipif(not Path("/sys/kernel/mm/transparent_hugepage/enabled").exists(), reason="no huge pages here")
+@pytest.mark.skipif(not huge_pages_available(), reason="this kernel has no transparent huge pages")
 def test_the_zygote_forks_its_rows_from_memory_moved_into_huge_pages(make_tree, monkeypatch):
     """The preloaded memory every child inherits is in huge pages before the first row is forked, and the
     rows are what fresh subkernels give."""
     from diagtools.usecases import sweep_forked
 
-    if "[never]" in Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text():
-        pytest.skip("huge pages are turned off on this machine")
     root = make_tree(
         {
             "hp/__init__.py": "",
