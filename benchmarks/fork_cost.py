@@ -3,10 +3,10 @@
 Every row of a sweep is a child forked from a zygote that preloaded torch and more (for vLLM's no-flag
 sweep, 1.2 GiB resident, 584 MiB of it private anonymous memory, in ``fork_cost.json``).  ``fork()``
 copies one page-table entry per 4 KiB page of that memory and the child's exit drops them again; the
-zygote now moves it into transparent huge pages first (``collapse_to_huge_pages`` in ``diagtools/driver/cuprobe.c``).  This measures,
-in the environment given (``vllm_env.sh``'s, with the simulated driver), for a zygote that imports
-``--preload`` (a ``sweep_vllm_noflag.py`` document's no-flag preload, or a comma-separated list), with
-the memory as imported and after the collapse:
+zygote now moves it into transparent huge pages first (``collapse_to_huge_pages`` in
+``diagtools/driver/cuprobe.c``).  This measures, in the environment given (``vllm_env.sh``'s, with the
+simulated driver), for a zygote that imports ``--preload`` (a ``sweep_vllm_noflag.py`` document's no-flag
+preload, or a comma-separated list), with the memory as imported and after the collapse:
 
 * ``fork_exit_ms``: median wall time of a fork whose child exits at once, reaped by the zygote;
 * ``rows``: ``--rows`` modules of ``--package`` not preloaded, spread over the sorted list, each imported
