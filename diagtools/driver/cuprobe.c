@@ -319,7 +319,7 @@ static PyObject *collapse_to_huge_pages(PyObject *self, PyObject *args)
     long page = sysconf(_SC_PAGESIZE);
     unsigned long count = HUGE_PAGE_BYTES / (unsigned long)(page > 0 ? page : 4096);
     unsigned char pages[HUGE_PAGE_BYTES / 4096];
-    FILE *maps = fopen("/proc/self/maps", "re");
+    FILE *maps = count <= sizeof pages ? fopen("/proc/self/maps", "re") : NULL; /* pages under 4 KiB: none */
     if (maps == NULL)
         return PyLong_FromLong(0);
     unsigned long done = 0;
@@ -332,7 +332,7 @@ static PyObject *collapse_to_huge_pages(PyObject *self, PyObject *args)
             continue;
         const char *path = line + path_at;
         int anonymous = inode == 0 && (path[0] == '\n' || path[0] == '\0' || strncmp(path, "[heap]", 6) == 0);
-        if (anonymous && strcmp(perms, "rw-p") == 0 && count <= sizeof pages)
+        if (anonymous && strcmp(perms, "rw-p") == 0)
             done += collapse_range(start, end, pages, count);
     }
     fclose(maps);

@@ -406,15 +406,50 @@ def save(page, lab: JupyterLab, name: str) -> dict:
     raise AssertionError(f"{name} was not saved with its outputs")
 
 
-def check_reopened(page, lab: JupyterLab, name: str) -> None:
-    """With the kernel shut down, the reopened notebook shows its results and no widget error."""
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
+
+
+def missing_widget_models(document: dict) -> set[str]:
+    """Widget models the notebook needs and its saved widget state lacks: those its outputs show and those the
+    saved models refer to (a panel's children). Empty when the file alone can redraw every widget."""
+    shown = {
+        output["data"][WIDGET_VIEW]["model_id"]
+        for cell in document["cells"]
+        for output in cell.get("outputs", [])
+        if WIDGET_VIEW in output.get("data", {})
+    }
+    state = document.get("metadata", {}).get("widgets", {}).get(WIDGET_STATE, {}).get("state", {})
+    referred = set(re.findall(r"IPY_MODEL_([0-9a-f]+)", json.dumps(state)))
+    return (shown | referred) - set(state)
+
+
+def reopen(page, lab: JupyterLab, name: str) -> str:
+    """Shut its kernel down, open the notebook again, and return its text once no widget is still loading."""
     lab.shut_down_kernels()
     open_notebook(page, lab, name)
     with contextlib.suppress(playwright_api.TimeoutError):
         page.wait_for_function(
             f"() => !document.querySelector('{PANEL}').textContent.includes('Loading widget')", timeout=30_000
         )
-    text = page.locator(PANEL).text_content()
+    return page.locator(PANEL).text_content()
+
+
+def check_reopened(page, lab: JupyterLab, name: str) -> None:
+    """With the kernel shut down, the reopened notebook shows its results and no widget error.
+
+    What the notebook file holds is checked strictly: every widget it shows is
+    in its saved state. Drawing it is jupyterlab-manager's: when the new
+    kernel's "connected" restore finishes before the one that loads the saved
+    state (a race a loaded machine widens), a widget reads "model not found"
+    until the page is loaded again. So a widget error with a complete file is
+    given the reload a reader would do, once; with an incomplete file it fails.
+    """
+    text = reopen(page, lab, name)
+    if "Error displaying widget" in text:
+        on_disk = json.loads((lab.root / f"{name}.ipynb").read_text())
+        assert missing_widget_models(on_disk) == set(), f"{name}: saved without the state of widgets it shows"
+        text = reopen(page, lab, name)
     assert "Error displaying widget" not in text, name
     panel = {"01_root_cause": "ScanPanel(TARGET", "02_fork_replay": "ReplayPanel(TARGET"}.get(name)
     if panel is not None:  # the panel's static copy is back, with the result, and no error above it
@@ -498,7 +533,8 @@ def test_notebook_reads_right_at_1024_px(lab, page, name):
     assert_nothing_cut(page, name)
     screenshot_results(page, name)
     check_widths(page, name)
-    save(page, lab, name)
+    saved = save(page, lab, name)
+    assert missing_widget_models(saved) == set(), f"{name}: saved without the state of widgets it shows"
     check_export(lab, name)
     check_reopened(page, lab, name)
     assert page.errors == [], page.errors
