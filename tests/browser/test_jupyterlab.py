@@ -424,6 +424,10 @@ def missing_widget_models(document: dict) -> set[str]:
     return (shown | referred) - set(state)
 
 
+def assert_widgets_saved(document: dict, name: str) -> None:
+    assert missing_widget_models(document) == set(), f"{name}: saved without the state of widgets it shows"
+
+
 def reopen(page, lab: JupyterLab, name: str) -> str:
     """Shut its kernel down, open the notebook again, and return its text once no widget is still loading."""
     lab.shut_down_kernels()
@@ -447,8 +451,7 @@ def check_reopened(page, lab: JupyterLab, name: str) -> None:
     """
     text = reopen(page, lab, name)
     if "Error displaying widget" in text:
-        on_disk = json.loads((lab.root / f"{name}.ipynb").read_text())
-        assert missing_widget_models(on_disk) == set(), f"{name}: saved without the state of widgets it shows"
+        assert_widgets_saved(json.loads((lab.root / f"{name}.ipynb").read_text()), name)
         text = reopen(page, lab, name)
     assert "Error displaying widget" not in text, name
     panel = {"01_root_cause": "ScanPanel(TARGET", "02_fork_replay": "ReplayPanel(TARGET"}.get(name)
@@ -533,8 +536,7 @@ def test_notebook_reads_right_at_1024_px(lab, page, name):
     assert_nothing_cut(page, name)
     screenshot_results(page, name)
     check_widths(page, name)
-    saved = save(page, lab, name)
-    assert missing_widget_models(saved) == set(), f"{name}: saved without the state of widgets it shows"
+    assert_widgets_saved(save(page, lab, name), name)
     check_export(lab, name)
     check_reopened(page, lab, name)
     assert page.errors == [], page.errors
